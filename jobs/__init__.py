@@ -1,0 +1,1 @@
+"""Stage implementations: `jobs.<stage>.run(ctx) -> metrics`. These import torch."""

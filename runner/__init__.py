@@ -1,0 +1,1 @@
+"""EAGLE-3 drafter pipelines from one validated YAML spec. Importable without torch."""

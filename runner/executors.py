@@ -1,0 +1,150 @@
+"""Executors: where stage jobs run. `local` runs them in this process, in plan order.
+`slurm` (runner/slurm.py) submits one submitit job per stage with afterok dependencies.
+
+Both execute the same picklable `StageJob` through `run_stage`, so a stage behaves the same
+under either executor.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runner.spec import Spec
+from runner.stage import StageContext, StageError, finalize
+from runner.store import Store, host, now
+
+
+@dataclass
+class StageJob:
+    """One stage to execute. Everything is plain data so submitit can pickle it."""
+
+    spec_json: str  # the resolved (variant) spec
+    variant: str
+    stage: str
+    key: str
+    parts: dict
+    artifact: str
+    partial: str
+    inputs: dict[str, str]
+    run_id: str
+    db_path: str
+    reason: str
+    executor: str = "local"
+    log_path: str = ""
+    after: list[int] = field(default_factory=list)  # indices (in the job list) it waits for
+
+    @property
+    def id(self) -> str:
+        return self.stage if self.variant == "base" else f"{self.stage}@{self.variant}"
+
+
+@dataclass
+class StageOutcome:
+    job: StageJob
+    status: str  # "done" | "failed" | "skipped" | "cancelled"
+    metrics: dict = field(default_factory=dict)
+    error: str = ""
+    job_id: str = ""
+    duration_s: float = 0.0
+
+
+def make_context(job: StageJob, rank: int = 0, world_size: int = 1) -> StageContext:
+    spec = Spec.model_validate_json(job.spec_json)
+    Path(job.partial).mkdir(parents=True, exist_ok=True)
+    return StageContext(spec=spec, stage=job.stage, variant=job.variant, run_id=job.run_id,
+                        inputs={k: Path(v) for k, v in job.inputs.items()},
+                        out_dir=Path(job.partial), db_path=Path(job.db_path), rank=rank,
+                        world_size=world_size)
+
+
+def run_stage(job: StageJob) -> dict:
+    """Run one stage to completion and finalize its artifact. Returns its summary metrics.
+
+    Records a `stages` row (done or failed, with host, job id and duration). Raises whatever the
+    stage raised after recording it."""
+    store = Store(job.db_path)
+    started, t0 = now(), time.time()
+    job_id = os.environ.get("SLURM_JOB_ID", str(os.getpid()))
+    row = dict(run_id=job.run_id, variant=job.variant, stage=job.stage, cache_key=job.key,
+               reason=job.reason, started_at=started, host=host(), job_id=job_id,
+               executor=job.executor, artifact=job.artifact, log_path=job.log_path)
+    try:
+        ctx = make_context(job)
+        mod = importlib.import_module(f"jobs.{job.stage}")
+        metrics = mod.run(ctx) or {}
+        finalize(ctx, job.key, job.parts, Path(job.artifact), metrics)
+        for name, v in metrics.items():
+            value, unit = (v if isinstance(v, (tuple, list)) else (v, ""))
+            if isinstance(value, (int, float)):
+                store.metric(job.run_id, job.variant, job.stage, name, value, unit)
+    except BaseException as e:
+        msg = str(e) if isinstance(e, StageError) else f"{type(e).__name__}: {e}"
+        if job.log_path:
+            Path(job.log_path).parent.mkdir(parents=True, exist_ok=True)
+            with open(job.log_path, "a") as f:
+                f.write(traceback.format_exc())
+        store.emit("stages", {**row, "status": "failed", "finished_at": now(),
+                              "duration_s": time.time() - t0, "error": msg[:4000]})
+        raise
+    store.emit("stages", {**row, "status": "done", "finished_at": now(),
+                          "duration_s": time.time() - t0})
+    return {k: (v[0] if isinstance(v, (tuple, list)) else v) for k, v in metrics.items()}
+
+
+class LocalExecutor:
+    """Runs jobs one after another in this process; stops dependents of a failed job."""
+
+    name = "local"
+
+    def __init__(self, spec: Spec):
+        self.spec = spec
+
+    def run_jobs(self, jobs: list[StageJob], on_event=None) -> list[StageOutcome]:
+        outcomes: list[StageOutcome] = []
+        failed: set[int] = set()
+        for i, job in enumerate(jobs):
+            if any(a in failed for a in job.after):
+                failed.add(i)
+                outcomes.append(StageOutcome(job, "skipped", error="upstream stage failed"))
+                continue
+            if on_event:
+                on_event("start", job)
+            t0 = time.time()
+            try:
+                metrics = run_stage(job)
+                outcomes.append(StageOutcome(job, "done", metrics, duration_s=time.time() - t0,
+                                             job_id=str(os.getpid())))
+            except KeyboardInterrupt:
+                outcomes.append(StageOutcome(job, "cancelled", error="interrupted"))
+                raise
+            except Exception as e:  # noqa: BLE001 - reported, not swallowed
+                failed.add(i)
+                msg = str(e) if isinstance(e, StageError) else f"{type(e).__name__}: {e}"
+                outcomes.append(StageOutcome(job, "failed", error=msg,
+                                             duration_s=time.time() - t0))
+            if on_event:
+                on_event("end", outcomes[-1])
+        return outcomes
+
+
+def get_executor(spec: Spec):
+    """The executor named by spec.executor.kind."""
+    if spec.executor.kind == "local":
+        return LocalExecutor(spec)
+    from runner.slurm import SlurmExecutor
+    return SlurmExecutor(spec)
+
+
+def dump_jobs(jobs: list[StageJob]) -> str:
+    return json.dumps([j.__dict__ for j in jobs], default=str)
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr)

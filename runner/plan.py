@@ -1,0 +1,272 @@
+"""Planning: a pure, frozen value saying which stages run, in what order, and why.
+
+Cache key of a stage = sha256 of (its slice of the resolved spec, its upstream keys and input
+file identities, the hash of its code: the stage module plus every project module it imports).
+Reasons (Snakemake style): up to date, missing output, incomplete (resuming), spec changed
+(naming the fields), input changed, code changed, forced. The last completed key of each
+(variant, stage) slot is kept in work_dir/state/ to explain what changed.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from runner.spec import STAGE_NEEDS, STAGE_ORDER, Spec, expand_path, variant_spec
+from runner.stage import read_manifest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class PlanError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class PlannedStage:
+    variant: str
+    stage: str
+    key: str
+    action: str  # "run" | "skip"
+    reason: str
+    artifact: str  # final artifact dir
+    partial: str  # where the stage writes while running
+    needs: tuple[tuple[str, str], ...]  # (variant, stage) of upstream entries
+    shared_with: str | None = None  # another variant computes this exact stage
+    parts: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def id(self) -> str:
+        return self.stage if self.variant == "base" else f"{self.stage}@{self.variant}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec_name: str
+    work_dir: str
+    results: str
+    executor: str
+    stages: tuple[PlannedStage, ...]
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        for s in d["stages"]:
+            s.pop("parts", None)
+        return json.dumps(d, indent=2, sort_keys=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# hashing
+
+
+def _h(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@lru_cache(maxsize=None)
+def code_hash(stage: str) -> str:
+    """sha256 over the source of jobs/<stage>.py and every jobs/ or kernels/ module it imports
+    (transitively). Code outside the project (torch, transformers) is not hashed."""
+    seen: set[Path] = set()
+    todo = [ROOT / "jobs" / f"{stage}.py"]
+    h = hashlib.sha256()
+    while todo:
+        p = todo.pop()
+        if p in seen or not p.exists():
+            continue
+        seen.add(p)
+        src = p.read_bytes()
+        for node in ast.walk(ast.parse(src)):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for n in names:
+                if n.split(".")[0] in ("jobs", "kernels"):
+                    parts = n.split(".")
+                    cand = ROOT.joinpath(*parts).with_suffix(".py")
+                    todo.append(cand if cand.exists() else ROOT.joinpath(*parts) / "__init__.py")
+    for p in sorted(seen):
+        h.update(str(p.relative_to(ROOT)).encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def file_identity(path: Path) -> str:
+    """Content identity of an input file or folder. Files under 1 GiB are hashed whole; larger
+    files and folders use names, sizes and any config.json (hashing a 1 TB target is not
+    practical). Missing paths hash as 'missing'."""
+    p = Path(path)
+    if not p.exists():
+        return "missing"
+    if p.is_file():
+        if p.stat().st_size < (1 << 30):
+            return _hash_file_cached(str(p), p.stat().st_size, p.stat().st_mtime_ns)
+        return f"size:{p.stat().st_size}"
+    items = []
+    for q in sorted(p.rglob("*")):
+        if q.is_file():
+            items.append((str(q.relative_to(p)), q.stat().st_size,
+                          q.read_text() if q.name == "config.json" else None))
+    return _h(items)
+
+
+@lru_cache(maxsize=64)
+def _hash_file_cached(path: str, size: int, mtime: int) -> str:
+    # memo key includes size/mtime only to avoid re-reading within one process
+    from runner.stage import sha256_file
+    return sha256_file(Path(path))
+
+
+def stage_slice(spec: Spec, stage: str) -> dict:
+    """The part of the resolved spec that determines `stage`'s output."""
+    d = spec.model_dump(mode="json")
+    tgt = {k: d["target"][k] for k in ("path", "dtype", "num_hidden_layers", "hidden_size",
+                                        "vocab_size", "chat_template")}
+    if stage == "regenerate":
+        return {"target": tgt, "data": d["data"], "regenerate": d["stages"]["regenerate"]}
+    if stage == "extract":
+        return {"target": tgt, "data": d["data"], "aux_layer_ids": spec.aux_ids,
+                "extract": d["stages"]["extract"]}
+    if stage == "train":
+        return {"target": tgt, "drafter": d["drafter"], "aux_layer_ids": spec.aux_ids,
+                "train": d["stages"]["train"]}
+    if stage == "export":
+        return {"drafter": d["drafter"], "export": d["stages"]["export"]}
+    if stage == "bench":
+        return {"target": {**tgt, "device": d["target"]["device"]}, "bench": d["stages"]["bench"],
+                "data": {k: d["data"][k] for k in ("holdout", "seed")}}
+    raise PlanError(f"unknown stage {stage}")
+
+
+def input_files(spec: Spec, stage: str) -> dict:
+    """External files a stage reads (their content is part of the key)."""
+    out = {}
+    if stage in ("regenerate", "extract", "bench"):
+        out["target"] = file_identity(expand_path(spec.target.path))
+    if stage in ("regenerate", "extract") and spec.data.path:
+        out["data"] = file_identity(expand_path(spec.data.path))
+    return out
+
+
+def _flat(d, prefix="") -> dict:
+    out = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+    else:
+        out[prefix[:-1]] = d
+    return out
+
+
+def _explain(old: dict, parts: dict) -> str:
+    if old.get("spec") != parts["spec"]:
+        a, b = _flat(old.get("spec", {})), _flat(parts["spec"])
+        changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        return "spec changed: " + ", ".join(changed[:6]) + (" ..." if len(changed) > 6 else "")
+    if old.get("code") != parts["code"]:
+        return "code changed"
+    if old.get("inputs") != parts["inputs"]:
+        return "input changed"
+    return "missing output"
+
+
+# ----------------------------------------------------------------------------------------------
+# planning
+
+
+def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = ()) -> Plan:
+    """Plan every enabled stage of the base spec and of each variant.
+
+    force/only take stage names (or stage@variant ids). Raises PlanError."""
+    for s in (*force, *only):
+        if s.split("@")[0] not in STAGE_ORDER:
+            raise PlanError(f"--force/--only {s!r}: unknown stage; stages are "
+                            f"{', '.join(STAGE_ORDER)}")
+    work = spec.resolved_work_dir()
+    variants = [("base", spec)] + [(v.name, variant_spec(spec, v.name)) for v in spec.variants]
+    planned: list[PlannedStage] = []
+    by_key: dict[tuple[str, str], PlannedStage] = {}
+    keys: dict[tuple[str, str], str] = {}
+    for vname, vspec in variants:
+        enabled = [s for s in STAGE_ORDER if getattr(vspec.stages, s) is not None]
+        for stage in enabled:
+            needs = tuple((vname, n) for n in STAGE_NEEDS[stage] if n in enabled)
+            parts = {"spec": stage_slice(vspec, stage),
+                     "inputs": {"upstream": {n: keys[(vname, n)] for _, n in needs},
+                                "files": input_files(vspec, stage)},
+                     "code": code_hash(stage)}
+            key = _h(parts)
+            keys[(vname, stage)] = key
+            artifact = work / stage / key[:16]
+            partial = work / stage / f".partial-{key[:16]}"
+            sid = stage if vname == "base" else f"{stage}@{vname}"
+            forced = stage in force or sid in force
+            selected = not only or stage in only or sid in only
+            if (stage, key) in by_key and not forced:
+                first = by_key[(stage, key)]
+                planned.append(PlannedStage(vname, stage, key, "skip", f"same as {first.id}",
+                                            str(artifact), str(partial), needs, first.variant, parts))
+                continue
+            complete = read_manifest(artifact) is not None
+            if forced:
+                action, reason = "run", "forced"
+            elif complete:
+                action, reason = "skip", "up to date"
+            elif not selected:
+                action, reason = "skip", "not selected (--only)"
+            elif Path(partial).exists():
+                action, reason = "run", "incomplete: resuming partial output"
+            else:
+                state = _read_state(work, vname, stage)
+                action = "run"
+                reason = "missing output" if state is None else _explain(state, parts)
+            if action == "skip" and not complete and reason.startswith("not selected"):
+                pass
+            ps = PlannedStage(vname, stage, key, action, reason, str(artifact), str(partial),
+                              needs, None, parts)
+            by_key[(stage, key)] = ps
+            planned.append(ps)
+    # --only: a selected stage whose upstream is neither complete nor running is an error
+    running = {(p.variant, p.stage) for p in planned if p.action == "run"}
+    for p in planned:
+        if p.action != "run":
+            continue
+        for need in p.needs:
+            up = next(q for q in planned if (q.variant, q.stage) == need)
+            src = up if up.shared_with is None else next(
+                q for q in planned if (q.variant, q.stage) == (up.shared_with, up.stage))
+            if (src.variant, src.stage) not in running and read_manifest(Path(src.artifact)) is None:
+                raise PlanError(f"{p.id} needs {src.id}, which has no complete output; run it "
+                                f"first (drop --only or add --only {src.stage})")
+    ex = spec.executor.kind
+    return Plan(spec.name, str(work), str(expand_path(spec.results.path)), ex, tuple(planned))
+
+
+def _read_state(work: Path, variant: str, stage: str) -> dict | None:
+    try:
+        return json.loads((work / "state" / f"{variant}.{stage}.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def write_state(work: Path, p: PlannedStage) -> None:
+    """Remember the parts of the last completed key of a (variant, stage) slot."""
+    d = work / "state"
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{p.variant}.{p.stage}.json.tmp"
+    tmp.write_text(json.dumps({"key": p.key, **p.parts}, sort_keys=True, default=str))
+    os.replace(tmp, d / f"{p.variant}.{p.stage}.json")
+
+
+def source_entry(plan: Plan, p: PlannedStage) -> PlannedStage:
+    """The entry that actually produces p's artifact (itself unless shared)."""
+    if p.shared_with is None:
+        return p
+    return next(q for q in plan.stages if q.variant == p.shared_with and q.stage == p.stage)

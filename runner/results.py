@@ -1,0 +1,105 @@
+"""Reading the results store: `runner results`, `runner status`, `runner query`."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+from runner.store import Store, StoreError
+
+
+def _table(cols, rows) -> str:
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return "" if v is None else str(v)
+    cells = [[fmt(v) for v in r] for r in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
+    line = lambda r: "  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(r) for r in cells])
+
+
+def run_query(db: Path, sql: str, fmt: str = "table") -> int:
+    """Read-only SQL. fmt: table | csv | json."""
+    if not Path(db).exists():
+        raise StoreError(f"no results at {db}; run `runner apply SPEC` first or pass --results")
+    cols, rows = Store(db).query(sql)
+    if fmt == "json":
+        print(json.dumps([dict(zip(cols, r)) for r in rows], default=str, indent=1))
+    elif fmt == "csv":
+        w = csv.writer(sys.stdout)
+        w.writerow(cols)
+        w.writerows(rows)
+    else:
+        print(_table(cols, rows))
+    return 0
+
+
+LATEST_METRICS = """
+WITH latest AS (
+  SELECT run_id, variant, stage, name, value, unit,
+         row_number() OVER (PARTITION BY run_id, variant, stage, name ORDER BY ts DESC) AS rn
+  FROM metrics WHERE step IS NULL)
+SELECT l.run_id, l.variant, l.stage, l.name, l.value, l.unit
+FROM latest l JOIN runs r USING (run_id)
+WHERE rn = 1 {where}
+ORDER BY r.started_at DESC, l.run_id, l.variant, l.stage, l.name
+"""
+
+
+def print_results(db: Path, run_id: str | None = None, as_json: bool = False) -> None:
+    """The latest summary metric of each (run, variant, stage, name), and bench summaries."""
+    if not Path(db).exists():
+        raise StoreError(f"no results at {db}")
+    store = Store(db)
+    where = f"AND l.run_id = '{run_id}'" if run_id else ""
+    cols, rows = store.query(LATEST_METRICS.format(where=where))
+    bcols, brows = store.query(
+        "SELECT variant, prompt_set, num_steps, eagle_topk AS topk, num_draft_tokens AS ndt, "
+        "max_new_tokens AS new, round(tau, 3) AS tau, round(accept_rate, 3) AS accept_rate, "
+        "round(spec_tok_s, 1) AS spec_tok_s, round(base_tok_s, 1) AS base_tok_s, "
+        "round(speedup, 3) AS speedup, flags FROM bench_summary "
+        + (f"WHERE run_id = '{run_id}' " if run_id else "") + "ORDER BY run_id DESC, 1, 2, 3")
+    if as_json:
+        print(json.dumps({"metrics": [dict(zip(cols, r)) for r in rows],
+                          "bench": [dict(zip(bcols, r)) for r in brows]}, default=str, indent=1))
+        return
+    print(_table(cols, rows))
+    if brows:
+        print()
+        print(_table(bcols, brows))
+
+
+def status(db: Path, as_json: bool = False, spec_name: str | None = None) -> int:
+    """Stage rows of the latest run (of `spec_name` when given), with Slurm job ids and states."""
+    if not Path(db).exists():
+        raise StoreError(f"no results at {db}")
+    store = Store(db)
+    where = f"WHERE spec_name = '{spec_name}'" if spec_name else ""
+    _, runs = store.query(f"SELECT run_id, status, started_at FROM runs {where} "
+                          "ORDER BY started_at DESC LIMIT 1")
+    if not runs:
+        print("no runs yet")
+        return 0
+    run_id = runs[0][0]
+    cols, rows = store.query(
+        "SELECT variant, stage, status, reason, job_id, host, round(duration_s, 1) AS seconds, "
+        f"error FROM stages WHERE run_id = '{run_id}' ORDER BY started_at")
+    rows = [list(r) for r in rows]
+    try:
+        from runner.slurm import live_states
+        states = live_states([r[4] for r in rows if r[4]])
+        for r in rows:
+            if r[4] in states:
+                r[2] = f"{r[2]} ({states[r[4]]})"
+    except Exception:  # noqa: BLE001 - no Slurm here: states from the store only
+        pass
+    if as_json:
+        print(json.dumps({"run_id": run_id, "status": runs[0][1],
+                          "stages": [dict(zip(cols, r)) for r in rows]}, default=str, indent=1))
+    else:
+        print(f"run {run_id}: {runs[0][1]}")
+        print(_table(cols, rows))
+    return 0

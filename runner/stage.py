@@ -1,0 +1,105 @@
+"""The stage contract: what a job function receives, and how its artifact becomes complete.
+
+A stage kind is a plain function `jobs.<stage>.run(ctx: StageContext) -> dict` returning summary
+metrics ({name: value} or {name: (value, unit)}). It writes only into `ctx.out_dir`, a partial
+directory named after the cache key (so an interrupted stage can resume). When it returns, the
+runner writes `artifact.json` (content hashes of every file, written LAST) and renames the
+partial directory to the final one. A directory without `artifact.json` is never complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runner.spec import Spec
+from runner.store import Store, now
+
+MANIFEST = "artifact.json"
+
+
+@dataclass
+class StageContext:
+    """Everything a stage needs. Picklable (submitit sends it to Slurm jobs)."""
+
+    spec: Spec  # resolved: variant overrides applied, target geometry filled in
+    stage: str  # "extract", "train", ...
+    variant: str  # "base" or a variant name
+    run_id: str
+    inputs: dict[str, Path]  # upstream stage name -> its completed artifact dir
+    out_dir: Path  # write here (partial dir; persists across retries of the same key)
+    db_path: Path
+    rank: int = 0
+    world_size: int = 1
+    file_hashes: dict[str, str] = field(default_factory=dict)  # optional precomputed sha256
+
+    @property
+    def params(self) -> Any:
+        """This stage's own spec block, e.g. ctx.spec.stages.train."""
+        return getattr(self.spec.stages, self.stage)
+
+    @property
+    def store(self) -> Store:
+        return Store(self.db_path)
+
+    def metric(self, name: str, value: float, unit: str = "", step: int | None = None) -> None:
+        """Record one metric row (spooled; lands in DuckDB table `metrics`)."""
+        if self.rank == 0:
+            self.store.metric(self.run_id, self.variant, self.stage, name, value, unit, step)
+
+    def emit(self, table: str, rows: list[dict] | dict) -> None:
+        """Record rows for `bench`/`bench_summary` etc.; run_id and variant are filled in."""
+        rows = [rows] if isinstance(rows, dict) else rows
+        rows = [{"run_id": self.run_id, "variant": self.variant, **r} for r in rows]
+        self.store.emit(table, rows)
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+    return h.hexdigest()
+
+
+def read_manifest(artifact: Path) -> dict | None:
+    """The artifact's manifest, or None when the artifact is not complete."""
+    try:
+        return json.loads((Path(artifact) / MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def finalize(ctx: StageContext, key: str, parts: dict, final: Path, metrics: dict) -> dict:
+    """Hash every file, write artifact.json last, rename partial -> final. Returns the manifest."""
+    out = Path(ctx.out_dir)
+    files = {}
+    for p in sorted(out.rglob("*")):
+        if p.is_file() and p.name != MANIFEST and not p.name.startswith(".tmp"):
+            rel = str(p.relative_to(out))
+            files[rel] = ctx.file_hashes.get(rel) or sha256_file(p)
+    manifest = {"stage": ctx.stage, "variant": ctx.variant, "run_id": ctx.run_id,
+                "cache_key": key, "key_parts": parts, "files": files,
+                "metrics": {k: (v[0] if isinstance(v, (tuple, list)) else v)
+                            for k, v in (metrics or {}).items()},
+                "finished_at": now()}
+    tmp = out / f".tmp-{MANIFEST}"
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True, default=str))
+    os.replace(tmp, out / MANIFEST)
+    final = Path(final)
+    if final.exists():  # a stale or concurrent copy: replace it whole
+        trash = final.with_name(f".trash-{final.name}-{os.getpid()}")
+        os.replace(final, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.replace(out, final)
+    return manifest
+
+
+class StageError(Exception):
+    """A user-facing failure of a stage: the message names the field or file and the fix.
+    The runner prints it without a traceback."""

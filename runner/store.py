@@ -1,0 +1,149 @@
+"""Results store: one DuckDB file, written through a spool so parallel jobs lose no rows.
+
+DuckDB allows one writer process at a time. Jobs (local or Slurm, any number at once) never open
+the database: `emit()` writes each batch of rows as one JSON file, atomically (temp + rename),
+into `<db>.spool/`. `ingest()` takes an exclusive file lock, inserts every spooled batch in one
+transaction together with the batch's file name in `_ingested` (so a crash between commit and
+unlink never duplicates rows), then removes the files. The coordinator ingests after each stage;
+anyone may ingest at any time.
+
+Schema (README "Results schema"): runs, stages, metrics (long form), bench (per prompt),
+bench_summary (per configuration).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import json
+import os
+import socket
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+SCHEMA = {
+    "runs": """run_id VARCHAR, spec_name VARCHAR, spec_hash VARCHAR, code_version VARCHAR,
+        host VARCHAR, executor VARCHAR, started_at TIMESTAMP, finished_at TIMESTAMP,
+        status VARCHAR, spec_json VARCHAR""",
+    "stages": """run_id VARCHAR, variant VARCHAR, stage VARCHAR, cache_key VARCHAR, reason VARCHAR,
+        status VARCHAR, started_at TIMESTAMP, finished_at TIMESTAMP, duration_s DOUBLE,
+        host VARCHAR, job_id VARCHAR, executor VARCHAR, artifact VARCHAR, log_path VARCHAR,
+        error VARCHAR""",
+    "metrics": """run_id VARCHAR, variant VARCHAR, stage VARCHAR, name VARCHAR, value DOUBLE,
+        unit VARCHAR, step BIGINT, ts TIMESTAMP""",
+    "bench": """run_id VARCHAR, variant VARCHAR, config_id VARCHAR, backend VARCHAR,
+        prompt_set VARCHAR, prompt_id VARCHAR, num_steps INTEGER, eagle_topk INTEGER,
+        num_draft_tokens INTEGER, cuda_graph BOOLEAN, max_new_tokens INTEGER, temperature DOUBLE,
+        train_samples BIGINT, tau DOUBLE, mean_accepted DOUBLE, accept_rate DOUBLE,
+        accept_per_pos VARCHAR, new_tokens BIGINT, verify_ct BIGINT, spec_tok_s DOUBLE,
+        base_tok_s DOUBLE, speedup DOUBLE, draft_s DOUBLE, verify_s DOUBLE, other_s DOUBLE,
+        lossless BOOLEAN, flags VARCHAR""",
+    "bench_summary": """run_id VARCHAR, variant VARCHAR, config_id VARCHAR, backend VARCHAR,
+        prompt_set VARCHAR, num_steps INTEGER, eagle_topk INTEGER, num_draft_tokens INTEGER,
+        cuda_graph BOOLEAN, max_new_tokens INTEGER, temperature DOUBLE, train_samples BIGINT,
+        n_prompts INTEGER, tau DOUBLE, mean_accepted DOUBLE, accept_rate DOUBLE,
+        accept_per_pos VARCHAR, spec_tok_s DOUBLE, base_tok_s DOUBLE, speedup DOUBLE,
+        draft_ms_per_round DOUBLE, verify_ms_per_round DOUBLE, other_ms_per_round DOUBLE,
+        base_ms_per_token DOUBLE, break_even_tau DOUBLE, lossless BOOLEAN, flags VARCHAR,
+        explanation VARCHAR""",
+}
+
+
+def now() -> str:
+    return dt.datetime.now().isoformat(sep=" ", timespec="milliseconds")
+
+
+def host() -> str:
+    return socket.gethostname()
+
+
+class StoreError(Exception):
+    pass
+
+
+class Store:
+    """Spool writer + DuckDB ingester for one results file."""
+
+    def __init__(self, db_path: str | Path):
+        self.db_path = Path(db_path)
+        self.spool = self.db_path.with_name(self.db_path.name + ".spool")
+
+    # -- writers (any process) --
+    def emit(self, table: str, rows: list[dict] | dict) -> None:
+        """Queue rows for `table`; atomic; never touches DuckDB."""
+        if isinstance(rows, dict):
+            rows = [rows]
+        if table not in SCHEMA:
+            raise StoreError(f"unknown table {table!r}")
+        self.spool.mkdir(parents=True, exist_ok=True)
+        name = f"{dt.datetime.now():%Y%m%dT%H%M%S%f}-{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+        tmp = self.spool / f".{name}.tmp"
+        tmp.write_text(json.dumps({"table": table, "rows": rows}, default=str))
+        os.replace(tmp, self.spool / name)
+
+    def metric(self, run_id: str, variant: str, stage: str, name: str, value: float,
+               unit: str = "", step: int | None = None) -> None:
+        self.emit("metrics", dict(run_id=run_id, variant=variant, stage=stage, name=name,
+                                  value=float(value), unit=unit, step=step, ts=now()))
+
+    # -- the single writer --
+    @contextmanager
+    def _lock(self):
+        self.db_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.db_path.with_name(self.db_path.name + ".lock"), "w") as lf:
+            fcntl.flock(lf, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lf, fcntl.LOCK_UN)
+
+    def _create(self, con) -> None:
+        for t, cols in SCHEMA.items():
+            con.execute(f"CREATE TABLE IF NOT EXISTS {t} ({cols})")
+        con.execute("CREATE TABLE IF NOT EXISTS _ingested (file VARCHAR PRIMARY KEY, ts TIMESTAMP)")
+
+    def ingest(self) -> int:
+        """Move every spooled batch into DuckDB; returns the number of rows inserted."""
+        import duckdb
+        with self._lock():
+            files = sorted(self.spool.glob("*.json")) if self.spool.exists() else []
+            con = duckdb.connect(str(self.db_path))
+            try:
+                self._create(con)
+                done = {r[0] for r in con.execute("SELECT file FROM _ingested").fetchall()}
+                n = 0
+                for f in files:
+                    if f.name in done:
+                        f.unlink(missing_ok=True)
+                        continue
+                    batch = json.loads(f.read_text())
+                    con.execute("BEGIN")
+                    for row in batch["rows"]:
+                        if batch["table"] == "runs":  # one row per run: latest status wins
+                            con.execute("DELETE FROM runs WHERE run_id = ?", [row["run_id"]])
+                        cols = [c for c in row if row[c] is not None]
+                        con.execute(
+                            f"INSERT INTO {batch['table']} ({', '.join(cols)}) VALUES "
+                            f"({', '.join('?' for _ in cols)})", [row[c] for c in cols])
+                        n += 1
+                    con.execute("INSERT INTO _ingested VALUES (?, ?)", [f.name, now()])
+                    con.execute("COMMIT")
+                    f.unlink(missing_ok=True)
+            finally:
+                con.close()
+        return n
+
+    def query(self, sql: str):
+        """Run read-only SQL; returns (column names, rows). Ingests pending rows first."""
+        import duckdb
+        self.ingest()
+        con = duckdb.connect(str(self.db_path), read_only=True)
+        try:
+            cur = con.execute(sql)
+            cols = [d[0] for d in cur.description] if cur.description else []
+            return cols, cur.fetchall()
+        except duckdb.Error as e:
+            raise StoreError(str(e).splitlines()[0])
+        finally:
+            con.close()

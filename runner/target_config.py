@@ -1,0 +1,129 @@
+"""Read a target's geometry without loading weights or importing torch.
+
+Accepts an HF folder (config.json), a config.json path, or a GGUF file. For GGUF we parse only the
+key/value header: `gguf.GGUFReader` maps every tensor and takes ~2 s for a 94 MiB file, which
+would break the `runner validate` < 2 s budget.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+
+class TargetConfigError(Exception):
+    """The target path exists but its config cannot be read."""
+
+
+def read_target_config(path: Path) -> dict:
+    """HF-style config dict of the target at `path`.
+
+    Returns keys like num_hidden_layers, hidden_size, vocab_size, max_position_embeddings,
+    num_attention_heads, num_key_value_heads, head_dim, intermediate_size, rope_theta,
+    rope_scaling, rms_norm_eps, model_type.
+    Raises FileNotFoundError when nothing is there, TargetConfigError when unreadable."""
+    path = Path(path)
+    if path.is_dir():
+        cfg = path / "config.json"
+        if cfg.exists():
+            return _read_json(cfg)
+        ggufs = sorted(path.glob("*.gguf"))
+        if ggufs:
+            return read_gguf_config(ggufs[0])
+        raise TargetConfigError(f"{path} is a folder without config.json or a .gguf file")
+    if not path.exists():
+        raise FileNotFoundError(path)
+    if path.suffix == ".gguf":
+        return read_gguf_config(path)
+    if path.suffix == ".json":
+        return _read_json(path)
+    raise TargetConfigError(f"{path}: expected an HF folder, a config.json or a .gguf file")
+
+
+def _read_json(p: Path) -> dict:
+    try:
+        cfg = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise TargetConfigError(f"{p}: not readable JSON ({e})")
+    # multimodal / nested configs (e.g. Kimi-K2.5 text_config)
+    if "text_config" in cfg and "hidden_size" not in cfg:
+        cfg = {**cfg["text_config"], "model_type": cfg.get("model_type")}
+    return cfg
+
+
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
+           11: "<q", 12: "<d"}
+
+
+def _read_value(f, vtype: int):
+    if vtype in _SCALAR:
+        fmt = _SCALAR[vtype]
+        return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
+    if vtype == 8:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return f.read(n).decode("utf-8", errors="replace")
+    if vtype == 9:
+        (itype,) = struct.unpack("<I", f.read(4))
+        (count,) = struct.unpack("<Q", f.read(8))
+        if itype in _SCALAR:
+            size = struct.calcsize(_SCALAR[itype])
+            f.seek(count * size, 1)
+            return {"array_len": count}
+        if itype == 8:
+            for _ in range(count):
+                (n,) = struct.unpack("<Q", f.read(8))
+                f.seek(n, 1)
+            return {"array_len": count}
+        return {"array_len": count, "items": [_read_value(f, itype) for _ in range(count)]}
+    raise TargetConfigError(f"unknown GGUF value type {vtype}")
+
+
+def read_gguf_metadata(path: Path) -> dict:
+    """All GGUF header key/values; arrays are summarised as {"array_len": n}."""
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise TargetConfigError(f"{path}: not a GGUF file (bad magic)")
+        version, _n_tensors, n_kv = struct.unpack("<IQQ", f.read(20))
+        if version < 2:
+            raise TargetConfigError(f"{path}: GGUF version {version} not supported")
+        meta = {}
+        for _ in range(n_kv):
+            (n,) = struct.unpack("<Q", f.read(8))
+            key = f.read(n).decode()
+            (vtype,) = struct.unpack("<I", f.read(4))
+            meta[key] = _read_value(f, vtype)
+    return meta
+
+
+def read_gguf_config(path: Path) -> dict:
+    """HF-style config from a GGUF header (llama-family keys)."""
+    try:
+        meta = read_gguf_metadata(path)
+    except (struct.error, UnicodeDecodeError) as e:
+        raise TargetConfigError(f"{path}: truncated or corrupt GGUF header ({e})")
+    arch = meta.get("general.architecture", "llama")
+    g = lambda k: meta.get(f"{arch}.{k}")  # noqa: E731
+    heads = g("attention.head_count")
+    hidden = g("embedding_length")
+    vocab = g("vocab_size")
+    if vocab is None and isinstance(meta.get("tokenizer.ggml.tokens"), dict):
+        vocab = meta["tokenizer.ggml.tokens"]["array_len"]
+    head_dim = g("attention.key_length") or g("rope.dimension_count") or (
+        hidden // heads if hidden and heads else None)
+    return {
+        "model_type": arch,
+        "num_hidden_layers": g("block_count"),
+        "hidden_size": hidden,
+        "vocab_size": vocab,
+        "max_position_embeddings": g("context_length"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": g("attention.head_count_kv") or heads,
+        "head_dim": head_dim,
+        "intermediate_size": g("feed_forward_length"),
+        "rope_theta": g("rope.freq_base") or 10000.0,
+        "rope_scaling": None,
+        "rms_norm_eps": g("attention.layer_norm_rms_epsilon") or 1e-5,
+        "hidden_act": "silu",
+        "tie_word_embeddings": None,
+    }
