@@ -56,6 +56,8 @@ class DraftConfig:
         H = d.hidden_size or t["hidden_size"]
         heads = d.num_attention_heads or t["num_attention_heads"]
         head_dim = d.head_dim or t.get("head_dim") or H // heads
+        from runner.inspect import target_rope  # transformers-5 configs nest rope_theta
+        rope = target_rope(t)
         return cls(
             hidden_size=H, num_attention_heads=heads,
             num_key_value_heads=d.num_key_value_heads or t.get("num_key_value_heads") or heads,
@@ -65,7 +67,7 @@ class DraftConfig:
             max_position_embeddings=max(d.max_position_embeddings or 0,
                                         t.get("max_position_embeddings") or 0) or 8192,
             rms_norm_eps=d.rms_norm_eps or t.get("rms_norm_eps") or 1e-5,
-            rope_theta=t.get("rope_theta") or 10000.0, rope_scaling=t.get("rope_scaling"),
+            rope_theta=rope[0] or 10000.0, rope_scaling=rope[1],
             hidden_act=t.get("hidden_act") or "silu",
             target_num_hidden_layers=t.get("num_hidden_layers"))
 

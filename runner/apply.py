@@ -64,6 +64,9 @@ def apply(spec: Spec, plan: Plan, quiet: bool = False) -> tuple[str, list[StageO
     t_start = time.time()
 
     def on_event(kind, obj):
+        if kind == "end" and obj.status == "done":  # remember it now: a later kill keeps it
+            write_state(Path(plan.work_dir), next(
+                q for q in plan.stages if (q.variant, q.stage) == (obj.job.variant, obj.job.stage)))
         if quiet:
             return
         if kind == "start":

@@ -90,8 +90,13 @@ def run_stage(job: StageJob) -> dict:
             Path(job.log_path).parent.mkdir(parents=True, exist_ok=True)
             with open(job.log_path, "a") as f:
                 f.write(traceback.format_exc())
-        store.emit("stages", {**row, "status": "failed", "finished_at": now(),
-                              "duration_s": time.time() - t0, "error": msg[:4000]})
+        # a Slurm timeout/preemption that requeued the job (runner/slurm.py StageTask) exits
+        # with SystemExit: the stage resumes in the requeued job, it did not fail
+        requeued = isinstance(e, SystemExit) and os.environ.get("EAGLE3_STAGE_REQUEUED") == "1"
+        store.emit("stages", {**row, "status": "requeued" if requeued else "failed",
+                              "finished_at": now(), "duration_s": time.time() - t0,
+                              "error": ("timed out or preempted; requeued" if requeued
+                                        else msg[:4000])})
         raise
     store.emit("stages", {**row, "status": "done", "finished_at": now(),
                           "duration_s": time.time() - t0})

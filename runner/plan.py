@@ -119,9 +119,29 @@ def file_identity(path: Path) -> str:
 
 @lru_cache(maxsize=64)
 def _hash_file_cached(path: str, size: int, mtime: int) -> str:
-    # memo key includes size/mtime only to avoid re-reading within one process
+    """sha256 of a file, memoised in this process and on disk (cache_dir()/file-hashes/, keyed
+    by path, size, mtime and inode, like git's index) so that `runner plan` does not re-read a
+    large target on every call. The key uses the content hash; the memo only skips re-reading."""
+    from runner.spec import cache_dir
     from runner.stage import sha256_file
-    return sha256_file(Path(path))
+    st = os.stat(path)
+    memo_key = _h([os.path.abspath(path), size, mtime, st.st_ino])[:32]
+    memo = cache_dir() / "file-hashes" / f"{memo_key}.txt"
+    try:
+        digest = memo.read_text().strip()
+        if len(digest) == 64:
+            return digest
+    except OSError:
+        pass
+    digest = sha256_file(Path(path))
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
+        tmp.write_text(digest)
+        os.replace(tmp, memo)
+    except OSError:  # a read-only cache only costs time
+        pass
+    return digest
 
 
 def stage_slice(spec: Spec, stage: str) -> dict:
@@ -194,6 +214,7 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
     planned: list[PlannedStage] = []
     by_key: dict[tuple[str, str], PlannedStage] = {}
     keys: dict[tuple[str, str], str] = {}
+    entries = []  # (vname, stage, key, parts, needs, forced, selected) in plan order
     for vname, vspec in variants:
         enabled = [s for s in STAGE_ORDER if getattr(vspec.stages, s) is not None]
         for stage in enabled:
@@ -204,35 +225,38 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
                      "code": code_hash(stage)}
             key = _h(parts)
             keys[(vname, stage)] = key
-            artifact = work / stage / key[:16]
-            partial = work / stage / f".partial-{key[:16]}"
             sid = stage if vname == "base" else f"{stage}@{vname}"
-            forced = stage in force or sid in force
-            selected = not only or stage in only or sid in only
-            if (stage, key) in by_key and not forced:
-                first = by_key[(stage, key)]
-                planned.append(PlannedStage(vname, stage, key, "skip", f"same as {first.id}",
-                                            str(artifact), str(partial), needs, first.variant, parts))
-                continue
-            complete = read_manifest(artifact) is not None
-            if forced:
-                action, reason = "run", "forced"
-            elif complete:
-                action, reason = "skip", "up to date"
-            elif not selected:
-                action, reason = "skip", "not selected (--only)"
-            elif Path(partial).exists():
-                action, reason = "run", "incomplete: resuming partial output"
-            else:
-                state = _read_state(work, vname, stage)
-                action = "run"
-                reason = "missing output" if state is None else _explain(state, parts)
-            if action == "skip" and not complete and reason.startswith("not selected"):
-                pass
-            ps = PlannedStage(vname, stage, key, action, reason, str(artifact), str(partial),
-                              needs, None, parts)
-            by_key[(stage, key)] = ps
-            planned.append(ps)
+            entries.append((vname, stage, key, parts, needs, stage in force or sid in force,
+                            not only or stage in only or sid in only))
+    # entries with the same (stage, key) are computed once, by the first; --force/--only of any
+    # of them applies to that one
+    forced_keys = {(e[1], e[2]) for e in entries if e[5]}
+    selected_keys = {(e[1], e[2]) for e in entries if e[6]}
+    for vname, stage, key, parts, needs, _, _ in entries:
+        artifact = work / stage / key[:16]
+        partial = work / stage / f".partial-{key[:16]}"
+        if (stage, key) in by_key:
+            first = by_key[(stage, key)]
+            planned.append(PlannedStage(vname, stage, key, "skip", f"same as {first.id}",
+                                        str(artifact), str(partial), needs, first.variant, parts))
+            continue
+        complete = read_manifest(artifact) is not None
+        if (stage, key) in forced_keys:
+            action, reason = "run", "forced"
+        elif complete:
+            action, reason = "skip", "up to date"
+        elif (stage, key) not in selected_keys:
+            action, reason = "skip", "not selected (--only)"
+        elif Path(partial).exists():
+            action, reason = "run", "incomplete: resuming partial output"
+        else:
+            state = _read_state(work, vname, stage)
+            action = "run"
+            reason = "missing output" if state is None else _explain(state, parts)
+        ps = PlannedStage(vname, stage, key, action, reason, str(artifact), str(partial),
+                          needs, None, parts)
+        by_key[(stage, key)] = ps
+        planned.append(ps)
     # --only: a selected stage whose upstream is neither complete nor running is an error
     running = {(p.variant, p.stage) for p in planned if p.action == "run"}
     for p in planned:

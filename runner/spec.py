@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
 
 class SpecError(Exception):
@@ -81,7 +81,7 @@ class Drafter(Strict):
 
     algorithm: str = Field("EAGLE3", description="Must be exactly 'EAGLE3': SGLang's is_eagle3() "
                            "matches only that string; 'EAGLE' silently disables aux capture.")
-    aux_layer_ids: Optional[list[int]] = Field(
+    aux_layer_ids: Optional[list[StrictInt]] = Field(
         None, description="SGLang eagle_config ids: id k = output of decoder layer k = HF "
         "hidden_states[k+1]. 3 distinct ascending ints in [0, L-2]. Default = SGLang's "
         "[1, L//2-1, L-4].")
@@ -238,11 +238,13 @@ class BenchStage(Strict):
 class Stages(Strict):
     """Each stage is optional; present = enabled. They run in this order."""
 
-    regenerate: Optional[RegenerateStage] = None
-    extract: Optional[ExtractStage] = None
-    train: Optional[TrainStage] = None
-    export: Optional[ExportStage] = None
-    bench: Optional[BenchStage] = None
+    regenerate: Optional[RegenerateStage] = Field(None, description="Regenerate the training "
+                                                  "responses with the target (optional).")
+    extract: Optional[ExtractStage] = Field(None, description="Capture the target's aux hidden "
+                                            "states for training.")
+    train: Optional[TrainStage] = Field(None, description="Train the drafter with TTT.")
+    export: Optional[ExportStage] = Field(None, description="Write the SGLang draft directory.")
+    bench: Optional[BenchStage] = Field(None, description="Measure accept length (tau) and tok/s.")
 
 
 STAGE_ORDER = ("regenerate", "extract", "train", "export", "bench")
@@ -271,13 +273,13 @@ class SlurmResources(Strict):
 class LocalExecutor(Strict):
     """Run stages in this process (the default)."""
 
-    kind: Literal["local"] = "local"
+    kind: Literal["local"] = Field("local", description="Selects this executor.")
 
 
 class SlurmExecutor(Strict):
     """Submit each stage as a Slurm job through submitit."""
 
-    kind: Literal["slurm"] = "slurm"
+    kind: Literal["slurm"] = Field("slurm", description="Selects this executor.")
     partition: Optional[str] = Field(None, description="Slurm partition; null = cluster default.")
     nodes: Literal[1] = Field(1, description="Single node only.")
     gpus_per_node: int = Field(0, ge=0, description="GPUs per job (--gpus-per-node).")
@@ -329,12 +331,14 @@ class Spec(Strict):
 
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Run name.")
     work_dir: str = Field("runs/${name}", description="Artifacts go here; ${name} is substituted.")
-    target: Target
-    drafter: Drafter
-    data: Data = Field(default_factory=Data)
-    stages: Stages = Field(default_factory=Stages)
-    executor: Executor = Field(default_factory=LocalExecutor)
-    results: Results = Field(default_factory=Results)
+    target: Target = Field(..., description="The target model and its geometry.")
+    drafter: Drafter = Field(..., description="The EAGLE-3 draft model.")
+    data: Data = Field(default_factory=Data, description="Training conversations.")
+    stages: Stages = Field(default_factory=Stages, description="The stages to run; present = "
+                           "enabled.")
+    executor: Executor = Field(default_factory=LocalExecutor, description="Where stages run: "
+                               "`kind: local` (default) or `kind: slurm`.")
+    results: Results = Field(default_factory=Results, description="The DuckDB results store.")
     variants: list[Variant] = Field(default_factory=list, description="Named override sets.")
 
     # -- derived geometry (all resolved: validation fails when one is unknown) --
@@ -377,6 +381,11 @@ class Spec(Strict):
             raise ValueError("\n".join(problems))
         L, H, V = t.num_hidden_layers, t.hidden_size, t.vocab_size
         ids = d.aux_layer_ids
+        if ids is None and L < 7:  # the default is valid exactly for L >= 7
+            problems.append(
+                f"drafter.aux_layer_ids: not set, and SGLang's default [1, L//2-1, L-4] = "
+                f"{default_aux_ids(L)} is not 3 distinct ascending ids for a {L}-layer target. "
+                "Declare 3 distinct ascending ids in 0..L-2.")
         if ids is not None:
             if len(ids) != 3 or len(set(ids)) != 3 or list(ids) != sorted(ids):
                 problems.append(
@@ -422,10 +431,16 @@ class Spec(Strict):
             elif heads * hd != d.q_proj_out_features:
                 problems.append(
                     f"drafter.head_dim = {hd}: num_attention_heads x head_dim = {heads} x {hd} = "
-                    f"{heads * hd}, but q_proj_out_features = {d.q_proj_out_features}. Set head_dim "
-                    f"= {d.q_proj_out_features // heads} or fix the projection.")
-        if d.kv_proj_out_features is not None and d.num_key_value_heads and hd:
-            if d.num_key_value_heads * hd != d.kv_proj_out_features:
+                    f"{heads * hd}, but q_proj_out_features = {d.q_proj_out_features}. "
+                    + (f"Set head_dim = {d.q_proj_out_features // heads} or fix the projection."
+                       if d.q_proj_out_features % heads == 0 else
+                       f"{d.q_proj_out_features} is not a multiple of {heads} heads: fix the "
+                       "projection or num_attention_heads."))
+        if d.kv_proj_out_features is not None:
+            if d.num_key_value_heads is None or hd is None:
+                problems.append("drafter.kv_proj_out_features: declared, so declare "
+                                "drafter.num_key_value_heads and drafter.head_dim too.")
+            elif d.num_key_value_heads * hd != d.kv_proj_out_features:
                 problems.append(
                     f"drafter.head_dim = {hd}: num_key_value_heads x head_dim = "
                     f"{d.num_key_value_heads * hd}, but kv_proj_out_features = "
@@ -455,50 +470,57 @@ def default_aux_ids(num_layers: int) -> list[int]:
 # loading
 
 
-def _did_you_mean(loc: tuple, key: str) -> str:
-    """Suggest the closest field name of the model at `loc` (pydantic error location)."""
-    model: Any = Spec
+def _model_at(loc: tuple) -> Any:
+    """The Pydantic model that holds the last key of `loc` (a raw pydantic error location, union
+    tags such as 'slurm' included), or None. List indices and dict keys keep the current model."""
+    models: list[Any] = [Spec]
     for part in loc[:-1]:
-        if isinstance(part, int) or model is None:
+        if isinstance(part, int):
             continue
-        fields = getattr(model, "model_fields", {})
-        if part not in fields:
-            sub = None
-            for m in (LocalExecutor, SlurmExecutor):  # discriminated union tags
-                if part in m.model_fields:
-                    sub = m
-            model = sub
+        owner = next((m for m in models if part in m.model_fields), None)
+        if owner is not None:
+            models = _models_in(owner.model_fields[part].annotation) or models
             continue
-        ann = fields[part].annotation
-        model = _first_model(ann)
-    names = list(getattr(model, "model_fields", {}).keys()) if model else []
-    if model is None and loc and loc[0] == "executor":
-        names = list(SlurmExecutor.model_fields)
+        tagged = [m for m in models if "kind" in m.model_fields
+                  and m.model_fields["kind"].default == part]  # discriminated union tag
+        if tagged:
+            models = tagged
+    return models[0] if len(models) == 1 else None
+
+
+def _did_you_mean(loc: tuple, key: str) -> str:
+    """Suggest the closest field name of the model at `loc` (raw pydantic error location)."""
+    model = _model_at(loc)
+    names = list(model.model_fields) if model is not None else []
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
     if close:
         return f" Did you mean '{close[0]}'?"
     return f" Known keys: {', '.join(names)}." if names else ""
 
 
-def _first_model(ann: Any) -> Any:
+def _models_in(ann: Any) -> list[Any]:
+    """Every Pydantic model class inside a (possibly Optional/Union/list/dict) annotation."""
     import typing
     if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return ann
-    for a in typing.get_args(ann):
-        m = _first_model(a)
-        if m is not None:
-            return m
-    return None
+        return [ann]
+    return [m for a in typing.get_args(ann) for m in _models_in(a)]
 
 
 def _format_errors(err: ValidationError, data: dict) -> list[tuple[str, str]]:
     problems = []
     for e in err.errors():
-        loc = tuple(x for x in e["loc"] if x not in ("local", "slurm"))
+        raw = tuple(e["loc"])
+        loc = tuple(x for x in raw if x not in ("local", "slurm"))
         path = ".".join(str(x) for x in loc) or "<spec>"
         if e["type"] == "extra_forbidden":
             key = str(loc[-1])
-            problems.append((path, f"unknown key.{_did_you_mean(loc, key)}"))
+            problems.append((path, f"unknown key.{_did_you_mean(raw, key)}"))
+            continue
+        if e["type"] == "missing":
+            model = _model_at(raw)
+            info = model.model_fields.get(str(raw[-1])) if model is not None else None
+            why = f" {info.description}" if info is not None and info.description else ""
+            problems.append((path, f"required field is missing.{why}"))
             continue
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "value_error":

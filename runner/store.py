@@ -117,33 +117,63 @@ class Store:
                     if f.name in done:
                         f.unlink(missing_ok=True)
                         continue
-                    batch = json.loads(f.read_text())
-                    con.execute("BEGIN")
-                    for row in batch["rows"]:
-                        if batch["table"] == "runs":  # one row per run: latest status wins
-                            con.execute("DELETE FROM runs WHERE run_id = ?", [row["run_id"]])
-                        cols = [c for c in row if row[c] is not None]
-                        con.execute(
-                            f"INSERT INTO {batch['table']} ({', '.join(cols)}) VALUES "
-                            f"({', '.join('?' for _ in cols)})", [row[c] for c in cols])
-                        n += 1
-                    con.execute("INSERT INTO _ingested VALUES (?, ?)", [f.name, now()])
-                    con.execute("COMMIT")
+                    try:
+                        batch = json.loads(f.read_text())
+                        if batch.get("table") not in SCHEMA:
+                            raise StoreError(f"unknown table {batch.get('table')!r}")
+                        con.execute("BEGIN")
+                        for row in batch["rows"]:
+                            if batch["table"] == "runs":  # one row per run: latest status wins
+                                con.execute("DELETE FROM runs WHERE run_id = ?", [row["run_id"]])
+                            cols = [c for c in row if row[c] is not None]
+                            con.execute(
+                                f"INSERT INTO {batch['table']} ({', '.join(cols)}) VALUES "
+                                f"({', '.join('?' for _ in cols)})", [row[c] for c in cols])
+                        con.execute("INSERT INTO _ingested VALUES (?, ?)", [f.name, now()])
+                        con.execute("COMMIT")
+                        n += len(batch["rows"])
+                    except (duckdb.Error, StoreError, ValueError, KeyError, TypeError,
+                            AttributeError) as e:
+                        # one bad batch (e.g. a misspelled column) must not block every later
+                        # ingest: roll it back and set it aside with the reason
+                        try:
+                            con.execute("ROLLBACK")
+                        except duckdb.Error:  # no transaction was open
+                            pass
+                        self._reject(f, e)
+                        continue
                     f.unlink(missing_ok=True)
             finally:
                 con.close()
         return n
 
+    def _reject(self, f: Path, err: Exception) -> None:
+        """Move a batch that cannot be ingested to <spool>/rejected/ with a .why file."""
+        import sys
+        bad = self.spool / "rejected"
+        bad.mkdir(exist_ok=True)
+        (bad / (f.name + ".why")).write_text(f"{type(err).__name__}: {err}\n")
+        os.replace(f, bad / f.name)
+        print(f"warning: results batch {f.name} rejected ({str(err).splitlines()[0]}); kept in "
+              f"{bad}", file=sys.stderr)
+
     def query(self, sql: str):
-        """Run read-only SQL; returns (column names, rows). Ingests pending rows first."""
+        """Run read-only SQL; returns (column names, rows). Ingests pending rows first.
+
+        The read-only connection is opened under the writer lock: DuckDB refuses to open a file
+        that another process holds open for writing. Raises StoreError (e.g. for DELETE)."""
         import duckdb
         self.ingest()
-        con = duckdb.connect(str(self.db_path), read_only=True)
-        try:
-            cur = con.execute(sql)
-            cols = [d[0] for d in cur.description] if cur.description else []
-            return cols, cur.fetchall()
-        except duckdb.Error as e:
-            raise StoreError(str(e).splitlines()[0])
-        finally:
-            con.close()
+        with self._lock():
+            try:
+                con = duckdb.connect(str(self.db_path), read_only=True)
+            except duckdb.Error as e:
+                raise StoreError(str(e).splitlines()[0])
+            try:
+                cur = con.execute(sql)
+                cols = [d[0] for d in cur.description] if cur.description else []
+                return cols, cur.fetchall()
+            except duckdb.Error as e:
+                raise StoreError(str(e).splitlines()[0])
+            finally:
+                con.close()

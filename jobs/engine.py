@@ -1,0 +1,329 @@
+"""Embedded EAGLE-3 speculative decoding engine (batch 1, chain drafts), gpt-fast style.
+
+One round (K = num_steps, chain, eagle_topk = 1):
+    draft:   K draft tokens d_1..d_K from the drafter's recurrence over its own static KV cache
+    verify:  ONE target forward over [t_n, d_1..d_K] at positions n..n+K    (num_draft_tokens = K+1)
+    accept:  longest prefix of drafts matching the target (greedy) or passing the speculative-
+             sampling rejection test (Leviathan et al. 2023), plus one bonus token from the target
+    rollback: both caches are static; the new length is a pointer, stale slots are never attended
+The target's aux hidden states at the accepted positions feed the next round: the drafter re-runs
+its step 0 over those positions (filling its cache), then continues the chain.
+
+Draft recurrence (SGLang llama_eagle3.py, SpecForge TTT): draft position i takes
+(fc(aux at i), embed(token i+1)) at RoPE position i and predicts token i+2. Chain step j >= 1 from
+root r feeds the previous step's pre-norm output as hidden, the previous draft as token, RoPE
+position r+j, cache slot r+j (it attends to the prefix slots <= r and chain slots r+1..r+j, the
+same keys as TTT step j). Draft ids map to target ids through d2t OFFSETS (target = i + d2t[i]).
+
+Tree drafting (eagle_topk > 1) is NOT implemented in the embedded engine: `Engine` raises
+ValueError for it; use backend: sglang for trees.
+
+Metrics: tau = tokens per verify pass including the bonus token; accept_per_pos[j] = fraction of
+rounds in which draft j+1 was accepted (sums to tau - 1).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from jobs.draft_model import Eagle3Draft
+from jobs.llama import Llama
+
+
+# ----------------------------------------------------------------------------------------------
+# sampling helpers
+
+
+def probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits [..., V] -> probabilities [..., V] float32 at `temperature` (> 0)."""
+    return torch.softmax(logits.float() / temperature, dim=-1)
+
+
+def sample(logits: torch.Tensor, temperature: float, gen: Optional[torch.Generator]) -> torch.Tensor:
+    """logits [N, V] -> token ids [N]; argmax at temperature 0."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    return torch.multinomial(probs(logits, temperature), 1, generator=gen)[:, 0]
+
+
+# ----------------------------------------------------------------------------------------------
+# target steps
+
+
+def prefill(target: Llama, ids: torch.Tensor):
+    """ids [1, T] -> (logits [1, 1, V] at the last position, aux [1, T, 3H]). Writes slots 0..T-1."""
+    pos = torch.arange(ids.shape[1], device=ids.device)
+    return target(ids, pos, last_only=True)
+
+
+def decode_one(target: Llama, tok: torch.Tensor, pos: torch.Tensor):
+    """tok [1, 1], pos [1] -> (logits [1, 1, V], aux [1, 1, 3H]). Writes slot pos."""
+    return target(tok, pos)
+
+
+def verify(target: Llama, toks: torch.Tensor, pos: torch.Tensor):
+    """toks [1, K+1] = [t_n, d_1..d_K], pos [K+1] = n..n+K -> (logits [1, K+1, V], aux [1, K+1, 3H]).
+    logits[:, j] is the target's prediction for the token after toks[:, j]."""
+    return target(toks, pos)
+
+
+# ----------------------------------------------------------------------------------------------
+# draft steps
+
+
+def draft_step(drafter: Eagle3Draft, kc, vc, ids, hidden, pos, slots_all):
+    """One cached draft forward. ids [1, T], hidden [1, T, H], pos [T] (RoPE position = cache
+    slot); kc/vc [1, nkv, S, hd]. Returns (pre-norm out [1, T, H], draft logits [1, T, Vd] float32).
+    Query at position p attends to slots <= p."""
+    mask = (slots_all[None, :] <= pos[:, None])[None, None]  # [1, 1, T, S]
+    out = drafter.cached_step(ids, hidden, pos[None], kc, vc, pos, mask)
+    return out, drafter.logits(out).float()
+
+
+def draft_extend(drafter: Eagle3Draft, kc, vc, aux, next_toks, pos, slots_all):
+    """Step 0 over new positions: aux [1, T, 3Ht] (target aux at pos), next_toks [1, T] (the token
+    AFTER each position), pos [T]. Returns (out [1, T, H], logits [1, T, Vd])."""
+    return draft_step(drafter, kc, vc, next_toks, drafter.project(aux.to(drafter.fc.weight.dtype)),
+                      pos, slots_all)
+
+
+def draft_probs_target(drafter: Eagle3Draft, dlogits: torch.Tensor, temperature: float,
+                       vocab: int) -> torch.Tensor:
+    """Draft logits [N, Vd] -> distribution over the TARGET vocab [N, V] (zero outside the draft
+    vocab; d2t offsets, SGLang llama_eagle3.py)."""
+    q = probs(dlogits, temperature)
+    idx = (torch.arange(q.shape[-1], device=q.device) + drafter.d2t).clamp(0, vocab - 1)
+    return torch.zeros(q.shape[0], vocab, device=q.device).index_add_(1, idx, q)
+
+
+# ----------------------------------------------------------------------------------------------
+# accept
+
+
+def accept_greedy(drafts: torch.Tensor, logits: torch.Tensor) -> tuple[int, int]:
+    """drafts [K] target ids; logits [K+1, V] target verify logits.
+    Returns (number of accepted drafts m, bonus token = target argmax after the accepted prefix)."""
+    best = logits.argmax(-1)  # [K+1]
+    ok = (best[:-1] == drafts).int()
+    m = int(ok.cumprod(0).sum())
+    return m, int(best[m])
+
+
+def accept_sample(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+                  gen: Optional[torch.Generator]) -> tuple[int, int]:
+    """Speculative sampling (Leviathan et al. 2023, Alg. 1). drafts [K]; q [K, V] draft
+    distributions the drafts were sampled from; p [K+1, V] target distributions.
+    Accept d_j with prob min(1, p_j(d_j)/q_j(d_j)); at the first rejection sample the bonus from
+    norm(max(p_j - q_j, 0)); if all K pass, sample it from p_{K+1}. The output is distributed
+    exactly as the target's. Returns (m accepted, bonus token)."""
+    K = drafts.shape[0]
+    ar = torch.arange(K, device=p.device)
+    pd, qd = p[ar, drafts], q[ar, drafts]
+    u = torch.rand(K, generator=gen, device=p.device)
+    ok = (u * qd <= pd).int()  # u < p/q without dividing by q
+    m = int(ok.cumprod(0).sum())
+    if m == K:
+        dist = p[K]
+    else:
+        dist = (p[m] - q[m]).clamp_min(0)
+        s = dist.sum()
+        dist = dist / s if s > 0 else p[m]
+    return m, int(torch.multinomial(dist, 1, generator=gen))
+
+
+# ----------------------------------------------------------------------------------------------
+# the engine
+
+
+@dataclass
+class Stats:
+    """Per-generation counters. Times in seconds."""
+
+    new_tokens: int = 0
+    rounds: int = 0  # verify passes
+    accepted: list = field(default_factory=list)  # drafts accepted per round
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    total_s: float = 0.0
+    prefill_s: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        return (sum(self.accepted) + self.rounds) / self.rounds if self.rounds else float("nan")
+
+    def accept_per_pos(self, K: int) -> list[float]:
+        return [sum(a > j for a in self.accepted) / max(self.rounds, 1) for j in range(K)]
+
+
+class Engine:
+    """Batch-1 engine over our Llama target and an exported EAGLE-3 drafter (or none = baseline).
+
+    `cuda_graph=True` on CUDA compiles the fixed-shape steps (decode_one, verify over K+1 tokens,
+    draft extend over K+1 padded positions, one chain step) with torch.compile
+    mode="reduce-overhead" (CUDA graphs); on CPU it is ignored and everything runs eagerly.
+    Raises ValueError for eagle_topk > 1 (trees are not implemented here)."""
+
+    def __init__(self, target: Llama, drafter: Optional[Eagle3Draft] = None, num_steps: int = 3,
+                 eagle_topk: int = 1, max_seq: int = 4096, cuda_graph: bool = False):
+        if eagle_topk != 1:
+            raise ValueError(f"eagle_topk = {eagle_topk}: the embedded engine drafts chains only "
+                             "(eagle_topk 1); use backend: sglang for tree drafting")
+        self.target, self.drafter, self.K = target, drafter, num_steps
+        p = target.lm_head.weight
+        self.device, self.dtype = p.device, p.dtype
+        target.setup_cache(1, max_seq)
+        self.max_seq = max_seq
+        if drafter is not None:
+            c = drafter.config
+            if tuple(sorted(c.aux_layer_ids)) != target.aux_ids:
+                raise ValueError(f"drafter aux layer ids {c.aux_layer_ids} != target capture "
+                                 f"{list(target.aux_ids)}")
+            self.dk = torch.zeros(1, c.num_key_value_heads, max_seq, c.head_dim, device=self.device,
+                                  dtype=drafter.fc.weight.dtype)
+            self.dv = torch.zeros_like(self.dk)
+        self.slots = torch.arange(max_seq, device=self.device)
+        self.compiled = bool(cuda_graph and self.device.type == "cuda")
+        self._decode, self._verify = decode_one, verify
+        self._dstep = draft_step
+        if self.compiled:
+            for t in target.caches() + ([self.dk, self.dv] if drafter is not None else []):
+                torch._dynamo.mark_static_address(t)
+            kw = dict(mode="reduce-overhead", fullgraph=True, dynamic=False)
+            self._decode = torch.compile(decode_one, **kw)
+            self._verify = torch.compile(verify, **kw)
+            self._dstep = torch.compile(draft_step, **kw)
+
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    # -- baseline: the same target, no drafter --
+    @torch.inference_mode()
+    def generate_baseline(self, ids: torch.Tensor, max_new: int, temperature: float = 0.0,
+                          gen: Optional[torch.Generator] = None, stop_ids=()) -> tuple[list, Stats]:
+        """ids [1, T] -> (new token ids, Stats). One decode_one per token."""
+        self._check_len(ids, max_new)
+        st = Stats()
+        self._sync()
+        t0 = time.perf_counter()
+        logits, _ = prefill(self.target, ids)
+        tok = sample(logits[:, -1], temperature, gen)  # [1]
+        out = [int(tok)]
+        n = ids.shape[1]
+        while len(out) < max_new and out[-1] not in stop_ids:
+            logits, _ = self._decode(self.target, tok.view(1, 1), self.slots[n:n + 1])
+            tok = sample(logits[:, -1].clone(), temperature, gen)
+            out.append(int(tok))
+            n += 1
+        self._sync()
+        st.total_s = time.perf_counter() - t0
+        st.new_tokens = len(out)
+        return out, st
+
+    # -- speculative --
+    @torch.inference_mode()
+    def generate(self, ids: torch.Tensor, max_new: int, temperature: float = 0.0,
+                 gen: Optional[torch.Generator] = None, stop_ids=(),
+                 draft_fn: Optional[Callable] = None) -> tuple[list, Stats]:
+        """Speculative decoding. ids [1, T] -> (new token ids (at most max_new), Stats).
+        `draft_fn(out_tokens, K) -> list of K target ids` replaces the drafter (tests only)."""
+        assert self.drafter is not None or draft_fn is not None, "no drafter: use generate_baseline"
+        self._check_len(ids, max_new)
+        K, V, dev = self.K, self.target.config.vocab_size, self.device
+        st = Stats()
+        self._sync()
+        t0 = time.perf_counter()
+        logits, aux = prefill(self.target, ids)
+        tok = sample(logits[:, -1], temperature, gen)
+        out = [int(tok)]
+        n = ids.shape[1]  # target cache length; out[-1] sits at position n, not yet in the cache
+        self._sync()
+        st.prefill_s = time.perf_counter() - t0
+        root_out = None
+        if self.drafter is not None:  # step 0 over the prompt: (aux_i, token i+1) at i
+            nxt = torch.cat([ids[:, 1:], tok.view(1, 1)], dim=1)
+            o, dl = draft_extend(self.drafter, self.dk, self.dv, aux, nxt, self.slots[:n],
+                                 self.slots)
+            root_out, root_logits = o[:, -1:], dl[:, -1]
+        while len(out) < max_new and out[-1] not in stop_ids:
+            # draft K tokens
+            self._sync()
+            t1 = time.perf_counter()
+            if draft_fn is not None:
+                drafts = torch.tensor(draft_fn(list(out), K), device=dev)
+                q = None
+            else:
+                drafts, q = self._draft_chain(root_out, root_logits, n - 1, temperature, gen)
+            self._sync()
+            t2 = time.perf_counter()
+            # verify [t_n, d_1..d_K] in one target forward
+            toks = torch.cat([torch.tensor([out[-1]], device=dev), drafts]).view(1, K + 1)
+            vlogits, vaux = self._verify(self.target, toks, self.slots[n:n + K + 1])
+            vlogits = vlogits[0].clone()
+            if temperature <= 0:
+                m, bonus = accept_greedy(drafts, vlogits)
+            else:
+                if q is None:  # deterministic drafts: a point mass
+                    q = torch.zeros(K, V, device=dev).scatter_(1, drafts[:, None], 1.0)
+                m, bonus = accept_sample(drafts, q, probs(vlogits, temperature), gen)
+            self._sync()
+            t3 = time.perf_counter()
+            st.draft_s += t2 - t1
+            st.verify_s += t3 - t2
+            st.rounds += 1
+            st.accepted.append(m)
+            new = [int(d) for d in drafts[:m]] + [bonus]
+            out.extend(new)
+            # rollback = the new length; aux at accepted positions n..n+m feed the drafter
+            if self.drafter is not None:
+                nxt = torch.zeros(1, K + 1, dtype=torch.long, device=dev)  # padded to K+1 slots
+                nxt[0, :m + 1] = torch.tensor(new, device=dev)
+                o, dl = self._dstep(self.drafter, self.dk, self.dv, nxt,
+                                    self.drafter.project(vaux.to(self.drafter.fc.weight.dtype)),
+                                    self.slots[n:n + K + 1], self.slots)
+                root_out, root_logits = o[:, m:m + 1].clone(), dl[:, m].clone()
+                st.draft_s += time.perf_counter() - t3
+            n += m + 1
+        if stop_ids:
+            for i, t in enumerate(out):
+                if t in stop_ids:
+                    out = out[:i + 1]
+                    break
+        out = out[:max_new]
+        self._sync()
+        st.total_s = time.perf_counter() - t0
+        st.new_tokens = len(out)
+        return out, st
+
+    def _draft_chain(self, root_out, root_logits, root: int, temperature, gen):
+        """root_out [1, 1, H] (step-0 output at position root), root_logits [1, Vd].
+        Returns (drafts [K] target ids, q [K, V] draft distributions over the target vocab or
+        None at temperature 0)."""
+        d, K, V = self.drafter, self.K, self.target.config.vocab_size
+        hidden, dlog = root_out, root_logits
+        drafts, qs = [], []
+        for j in range(K):
+            if temperature > 0:
+                q = draft_probs_target(d, dlog, temperature, V)  # [1, V]
+                tid = torch.multinomial(q, 1, generator=gen)[:, 0]
+                qs.append(q)
+            else:
+                tid = d.to_target_ids(dlog.argmax(-1)).clamp(0, V - 1)  # [1]
+            drafts.append(tid)
+            if j == K - 1:
+                break
+            # chain step j+1 at RoPE position/slot root+j+1, token = the draft just made
+            pos = self.slots[root + j + 1:root + j + 2]
+            hidden, lg = self._dstep(d, self.dk, self.dv, tid.view(1, 1), hidden, pos, self.slots)
+            hidden, dlog = hidden.clone(), lg[:, -1].clone()
+        return torch.cat(drafts), (torch.cat(qs) if qs else None)
+
+    def _check_len(self, ids, max_new):
+        need = ids.shape[1] + max_new + 2 * self.K + 2
+        if need > self.max_seq:
+            raise ValueError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new}) needs "
+                             f"{need} cache slots; the engine has max_seq = {self.max_seq}")

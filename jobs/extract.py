@@ -1,0 +1,335 @@
+"""The extract stage: run the target over the training conversations and store what the drafter
+trains on, in the format documented in jobs/features.py.
+
+What is captured (SGLang convention, sglang/srt/models/llama.py + llama_eagle3.py; SpecForge):
+- aux_hidden [T, 3*H]: for each aux id k (ascending) the OUTPUT of 0-based decoder layer k,
+  i.e. the residual stream entering layer k+1 = HF `hidden_states[k+1]`, concatenated in
+  ascending layer order. Captured with forward hooks on `layers[k]`.
+- last_hidden [T, H]: the last decoder layer's output BEFORE the final norm (HF's last
+  `hidden_states` element is post-norm). Captured with a forward pre-hook on the final norm.
+  Training derives the soft labels from it: norm + lm_head restricted to the draft vocab. We store
+  the pre-norm hidden instead of logits: H values per token instead of V (576 vs 49152 for
+  SmolLM2, 7168 vs 163840 for Kimi). Disk per token: (3+1)*H*bytes + 9 B (jobs/features.py).
+- input_ids int64 and loss_mask uint8 (1 = assistant token, jobs/data.py).
+The LM head is never run during extraction (the base model is called directly).
+
+Batching: within a shard, samples are sorted by length and packed so that
+batch_size * longest <= params.batch_tokens (right padding; causal attention keeps the padding
+invisible to real tokens). Features are stored in the compute dtype (float32 on CPU).
+
+Atomicity and resume: each shard is serialised in memory, written to `.tmp-<name>`, fsynced and
+renamed; a shard file that exists is complete. A re-run in the same partial dir (ctx.out_dir)
+verifies existing shards (their input_ids must equal the re-tokenised samples) and computes only
+the missing ones, so the final shards are byte-identical to an uninterrupted run. features.json is
+written last. A full disk (ENOSPC) removes the temp file and raises StageError.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from jobs.features import FORMAT, MANIFEST
+from runner.stage import StageContext, StageError
+
+SHARD = "shard-{:05d}.safetensors"
+
+
+# ----------------------------------------------------------------------------------------------
+# batching and capture
+
+
+def plan_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Indices grouped into batches: longest first, batch_size * max_len <= batch_tokens (a
+    sample longer than batch_tokens gets a batch of its own). Deterministic."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches, cur = [], []
+    for i in order:
+        longest = lengths[cur[0]] if cur else lengths[i]
+        if cur and (len(cur) + 1) * longest > batch_tokens:
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def decoder_parts(model) -> tuple[torch.nn.Module, torch.nn.ModuleList, torch.nn.Module]:
+    """(base model, decoder layers, final norm) of a transformers *ForCausalLM."""
+    base = getattr(model, getattr(model, "base_model_prefix", "model"), None) or model.model
+    layers, norm = getattr(base, "layers", None), getattr(base, "norm", None)
+    if layers is None or norm is None:
+        raise StageError(f"target architecture {type(model).__name__}: no `layers`/`norm` on its "
+                         "base model; only Llama-style decoders are supported")
+    return base, layers, norm
+
+
+def check_aux_ids(model, aux_ids: list[int]) -> None:
+    """Run-time check against the real model: ids ascending, each in [0, L-2]."""
+    L = len(decoder_parts(model)[1])
+    bad = [k for k in aux_ids if not 0 <= k <= L - 2]
+    if bad or list(aux_ids) != sorted(set(aux_ids)):
+        raise StageError(f"drafter.aux_layer_ids = {list(aux_ids)}: the loaded target has {L} "
+                         f"decoder layers, so ids (SGLang convention, id k = output of layer k) "
+                         f"must be distinct, ascending and in 0..{L - 2}.")
+
+
+@torch.inference_mode()
+def forward_features(model, batch: list[list[int]], aux_ids: list[int],
+                     pad_id: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Run the target on one batch of token lists (right-padded).
+
+    Returns per sample (aux [T_i, len(aux_ids)*H], last [T_i, H]) on the CPU, in the model
+    dtype. aux = concat of decoder layer k outputs (= HF hidden_states[k+1]) for k ascending;
+    last = the input of the final norm (pre-norm last hidden)."""
+    base, layers, norm = decoder_parts(model)
+    dev = next(model.parameters()).device
+    n, T = len(batch), max(len(x) for x in batch)
+    ids = torch.full((n, T), pad_id, dtype=torch.long)
+    att = torch.zeros((n, T), dtype=torch.long)
+    for i, x in enumerate(batch):
+        ids[i, :len(x)] = torch.tensor(x, dtype=torch.long)
+        att[i, :len(x)] = 1
+    got: dict = {}
+
+    def keep(k):
+        def hook(_m, _inp, out):
+            got[k] = out[0] if isinstance(out, tuple) else out
+        return hook
+
+    def keep_last(_m, inp):
+        got["last"] = inp[0]
+
+    hooks = [layers[k].register_forward_hook(keep(k)) for k in aux_ids]
+    hooks.append(norm.register_forward_pre_hook(keep_last))
+    try:
+        base(input_ids=ids.to(dev), attention_mask=att.to(dev), use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    aux = torch.cat([got[k] for k in sorted(aux_ids)], dim=-1).cpu()  # [n, T, 3H]
+    last = got["last"].cpu()  # [n, T, H]
+    return [(aux[i, :len(x)], last[i, :len(x)]) for i, x in enumerate(batch)]
+
+
+# ----------------------------------------------------------------------------------------------
+# shards
+
+
+def shard_tensors(samples: list[tuple[list[int], list[int]]],
+                  feats: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Concatenate samples along tokens (format: jobs/features.py)."""
+    lens = [len(s[0]) for s in samples]
+    offsets = torch.zeros(len(lens) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.tensor(lens, dtype=torch.int64), 0)
+    return {"input_ids": torch.tensor([t for s in samples for t in s[0]], dtype=torch.int64),
+            "loss_mask": torch.tensor([m for s in samples for m in s[1]], dtype=torch.uint8),
+            "aux_hidden": torch.cat([f[0] for f in feats]).contiguous(),
+            "last_hidden": torch.cat([f[1] for f in feats]).contiguous(),
+            "offsets": offsets}
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    """Write and fsync (the only place shard bytes hit the disk; tests inject ENOSPC here)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_atomic(path: Path, data: bytes) -> str:
+    """Write `data` to `.tmp-<name>` then rename to `path`. Returns its sha256.
+
+    Raises StageError on ENOSPC (disk full) after removing the temp file."""
+    tmp = path.with_name(f".tmp-{path.name}")
+    try:
+        _write_bytes(tmp, data)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.errno == errno.ENOSPC:
+            raise StageError(f"disk full while writing {path.name} in {path.parent} "
+                             f"({len(data) / 2**20:.1f} MiB): free space and re-run; completed "
+                             "shards are kept and extraction resumes after them.")
+        raise
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_shard(path: Path, tensors: dict[str, torch.Tensor]) -> str:
+    from safetensors.torch import save
+    return write_atomic(path, save(tensors, metadata={"format": FORMAT}))
+
+
+def shard_ok(path: Path, samples: list[tuple[list[int], list[int]]], width: int) -> bool:
+    """A complete shard holding exactly these samples (input_ids, mask, offsets, widths)?"""
+    from safetensors import safe_open
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            t = {k: f.get_tensor(k) for k in ("input_ids", "loss_mask", "offsets")}
+            aux_shape = f.get_slice("aux_hidden").get_shape()
+    except Exception:  # noqa: BLE001 - unreadable = not complete
+        return False
+    want = shard_tensors(samples, [(torch.zeros(0), torch.zeros(0))])
+    return (torch.equal(t["input_ids"], want["input_ids"])
+            and torch.equal(t["loss_mask"], want["loss_mask"])
+            and torch.equal(t["offsets"], want["offsets"])
+            and list(aux_shape) == [len(want["input_ids"]), width])
+
+
+def _sha_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(1 << 22):
+            h.update(b)
+    return h.hexdigest()
+
+
+def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: list[int],
+                    out_dir: Path, shard_samples: int, batch_tokens: int, pad_id: int = 0,
+                    progress: bool = True) -> dict:
+    """Write shards for `samples` into out_dir, resuming after complete shards.
+
+    Returns {"shards": [{"file", "num_samples", "num_tokens", "sha256"}], "resumed_shards",
+    "computed_tokens", "seconds"}. Shard writes run in a background thread (one in flight)."""
+    from tqdm import tqdm
+    out_dir = Path(out_dir)
+    for stale in out_dir.glob(".tmp-shard-*"):
+        stale.unlink(missing_ok=True)
+    H = model.config.hidden_size
+    width = len(aux_ids) * H
+    groups = [samples[i:i + shard_samples] for i in range(0, len(samples), shard_samples)]
+    shards, resumed, todo = [None] * len(groups), 0, []
+    for s, group in enumerate(groups):
+        path = out_dir / SHARD.format(s)
+        if path.exists() and shard_ok(path, group, width):
+            shards[s] = {"file": path.name, "num_samples": len(group),
+                         "num_tokens": sum(len(x[0]) for x in group), "sha256": _sha_file(path)}
+            resumed += 1
+        else:
+            path.unlink(missing_ok=True)
+            todo.append(s)
+    total = sum(len(x[0]) for s in todo for x in groups[s])
+    bar = tqdm(total=total, unit="tok", desc="extract", disable=not progress, smoothing=0.1)
+    t0, pending = time.perf_counter(), None
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for s in todo:
+            group = groups[s]
+            feats: list = [None] * len(group)
+            for b in plan_batches([len(x[0]) for x in group], batch_tokens):
+                outs = forward_features(model, [group[i][0] for i in b], aux_ids, pad_id)
+                for i, f in zip(b, outs):
+                    feats[i] = f
+                bar.update(sum(len(group[i][0]) for i in b))
+            if pending is not None:
+                pending.result()
+            tensors = shard_tensors(group, feats)
+            path = out_dir / SHARD.format(s)
+            pending = pool.submit(write_shard, path, tensors)
+            shards[s] = {"file": path.name, "num_samples": len(group),
+                         "num_tokens": int(tensors["input_ids"].numel()), "sha256": pending}
+        if pending is not None:
+            pending.result()
+    bar.close()
+    for sh in shards:
+        if not isinstance(sh["sha256"], str):
+            sh["sha256"] = sh["sha256"].result()
+    return {"shards": shards, "resumed_shards": resumed, "computed_tokens": total,
+            "seconds": time.perf_counter() - t0}
+
+
+# ----------------------------------------------------------------------------------------------
+# the stage
+
+
+def _conversations(ctx: StageContext) -> tuple[list, dict]:
+    from jobs.data import clean_records, load_conversations, read_records
+    if "regenerate" in ctx.inputs:
+        path = Path(ctx.inputs["regenerate"]) / "conversations.jsonl"
+        records, info = read_records(path)
+        convs, rep = clean_records(records)
+        return convs, {"source": "regenerate", "path": str(path), **info, **rep,
+                       "train": len(convs)}
+    train, _holdout, report = load_conversations(ctx.spec.data)
+    return train, report
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(f".tmp-{path.name}")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str))
+    os.replace(tmp, path)
+
+
+def write_target_parts(model, config: dict, out_dir: Path) -> dict[str, str]:
+    """target_head.safetensors (embed_tokens, norm, lm_head; lm_head = embed copy when tied) and
+    target_config.json. Returns {relative path: sha256}."""
+    from safetensors.torch import save
+    base, _layers, norm = decoder_parts(model)
+    embed = model.get_input_embeddings().weight.detach().cpu()
+    head = model.get_output_embeddings().weight.detach().cpu()
+    tensors = {"embed_tokens": embed.clone().contiguous(),
+               "norm": norm.weight.detach().cpu().clone().contiguous(),
+               "lm_head": head.clone().contiguous()}
+    hashes = {"target_head.safetensors": write_atomic(out_dir / "target_head.safetensors",
+                                                      save(tensors))}
+    _write_json(out_dir / "target_config.json", config)
+    return hashes
+
+
+def run(ctx: StageContext) -> dict:
+    """Extract features for the spec's training conversations into ctx.out_dir.
+
+    Raises StageError for bad data, a tokenizer without chat template, aux ids out of range for
+    the real model, a hidden-size mismatch, or a full disk."""
+    from jobs.data import tokenize_dataset
+    from jobs.target import config_sha256, load_target, tokenizer_sha256
+    spec, p, out = ctx.spec, ctx.params, Path(ctx.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if not torch.cuda.is_available():
+        torch.set_num_threads(min(torch.get_num_threads(), os.cpu_count() or 1))
+    convs, data_report = _conversations(ctx)
+    model, tok, cfg = load_target(spec)
+    samples, tok_report = tokenize_dataset(tok, convs, spec.target.chat_template,
+                                           spec.data.max_length)
+    aux_ids = list(spec.aux_ids)
+    check_aux_ids(model, aux_ids)
+    H = model.config.hidden_size
+    if spec.target.hidden_size and spec.target.hidden_size != H:
+        raise StageError(f"target.hidden_size = {spec.target.hidden_size}, but the loaded model "
+                         f"has hidden_size {H}")
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    res = extract_samples(model, samples, aux_ids, out, p.shard_samples, p.batch_tokens, pad)
+    ctx.file_hashes.update(write_target_parts(model, cfg, out))
+    ctx.file_hashes.update({s["file"]: s["sha256"] for s in res["shards"]})
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    n_tok = sum(s["num_tokens"] for s in res["shards"])
+    manifest = {
+        "format": FORMAT, "aux_layer_ids": aux_ids, "hf_hidden_indices": [k + 1 for k in aux_ids],
+        "hidden_size": H, "feature_width": len(aux_ids) * H, "dtype": dtype,
+        "num_hidden_layers": len(decoder_parts(model)[1]),
+        "target_path": spec.target.path, "target_config_sha256": config_sha256(cfg),
+        "tokenizer_sha256": tokenizer_sha256(tok), "chat_template": tok_report["template"],
+        "max_length": spec.data.max_length, "num_samples": len(samples), "num_tokens": n_tok,
+        "num_supervised_tokens": tok_report["supervised_tokens"], "shards": res["shards"],
+        "data_report": {**data_report, "tokenize": tok_report},
+        "tensors": {"input_ids": "int64 [T]", "loss_mask": "uint8 [T]",
+                    "aux_hidden": f"{dtype} [T, {len(aux_ids) * H}]",
+                    "last_hidden": f"{dtype} [T, {H}]", "offsets": "int64 [n+1]"},
+    }
+    _write_json(out / MANIFEST, manifest)
+    secs = max(res["seconds"], 1e-9)
+    dropped = sum(data_report.get("dropped", {}).values())
+    return {"samples": len(samples), "tokens": (n_tok, "tok"),
+            "supervised_tokens": (tok_report["supervised_tokens"], "tok"),
+            "tokens_per_s": (res["computed_tokens"] / secs if res["computed_tokens"] else 0.0,
+                             "tok/s"),
+            "seconds": (res["seconds"], "s"), "shards": len(res["shards"]),
+            "resumed_shards": res["resumed_shards"], "dropped_records": dropped,
+            "mask_all_zero": tok_report["mask_all_zero"], "truncated": tok_report["truncated"]}

@@ -1,0 +1,104 @@
+"""The `runner` CLI: help with examples, exit codes, errors on stderr without tracebacks, and
+`validate`/`plan` never importing torch."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runner.cli import build_parser, main
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = sorted((ROOT / "specs").glob("*.yaml"))
+
+
+def subcommands() -> list[str]:
+    ap = build_parser()
+    sub = next(a for a in ap._actions if a.dest == "cmd")
+    return list(sub.choices)
+
+
+def runner(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "runner.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_every_documented_subcommand_exists():
+    assert {"validate", "plan", "apply", "status", "results", "query"} <= set(subcommands())
+
+
+@pytest.mark.parametrize("cmd", [None] + subcommands())
+def test_help_exits_0_with_examples(cmd, capsys):
+    with pytest.raises(SystemExit) as ei:
+        main(([cmd] if cmd else []) + ["--help"])
+    assert ei.value.code == 0
+    out = capsys.readouterr().out
+    assert "examples:" in out
+    assert "runner " in out.split("examples:")[1]  # the examples are real command lines
+
+
+def test_validate_ok_and_failing(tmp_path):
+    r = runner("validate", "specs/smollm2-sharegpt.yaml")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ok: smollm2-sharegpt") and "[1, 14, 26]" in r.stdout
+    assert r.stderr == ""
+    r = runner("validate", "specs/drafter-v2.yaml", "-o", "drafter.algorithm=EAGLE",
+               "-o", "drafter.fc_in_features=7168")
+    assert r.returncode == 1 and r.stdout == ""
+    lines = r.stderr.splitlines()
+    assert all(line.startswith("error: drafter.") for line in lines), r.stderr
+    assert any("drafter.algorithm" in line for line in lines)
+    assert any("drafter.fc_in_features" in line and "21504" in line for line in lines)
+    assert "Traceback" not in r.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ntarget: {path: /nope, num_hidden_layers: 30, hidden_size: 576, "
+                   "vocab_size: 49152}\ndrafter: {draft_vocab_size: 10}\nstagse: {}\n")
+    r = runner("validate", str(bad))
+    assert r.returncode == 1 and "error: stagse: unknown key. Did you mean 'stages'?" in r.stderr
+    r = runner("validate", str(tmp_path / "missing.yaml"))
+    assert r.returncode == 1 and "missing.yaml" in r.stderr and "Traceback" not in r.stderr
+    r = runner("validate")
+    assert r.returncode == 2  # usage error
+
+
+def test_bad_override_is_a_field_error():
+    r = runner("validate", "specs/smollm2-sharegpt.yaml", "-o", "stages.train.lrr=1")
+    assert r.returncode == 1 and "stages.train.lrr" in r.stderr and "'lr'" in r.stderr
+    r = runner("validate", "specs/smollm2-sharegpt.yaml", "-o", "stages.train.lr")
+    assert r.returncode == 1 and "section.field=value" in r.stderr
+
+
+def test_plan_drafter_v2_here_without_weights():
+    r = runner("plan", "specs/drafter-v2.yaml")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("plan drafter-v2") and "executor slurm" in lines[0]
+    order = [ln.split()[1] for ln in lines[1:6]]
+    assert order == ["regenerate", "extract", "train", "export", "bench"]
+    assert all(" key " in ln and "missing output" in ln for ln in lines[1:6])
+
+
+NO_TORCH = """
+import sys, runner.cli as c
+rc = c.main(sys.argv[1:])
+heavy = sorted(m for m in ('torch', 'transformers', 'safetensors', 'gguf', 'numpy')
+               if m in sys.modules)
+print('HEAVY', heavy, 'RC', rc, file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("cmd", ["validate", "plan"])
+@pytest.mark.parametrize("spec", SPECS, ids=[p.name for p in SPECS])
+def test_validate_and_plan_do_not_import_torch(cmd, spec, tmp_path):
+    args = [cmd, str(spec.relative_to(ROOT)), "-o", f"work_dir={tmp_path}/w"]
+    r = subprocess.run([sys.executable, "-c", NO_TORCH, *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert "HEAVY [] RC 0" in r.stderr, r.stderr
+
+
+def test_status_and_results_without_db_are_clean(tmp_path):
+    for args in (["status", "--results", str(tmp_path / "x.duckdb")],
+                 ["results", "--results", str(tmp_path / "x.duckdb")]):
+        r = runner(*args)
+        assert r.returncode == 1 and r.stderr.startswith("error:") and "Traceback" not in r.stderr

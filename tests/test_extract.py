@@ -1,0 +1,186 @@
+"""Extraction on the real SmolLM2 (CPU, float32) and a few real ShareGPT conversations."""
+
+from __future__ import annotations
+
+import errno
+import json
+
+import pytest
+import torch
+
+import jobs.extract as ex
+from jobs.features import open_features
+from runner.stage import StageContext, StageError
+
+AUX = [1, 14, 26]  # SGLang ids = HF hidden_states [2, 15, 27]
+
+
+def make_spec(smollm2_path, tmp_path, **extract):
+    from runner.spec import load_spec
+    return load_spec(data={
+        "name": "t", "work_dir": str(tmp_path / "work"),
+        "target": {"path": str(smollm2_path), "device": "cpu", "chat_template": "auto"},
+        "drafter": {"aux_layer_ids": AUX, "draft_vocab_size": 1024},
+        "data": {"source": "sharegpt", "max_samples": 4, "max_length": 128, "holdout": 0,
+                 "seed": 0},
+        "stages": {"extract": {"batch_tokens": 128, "shard_samples": 2, **extract}}})
+
+
+def run_extract(spec, out):
+    ctx = StageContext(spec=spec, stage="extract", variant="base", run_id="test", inputs={},
+                       out_dir=out, db_path=out.parent / "r.duckdb")
+    out.mkdir(parents=True, exist_ok=True)
+    return ctx, ex.run(ctx)
+
+
+@pytest.fixture(scope="module")
+def extracted(smollm2_path, tmp_path_factory):
+    from runner.assets import FetchError, asset_path
+    try:
+        asset_path("sharegpt")
+    except FetchError as e:
+        pytest.skip(str(e))
+    tmp = tmp_path_factory.mktemp("extract")
+    spec = make_spec(smollm2_path, tmp)
+    ctx, metrics = run_extract(spec, tmp / "clean")
+    return spec, tmp / "clean", ctx, metrics
+
+
+def test_forward_features_equal_hf_hidden_states(smollm2):
+    """Captured aux = HF hidden_states[k+1] exactly, on the same padded batch."""
+    model, tok, _ = smollm2
+    conv = [{"role": "user", "content": "Name three primes."},
+            {"role": "assistant", "content": "2, 3 and 5."}]
+    ids = tok.apply_chat_template(conv, tokenize=True, return_dict=True)["input_ids"]
+    batch = [ids, ids[:-7]]
+    feats = ex.forward_features(model, batch, AUX, pad_id=tok.pad_token_id)
+    att = torch.tensor([[1] * len(ids), [1] * (len(ids) - 7) + [0] * 7])
+    x = torch.tensor([ids, ids[:-7] + [tok.pad_token_id] * 7])
+    with torch.inference_mode():
+        hs = model(input_ids=x, attention_mask=att, output_hidden_states=True).hidden_states
+        # pre-norm reference: the same forward with the final norm replaced by identity
+        norm = model.model.norm
+        model.model.norm = torch.nn.Identity()
+        try:
+            pre = model(input_ids=x, attention_mask=att, output_hidden_states=True).hidden_states
+        finally:
+            model.model.norm = norm
+    L = model.config.num_hidden_layers
+    for i, seq in enumerate(batch):
+        T = len(seq)
+        aux, last = feats[i]
+        assert aux.shape == (T, 3 * model.config.hidden_size)
+        ref = torch.cat([hs[k + 1][i, :T] for k in AUX], dim=-1)
+        assert torch.equal(aux, ref)
+        assert torch.equal(last, pre[L][i, :T])  # pre-norm output of the last layer
+        assert torch.equal(norm(last), hs[L][i, :T])  # HF's last element is post-norm
+        assert not torch.allclose(last, hs[L][i, :T])
+    # the padded sample matches its own unpadded forward up to float noise
+    with torch.inference_mode():
+        solo = model(input_ids=torch.tensor([batch[1]]), output_hidden_states=True).hidden_states
+    torch.testing.assert_close(feats[1][0], torch.cat([solo[k + 1][0] for k in AUX], -1),
+                               atol=1e-3, rtol=1e-3)
+
+
+def test_aux_id_out_of_range_for_real_model(smollm2):
+    model = smollm2[0]
+    with pytest.raises(StageError, match=r"30 decoder layers.*0\.\.28"):
+        ex.check_aux_ids(model, [1, 14, 29])
+
+
+def test_plan_batches_respects_budget():
+    lengths = [5, 100, 30, 100, 7, 64]
+    batches = ex.plan_batches(lengths, 200)
+    assert sorted(i for b in batches for i in b) == list(range(6))
+    assert all(len(b) * max(lengths[i] for i in b) <= 200 or len(b) == 1 for b in batches)
+    assert ex.plan_batches([300], 100) == [[0]]
+
+
+def test_stage_writes_documented_format(extracted, smollm2):
+    spec, out, ctx, metrics = extracted
+    model, tok, cfg = smollm2
+    m = json.loads((out / "features.json").read_text())
+    assert m["aux_layer_ids"] == AUX and m["hf_hidden_indices"] == [2, 15, 27]
+    assert m["feature_width"] == 3 * 576 and m["dtype"] == "float32"
+    assert m["num_samples"] == metrics["samples"] == sum(s["num_samples"] for s in m["shards"])
+    assert len(m["shards"]) == metrics["shards"] >= 2
+    for s in m["shards"]:
+        assert ctx.file_hashes[s["file"]] == s["sha256"]
+        from runner.stage import sha256_file
+        assert sha256_file(out / s["file"]) == s["sha256"]
+    assert m["data_report"]["records_read"] > 17000
+    assert not list(out.glob(".tmp-*"))
+    feats = open_features(out, spec.aux_ids, spec.feature_width)
+    head = feats.head()
+    assert torch.equal(head["embed_tokens"], model.model.embed_tokens.weight)
+    assert torch.equal(head["lm_head"], model.lm_head.weight)
+    assert torch.equal(head["norm"], model.model.norm.weight)
+    assert feats.target_config["num_hidden_layers"] == 30
+    # batch_tokens = max_length: each sample runs alone, so it must equal a fresh HF forward of
+    # that sample exactly (padded batches are checked in test_forward_features_...)
+    for i in range(len(feats)):
+        s = feats.sample(i)
+        assert s.loss_mask.sum() > 0 and s.aux_hidden.shape == (len(s.input_ids), 1728)
+        with torch.inference_mode():
+            hs = model(input_ids=s.input_ids[None], output_hidden_states=True).hidden_states
+        ref = torch.cat([hs[k + 1][0] for k in AUX], -1)
+        assert torch.equal(s.aux_hidden, ref)
+        assert torch.equal(model.model.norm(s.last_hidden), hs[-1][0])
+        n = int(s.loss_mask.sum())
+        assert n == int(torch.tensor(list(s.loss_mask)).sum()) and 0 < n < len(s.loss_mask)
+
+
+def test_mismatched_drafter_is_refused(extracted):
+    _, out, _, _ = extracted
+    with pytest.raises(StageError, match=r"\[1, 14, 26\].*\[2, 15, 27\]"):
+        open_features(out, [2, 15, 27], 1728)
+    with pytest.raises(StageError, match=r"1728 wide.*expects 576"):
+        open_features(out, AUX, 576)
+
+
+def test_interrupted_run_resumes_byte_identical(extracted, smollm2_path, tmp_path, monkeypatch):
+    spec, clean, _, _ = extracted
+    out = tmp_path / "partial"
+    real, calls = ex.write_shard, []
+
+    def dies_on_second(path, tensors):
+        calls.append(path.name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the job is killed while shard 1 is pending
+        return real(path, tensors)
+
+    monkeypatch.setattr(ex, "write_shard", dies_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        run_extract(spec, out)
+    monkeypatch.setattr(ex, "write_shard", real)
+    assert (out / "shard-00000.safetensors").exists()
+    assert not (out / "shard-00001.safetensors").exists() and not (out / "features.json").exists()
+    _, metrics = run_extract(spec, out)
+    assert metrics["resumed_shards"] == 1
+    names = sorted(p.name for p in clean.glob("shard-*"))
+    assert names == sorted(p.name for p in out.glob("shard-*"))
+    for n in names:
+        assert (out / n).read_bytes() == (clean / n).read_bytes()
+
+
+def test_disk_full_leaves_no_partial_shard(extracted, tmp_path, monkeypatch):
+    spec, clean, _, _ = extracted
+    out = tmp_path / "full"
+    real, calls = ex._write_bytes, []
+
+    def enospc_on_second(path, data):
+        calls.append(path.name)
+        if len(calls) == 2:
+            path.write_bytes(data[: len(data) // 3])  # half-written, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, data)
+
+    monkeypatch.setattr(ex, "_write_bytes", enospc_on_second)
+    with pytest.raises(StageError, match="disk full while writing shard-00001"):
+        run_extract(spec, out)
+    assert sorted(p.name for p in out.iterdir()) == ["shard-00000.safetensors"]
+    monkeypatch.setattr(ex, "_write_bytes", real)
+    _, metrics = run_extract(spec, out)
+    assert metrics["resumed_shards"] == 1
+    for p in clean.glob("shard-*"):
+        assert (out / p.name).read_bytes() == p.read_bytes()

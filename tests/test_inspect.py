@@ -1,0 +1,283 @@
+"""`runner inspect`: the issue's handed cases (1-7, 9-13; case 8 is the vocab builder's) and the
+other silent failures, on synthetic drafters with the issue's real shapes (sparse files)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from draft_fixtures import LLAMA8B, TINY, geometry, make_draft, target_config, used_ids
+from runner.cli import main as cli_main
+from runner.inspect import inspect_draft
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def codes(findings, severity=None):
+    return [f.code for f in findings if severity is None or f.severity == severity]
+
+
+def errors(findings):
+    return codes(findings, "error")
+
+
+def msg(findings, code):
+    return next(f.message for f in findings if f.code == code)
+
+
+def run(d, server_args=None, target="default"):
+    t = d.parent / "target" if target == "default" else target
+    return inspect_draft(d, target=t, server_args=server_args)
+
+
+GOOD_ARGS = ("python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B-Instruct "
+             "--speculative-algorithm EAGLE3 --speculative-draft-model-path {d} "
+             "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4")
+
+
+def test_clean_llama8b_draft_has_no_findings(tmp_path):
+    d = make_draft(tmp_path)
+    f = run(d, GOOD_ARGS.format(d=d))
+    assert f == [], f
+
+
+def test_no_target_is_a_warning_only(tmp_path):
+    f = inspect_draft(make_draft(tmp_path), target=None)
+    assert codes(f) == ["W_NO_TARGET"]
+
+
+# --- handed cases ------------------------------------------------------------------------------
+
+
+def test_case01_algorithm_eagle_instead_of_eagle3(tmp_path):
+    d = make_draft(tmp_path)
+    f = run(d, GOOD_ARGS.format(d=d).replace("EAGLE3", "EAGLE"))
+    assert errors(f) == ["E_ALGORITHM_NOT_EAGLE3"]
+    assert "--speculative-algorithm EAGLE3" in msg(f, "E_ALGORITHM_NOT_EAGLE3")
+
+
+def test_case02_draft_vocab_size_null(tmp_path):
+    d = make_draft(tmp_path, cfg_edit=lambda c: c.update(draft_vocab_size=None))
+    f = run(d)
+    assert "E_DRAFT_VOCAB_NULL" in errors(f)
+    assert "discards the trained lm_head" in msg(f, "E_DRAFT_VOCAB_NULL")
+
+
+def test_case03_layers0_keys(tmp_path):
+    def edit(ts):
+        for k in [k for k in ts if k.startswith("midlayer.")]:
+            ts["layers.0." + k[len("midlayer."):]] = ts.pop(k)
+    f = run(make_draft(tmp_path, tensor_edit=edit))
+    assert errors(f) == ["E_KEY_LAYERS0"]
+    assert "midlayer" in msg(f, "E_KEY_LAYERS0") and "runner convert" in msg(f, "E_KEY_LAYERS0")
+
+
+def test_case04_off_by_one_against_provenance(tmp_path):
+    prov = {"features": {"hf_hidden_indices": [2, 16, 29]}}
+    d = make_draft(tmp_path, geometry(ids=[2, 16, 29]), provenance=prov)
+    f = run(d)
+    assert errors(f) == ["E_AUX_IDS_OFF_BY_ONE"]
+    assert "[1, 15, 28]" in msg(f, "E_AUX_IDS_OFF_BY_ONE")
+    # the same provenance with the right SGLang ids is clean
+    ok = make_draft(tmp_path, geometry(ids=[1, 15, 28]), provenance=prov, name="ok")
+    assert run(ok) == []
+
+
+def test_case05_fc_over_all_hidden_states(tmp_path):
+    d = make_draft(tmp_path, tensor_edit=lambda ts: ts.update(
+        {"fc.weight": ("BF16", [4096, 135168], None)}))
+    f = run(d)
+    assert errors(f) == ["E_FC_WIDTH"]
+    m = msg(f, "E_FC_WIDTH")
+    assert "3 x 4096 = 12288" in m and "33" in m and "135168" in m
+
+
+def test_case06_reduced_head_without_d2t(tmp_path):
+    d = make_draft(tmp_path, tensor_edit=lambda ts: ts.pop("d2t"))
+    f = run(d)
+    assert "E_D2T_MISSING" in errors(f)
+    assert "32000" in msg(f, "E_D2T_MISSING")
+
+
+def _absolute_d2t(ts):
+    dt, shape, _ = ts["d2t"]
+    ts["d2t"] = (dt, shape, used_ids(shape[0], LLAMA8B["V"]))
+
+
+def test_case07_d2t_absolute_ids(tmp_path):
+    f = run(make_draft(tmp_path, tensor_edit=_absolute_d2t))
+    assert errors(f) == ["E_D2T_ABSOLUTE"]
+    assert "offsets" in msg(f, "E_D2T_ABSOLUTE")
+
+
+def test_case07_absolute_ids_inside_vocab_caught_through_t2d(tmp_path):
+    # Every i + d2t[i] stays < vocab (small draft vocab) but d2t's values are t2d's ids.
+    g = geometry(Vd=2000)
+    f = run(make_draft(tmp_path, g, tensor_edit=_absolute_d2t))
+    assert errors(f) == ["E_D2T_ABSOLUTE"]
+
+
+def test_case09_max_position_embeddings_below_serving_context(tmp_path):
+    d = make_draft(tmp_path, cfg_edit=lambda c: c.update(max_position_embeddings=2048))
+    m = msg(run(d), "E_MAX_POSITION_EMBEDDINGS")
+    assert "2048" in m and "8192" in m
+    # also from the server's --context-length when the target says less
+    d2 = make_draft(tmp_path / "b", geometry(ctx=2048))
+    f = run(d2, GOOD_ARGS.format(d=d2) + " --context-length 8192")
+    assert errors(f) == ["E_MAX_POSITION_EMBEDDINGS"]
+
+
+def test_case10_draft_hidden_differs_without_target_hidden_size(tmp_path):
+    g = geometry(H=8192, hd=256)
+    fc = lambda ts: ts.update({"fc.weight": ("BF16", [8192, 3 * 4096], None)})  # noqa: E731
+    d = make_draft(tmp_path, g, tensor_edit=fc)
+    (tmp_path / "target" / "config.json").write_text(json.dumps(target_config(LLAMA8B)))
+    f = run(d)
+    assert "E_TARGET_HIDDEN_SIZE" in errors(f)
+    m = msg(f, "E_TARGET_HIDDEN_SIZE")
+    assert "target_hidden_size: 4096" in m and "8192" in m
+    # declaring target_hidden_size fixes it
+    ok = make_draft(tmp_path, g, name="ok", tensor_edit=fc,
+                    cfg_edit=lambda c: c.update(target_hidden_size=4096))
+    assert run(ok) == []
+
+
+def test_case11_head_dim_mismatch(tmp_path):
+    g = geometry(H=2560, heads=32, kv=8, hd=128)
+    d = make_draft(tmp_path, g, tensor_edit=lambda ts: ts.update(
+        {"midlayer.self_attn.q_proj.weight": ("BF16", [5120, 2 * 2560], None)}))
+    f = run(d)
+    assert "E_HEAD_DIM" in errors(f)
+    m = msg(f, "E_HEAD_DIM")
+    assert "head_dim" in m and "32 x 128 = 4096" in m and "5120" in m and "160" in m
+
+
+def test_case12_no_draft_vocab_size_key(tmp_path):
+    d = make_draft(tmp_path, cfg_edit=lambda c: c.pop("draft_vocab_size"))
+    assert "E_DRAFT_VOCAB_MISSING" in errors(run(d))
+
+
+def test_case13_eagle3_without_draft_path(tmp_path):
+    d = make_draft(tmp_path)
+    args = "python -m sglang.launch_server --model-path X --speculative-algorithm EAGLE3"
+    f = run(d, args)
+    assert errors(f) == ["E_SERVER_NO_DRAFT_PATH"]
+
+
+# --- the rest of the issue's list --------------------------------------------------------------
+
+
+def test_topk1_num_draft_tokens_not_steps_plus_one(tmp_path):
+    d = make_draft(tmp_path)
+    f = run(d, GOOD_ARGS.format(d=d).replace("num-draft-tokens 4", "num-draft-tokens=8"))
+    assert errors(f) == ["E_SERVER_DRAFT_TOKENS"]
+    assert "num_steps+1 = 4" in msg(f, "E_SERVER_DRAFT_TOKENS")
+
+
+@pytest.mark.parametrize("prefix", ["draft_model.", "module."])
+def test_training_prefix(tmp_path, prefix):
+    f = run(make_draft(tmp_path, tensor_edit=lambda ts: ts.update(
+        {prefix + k: ts.pop(k) for k in list(ts)})))
+    assert errors(f) == ["E_KEY_PREFIX"]
+
+
+def test_model_prefix_lm_head_is_dropped_but_midlayer_loads(tmp_path):
+    f = run(make_draft(tmp_path, tensor_edit=lambda ts: ts.update(
+        {"model." + k: ts.pop(k) for k in list(ts)})))
+    assert errors(f) == ["E_KEY_PREFIX"] and "model.lm_head.weight" in msg(f, "E_KEY_PREFIX")
+    f = run(make_draft(tmp_path, name="b", tensor_edit=lambda ts: ts.update(
+        {"model." + k: ts.pop(k) for k in list(ts) if k.startswith("midlayer.")})))
+    assert codes(f) == ["W_KEY_MODEL_PREFIX"]
+
+
+def test_extra_tensor_and_missing_tensor(tmp_path):
+    def edit(ts):
+        ts["midlayer.self_attn.rotary_emb.inv_freq"] = ("F32", [64], None)
+        ts.pop("midlayer.hidden_norm.weight")
+    f = run(make_draft(tmp_path, tensor_edit=edit))
+    assert sorted(errors(f)) == ["E_KEY_MISSING", "E_KEY_UNKNOWN"]
+    assert "midlayer.hidden_norm.weight" in msg(f, "E_KEY_MISSING")
+
+
+def test_vocab_sizes_disagree(tmp_path):
+    f = run(make_draft(tmp_path, tensor_edit=lambda ts: ts.update(
+        {"lm_head.weight": ("BF16", [16000, 4096], None)})))
+    assert "E_VOCAB_MISMATCH" in errors(f)
+    assert "16000" in msg(f, "E_VOCAB_MISMATCH") and "32000" in msg(f, "E_VOCAB_MISMATCH")
+
+
+def test_d2t_float_dtype(tmp_path):
+    def edit(ts):
+        _, shape, v = ts["d2t"]
+        ts["d2t"] = ("F32", shape, v.astype(np.float32))
+    assert errors(run(make_draft(tmp_path, tensor_edit=edit))) == ["E_D2T_DTYPE"]
+
+
+def test_aux_ids_top_level_unsorted_out_of_range(tmp_path):
+    def top(c):
+        c.pop("eagle_config")
+        c["eagle_aux_hidden_state_layer_ids"] = [2, 16, 29]
+    f = run(make_draft(tmp_path, cfg_edit=top))
+    assert errors(f) == ["E_AUX_IDS_TOP_LEVEL"] and "[1, 15, 28]" in msg(f, "E_AUX_IDS_TOP_LEVEL")
+    assert errors(run(make_draft(tmp_path, geometry(ids=[15, 1, 28]), name="u"))) == ["E_AUX_IDS_ORDER"]
+    f = run(make_draft(tmp_path, geometry(ids=[1, 15, 31]), name="r"))
+    assert errors(f) == ["E_AUX_IDS_RANGE"] and "0..30" in msg(f, "E_AUX_IDS_RANGE")
+
+
+def test_more_than_one_layer_and_tied_embeddings(tmp_path):
+    f = run(make_draft(tmp_path, cfg_edit=lambda c: c.update(num_hidden_layers=2,
+                                                             tie_word_embeddings=True)))
+    assert sorted(errors(f)) == ["E_NUM_LAYERS", "E_TIED_EMBEDDINGS"]
+
+
+def test_architecture_and_speculators_format(tmp_path):
+    f = run(make_draft(tmp_path, cfg_edit=lambda c: c.update(architectures=["LlamaForCausalLMEagle"])))
+    assert errors(f) == ["E_ARCHITECTURE"]
+
+
+def test_truncated_file_and_missing_dir(tmp_path):
+    d = make_draft(tmp_path, TINY, dense=True)
+    p = d / "model.safetensors"
+    p.write_bytes(p.read_bytes()[:-100])
+    assert "E_TRUNCATED" in errors(run(d))
+    assert errors(inspect_draft(tmp_path / "nope")) == ["E_NO_DRAFT_DIR"]
+
+
+def test_gguf_target(tmp_path, smollm2_path):
+    """TARGET as a GGUF file: only the header is read (SmolLM2: L=30, H=576, V=49152)."""
+    g = dict(H=576, heads=9, kv=3, hd=64, I=1536, V=49152, Vd=1024, ids=[1, 14, 26], L=30, ctx=8192)
+    d = make_draft(tmp_path, g, cfg_edit=lambda c: c.update(rope_theta=100000.0))
+    assert run(d, target=smollm2_path) == []
+    bad = make_draft(tmp_path, geometry(**{**g, "ids": [1, 14, 29]}), name="bad",
+                     cfg_edit=lambda c: c.update(rope_theta=100000.0))
+    assert errors(run(bad, target=smollm2_path)) == ["E_AUX_IDS_RANGE"]
+
+
+# --- CLI ---------------------------------------------------------------------------------------
+
+
+def test_cli_exit_codes_and_json(tmp_path, capsys):
+    good = make_draft(tmp_path, TINY)
+    bad = make_draft(tmp_path, TINY, name="bad", cfg_edit=lambda c: c.update(draft_vocab_size=None))
+    t = str(tmp_path / "target" / "config.json")
+    assert cli_main(["inspect", str(good), "--target", t]) == 0
+    assert "clean" in capsys.readouterr().out
+    assert cli_main(["inspect", str(bad), "--target", t, "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is False and set(out) == {"ok", "findings"}
+    assert all(set(f) == {"severity", "code", "message"} for f in out["findings"])
+    assert {"severity": "error", "code": "E_DRAFT_VOCAB_NULL"}.items() <= out["findings"][0].items()
+    assert cli_main(["inspect", str(good), "--target", t, "--json",
+                     "--server-args", f"--speculative-algorithm EAGLE --speculative-draft-model-path {good}"]) == 1
+    assert json.loads(capsys.readouterr().out)["findings"][0]["code"] == "E_ALGORITHM_NOT_EAGLE3"
+
+
+def test_inspect_never_imports_torch(tmp_path):
+    d = make_draft(tmp_path, TINY)
+    code = ("import sys; from runner.cli import main; rc = main(['inspect', sys.argv[1]]); "
+            "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code, str(d)], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -1,0 +1,314 @@
+"""Planning and applying: cache keys, rerun reasons, --force/--only, atomic artifacts.
+
+Stages here are tiny stand-ins installed as `jobs.<stage>` in sys.modules for the duration of a
+test, so the real plan -> apply -> run_stage -> finalize -> store path runs in milliseconds. The
+real end-to-end apply on SmolLM2 is tests/test_e2e.py."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+import runner.plan as plan_mod
+from runner.apply import apply
+from runner.plan import PlanError, build_plan
+from runner.spec import load_spec
+from runner.stage import MANIFEST, read_manifest
+from runner.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGES = ("extract", "train", "export", "bench")
+
+
+def make_spec(tmp: Path, overrides=(), variants=None):
+    data_file = tmp / "data.jsonl"
+    if not data_file.exists():
+        data_file.write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n')
+    data = {
+        "name": "p", "work_dir": str(tmp / "work"),
+        "target": {"path": str(tmp / "no-model.gguf"), "num_hidden_layers": 30,
+                   "hidden_size": 576, "vocab_size": 49152},
+        "drafter": {"aux_layer_ids": [1, 14, 26], "draft_vocab_size": 4096},
+        "data": {"source": "jsonl", "path": str(data_file)},
+        "stages": {"extract": {}, "train": {"lr": 1e-4}, "export": {},
+                   "bench": {"configs": [{"num_steps": 3}]}},
+        "results": {"path": str(tmp / "r.duckdb")},
+        "variants": variants or [],
+    }
+    return load_spec(data=data, overrides=list(overrides))
+
+
+def _fake_run(ctx):
+    """A stage: one output file naming its inputs; fails when told to by the environment."""
+    (ctx.out_dir / "out.txt").write_text(json.dumps(
+        {"stage": ctx.stage, "inputs": {k: str(v) for k, v in sorted(ctx.inputs.items())}}))
+    for k, v in ctx.inputs.items():  # inputs are complete artifacts
+        assert (v / MANIFEST).exists(), v
+    if os.environ.get("FAIL_STAGE") == ctx.stage:
+        raise RuntimeError(f"{ctx.stage} failed on purpose")
+    ctx.metric("curve", 1.0, step=1)
+    return {"rows": (len(ctx.inputs) + 1, "items")}
+
+
+@pytest.fixture
+def fake_stages(monkeypatch):
+    for s in ("regenerate",) + STAGES:
+        m = types.ModuleType(f"jobs.{s}")
+        m.run = _fake_run
+        monkeypatch.setitem(sys.modules, f"jobs.{s}", m)
+    return monkeypatch
+
+
+def reasons(plan) -> dict:
+    return {p.id: (p.action, p.reason) for p in plan.stages}
+
+
+def test_fresh_plan_is_missing_output_in_order(tmp_path):
+    plan = build_plan(make_spec(tmp_path))
+    assert [p.stage for p in plan.stages] == list(STAGES)
+    assert all(p.action == "run" and p.reason == "missing output" for p in plan.stages)
+    assert len({p.key for p in plan.stages}) == 4 and all(len(p.key) == 64 for p in plan.stages)
+    # a pure value: same spec -> same plan; JSON is sorted and stable
+    assert build_plan(make_spec(tmp_path)).to_json() == plan.to_json()
+    d = json.loads(plan.to_json())
+    assert [s["reason"] for s in d["stages"]] == ["missing output"] * 4
+
+
+def test_apply_then_up_to_date(tmp_path, fake_stages):
+    spec = make_spec(tmp_path)
+    plan = build_plan(spec)
+    run_id, outcomes = apply(spec, plan, quiet=True)
+    assert [o.status for o in outcomes] == ["done"] * 4
+    for p in plan.stages:
+        m = read_manifest(Path(p.artifact))
+        assert m["cache_key"] == p.key and "out.txt" in m["files"]
+        assert not Path(p.partial).exists()
+    # the train stage saw extract's completed artifact
+    train = next(p for p in plan.stages if p.stage == "train")
+    extract = next(p for p in plan.stages if p.stage == "extract")
+    got = json.loads((Path(train.artifact) / "out.txt").read_text())
+    assert got["inputs"] == {"extract": extract.artifact}
+    again = build_plan(make_spec(tmp_path))
+    assert reasons(again) == {s: ("skip", "up to date") for s in STAGES}
+    # rows landed in DuckDB
+    store = Store(plan.results)
+    _, rows = store.query("SELECT stage, status FROM stages WHERE run_id = ? ORDER BY stage"
+                          .replace("?", f"'{run_id}'"))
+    assert rows == sorted((s, "done") for s in STAGES)
+    _, rows = store.query(f"SELECT stage, value, unit FROM metrics WHERE run_id = '{run_id}' "
+                          "AND name = 'rows' ORDER BY stage")
+    assert ("train", 2.0, "items") in rows and ("extract", 1.0, "items") in rows
+    _, rows = store.query(f"SELECT status FROM runs WHERE run_id = '{run_id}'")
+    assert rows == [("done",)]
+    # applying the up-to-date plan runs nothing and records skipped rows
+    run2, outcomes = apply(make_spec(tmp_path), again, quiet=True)
+    assert outcomes == []
+    _, rows = store.query(f"SELECT count(*) FROM stages WHERE run_id = '{run2}' "
+                          "AND status = 'skipped'")
+    assert rows == [(4,)]
+
+
+def test_spec_change_names_the_field_and_cascades(tmp_path, fake_stages):
+    spec = make_spec(tmp_path)
+    apply(spec, build_plan(spec), quiet=True)
+    r = reasons(build_plan(make_spec(tmp_path, ["stages.train.lr=3e-4"])))
+    assert r["extract"] == ("skip", "up to date")
+    assert r["train"] == ("run", "spec changed: train.lr")
+    assert r["export"] == ("run", "input changed")  # its upstream key changed
+    assert r["bench"] == ("run", "input changed")
+    r = reasons(build_plan(make_spec(tmp_path, ["stages.bench.num_prompts=2"])))
+    assert r["bench"] == ("run", "spec changed: bench.num_prompts")
+    assert {r[s][0] for s in ("extract", "train", "export")} == {"skip"}
+    r = reasons(build_plan(make_spec(tmp_path, ["drafter.aux_layer_ids=[2, 15, 27]"])))
+    assert r["extract"] == ("run", "spec changed: aux_layer_ids")
+
+
+def test_input_file_change(tmp_path, fake_stages):
+    spec = make_spec(tmp_path)
+    apply(spec, build_plan(spec), quiet=True)
+    (tmp_path / "data.jsonl").write_text('{"conversations": []}\n')
+    r = reasons(build_plan(make_spec(tmp_path)))
+    assert r["extract"] == ("run", "input changed")
+    assert r["train"] == ("run", "input changed")
+
+
+def test_code_change(tmp_path, fake_stages):
+    spec = make_spec(tmp_path)
+    apply(spec, build_plan(spec), quiet=True)
+    real = plan_mod.code_hash
+    fake_stages.setattr(plan_mod, "code_hash",
+                        lambda s: "edited" if s == "export" else real(s))
+    r = reasons(build_plan(make_spec(tmp_path)))
+    assert r["export"] == ("run", "code changed")
+    assert r["bench"] == ("run", "input changed")
+    assert r["train"] == ("skip", "up to date")
+
+
+def test_code_hash_follows_project_imports(tmp_path, monkeypatch):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "__init__.py").write_text("")
+    (jobs / "helper.py").write_text("X = 1\n")
+    (jobs / "train.py").write_text("import os\nfrom jobs.helper import X\n")
+    monkeypatch.setattr(plan_mod, "ROOT", tmp_path)
+    plan_mod.code_hash.cache_clear()
+    try:
+        h1 = plan_mod.code_hash("train")
+        (jobs / "helper.py").write_text("X = 2\n")
+        plan_mod.code_hash.cache_clear()
+        assert plan_mod.code_hash("train") != h1
+    finally:
+        plan_mod.code_hash.cache_clear()
+
+
+def test_force_and_only(tmp_path, fake_stages):
+    spec = make_spec(tmp_path)
+    apply(spec, build_plan(spec), quiet=True)
+    r = reasons(build_plan(spec, force=("train",)))
+    assert r["train"] == ("run", "forced") and r["extract"] == ("skip", "up to date")
+    r = reasons(build_plan(make_spec(tmp_path, ["stages.train.lr=5e-4"]), only=("train",)))
+    assert r["train"][0] == "run"
+    assert r["export"] == ("skip", "not selected (--only)")
+    with pytest.raises(PlanError, match="unknown stage"):
+        build_plan(spec, force=("trian",))
+
+
+def test_only_with_missing_upstream_is_a_clear_error(tmp_path):
+    spec = make_spec(tmp_path)
+    with pytest.raises(PlanError) as ei:
+        build_plan(spec, only=("train",))
+    msg = str(ei.value)
+    assert "train needs extract" in msg and "--only extract" in msg
+    r = subprocess.run([sys.executable, "-m", "runner.cli", "plan", "specs/smollm2-sharegpt.yaml",
+                        "--only", "bench", "-o", f"work_dir={tmp_path}/w"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "needs export" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_failed_stage_leaves_no_complete_artifact(tmp_path, fake_stages):
+    fake_stages.setenv("FAIL_STAGE", "train")
+    spec = make_spec(tmp_path)
+    plan = build_plan(spec)
+    run_id, outcomes = apply(spec, plan, quiet=True)
+    assert [o.status for o in outcomes] == ["done", "failed", "skipped", "skipped"]
+    assert "failed on purpose" in outcomes[1].error
+    train = next(p for p in plan.stages if p.stage == "train")
+    assert not Path(train.artifact).exists()
+    assert Path(train.partial).exists() and not (Path(train.partial) / MANIFEST).exists()
+    r = reasons(build_plan(make_spec(tmp_path)))
+    assert r["extract"] == ("skip", "up to date")
+    assert r["train"] == ("run", "incomplete: resuming partial output")
+    _, rows = Store(plan.results).query(
+        f"SELECT stage, status, error FROM stages WHERE run_id = '{run_id}' ORDER BY started_at")
+    assert ("train", "failed") in [(s, st) for s, st, _ in rows]
+    _, rows = Store(plan.results).query(f"SELECT status FROM runs WHERE run_id = '{run_id}'")
+    assert rows == [("failed",)]
+    # it resumes and completes
+    fake_stages.delenv("FAIL_STAGE")
+    _, outcomes = apply(spec, build_plan(make_spec(tmp_path)), quiet=True)
+    assert [o.status for o in outcomes] == ["done"] * 3
+
+
+def test_dir_without_manifest_is_never_up_to_date(tmp_path):
+    spec = make_spec(tmp_path)
+    plan = build_plan(spec)
+    extract = plan.stages[0]
+    Path(extract.artifact).mkdir(parents=True)
+    (Path(extract.artifact) / "data.bin").write_bytes(b"x" * 100)  # looks like output
+    assert reasons(build_plan(spec))["extract"][0] == "run"
+    (Path(extract.artifact) / MANIFEST).write_text("{truncated")  # a torn manifest
+    assert reasons(build_plan(spec))["extract"][0] == "run"
+
+
+KILLED_STAGE = textwrap.dedent("""
+    import sys, time, types
+    sys.path.insert(0, {root!r})
+    from runner.spec import load_spec
+    from runner.plan import build_plan
+    from runner.apply import apply
+    import yaml
+
+    def run(ctx):
+        (ctx.out_dir / "big.bin").write_bytes(b"x" * 1000)
+        (ctx.out_dir / "started").write_text("1")
+        time.sleep(120)
+        return {{}}
+
+    for s in ("extract", "train", "export", "bench"):
+        m = types.ModuleType("jobs." + s); m.run = run; sys.modules["jobs." + s] = m
+    spec = load_spec({spec!r})
+    apply(spec, build_plan(spec), quiet=True)
+""")
+
+
+def test_stage_killed_midway_never_looks_complete(tmp_path):
+    import yaml
+    spec = make_spec(tmp_path)
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    script = tmp_path / "kill_me.py"
+    script.write_text(KILLED_STAGE.format(root=str(ROOT), spec=str(spec_file)))
+    plan = build_plan(spec)
+    extract = plan.stages[0]
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=ROOT)
+    try:
+        deadline = time.time() + 60
+        while not (Path(extract.partial) / "started").exists():
+            assert proc.poll() is None, "stage process died early"
+            assert time.time() < deadline, "stage never started"
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    assert not Path(extract.artifact).exists()
+    assert read_manifest(Path(extract.partial)) is None
+    r = reasons(build_plan(make_spec(tmp_path)))
+    assert r["extract"] == ("run", "incomplete: resuming partial output")
+    assert all(a == "run" for a, _ in r.values())
+
+
+def test_variants_share_identical_stages(tmp_path):
+    spec = make_spec(tmp_path, variants=[
+        {"name": "more", "overrides": {"stages.bench.num_prompts": 3}},
+        {"name": "lr", "overrides": {"stages.train.lr": 1e-3}}])
+    r = reasons(build_plan(spec))
+    assert r["extract@more"] == ("skip", "same as extract")
+    assert r["export@more"] == ("skip", "same as export")
+    assert r["bench@more"] == ("run", "missing output")
+    assert r["extract@lr"] == ("skip", "same as extract")
+    assert r["train@lr"] == ("run", "missing output")
+
+
+def test_plan_cli_json_and_no_torch(tmp_path):
+    code = ("import sys, runner.cli as c\n"
+            f"rc = c.main(['plan', 'specs/drafter-v2.yaml', '--json'])\n"
+            "assert rc == 0\n"
+            "heavy = sorted(m for m in ('torch', 'transformers', 'safetensors') if m in sys.modules)\n"
+            "print('HEAVY', heavy, file=sys.stderr)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "HEAVY []" in r.stderr
+    d = json.loads(r.stdout)
+    assert [s["stage"] for s in d["stages"]] == ["regenerate", "extract", "train", "export", "bench"]
+    assert d["executor"] == "slurm"
+
+
+def test_forced_or_selected_shared_stage_runs_once(tmp_path):
+    # variants sharing a key must never run it twice (they would share one partial dir)
+    spec = make_spec(tmp_path, variants=[{"name": "v", "overrides": {"stages.bench.num_prompts": 3}}])
+    for force in (("train",), ("train@v",)):
+        plan = build_plan(spec, force=force)
+        r = reasons(plan)
+        assert r["train"] == ("run", "forced") and r["train@v"] == ("skip", "same as train")
+        keys = [p.key for p in plan.stages if p.action == "run"]
+        assert len(keys) == len(set(keys))
+    r = reasons(build_plan(spec, only=("extract@v",)))
+    assert r["extract"] == ("run", "missing output")
+    assert r["extract@v"] == ("skip", "same as extract")

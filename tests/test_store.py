@@ -1,0 +1,186 @@
+"""Results store: spool + single-writer ingest into DuckDB; read-only queries; `runner results`.
+
+DuckDB allows one writer process at a time; jobs only ever write spool files, so any number of
+parallel writers (and parallel ingesters) lose no rows and duplicate none."""
+
+import csv
+import io
+import json
+import multiprocessing as mp
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runner.store import SCHEMA, Store, StoreError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _writer(db: str, proc: int, n: int) -> None:
+    store = Store(db)
+    for i in range(n):
+        store.metric("run-a", "base", "train", f"p{proc}", float(i), "x", step=i)
+        if i % 10 == 9:  # writers also ingest now and then, racing each other
+            store.ingest()
+
+
+def test_parallel_writers_lose_no_rows(tmp_path):
+    db = str(tmp_path / "r.duckdb")
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_writer, args=(db, p, 50)) for p in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    store = Store(db)
+    store.ingest()
+    _, rows = store.query("SELECT count(*), count(DISTINCT (name, step)) FROM metrics")
+    assert rows == [(400, 400)]
+    _, rows = store.query("SELECT name, count(*), sum(value) FROM metrics GROUP BY 1 ORDER BY 1")
+    assert rows == [(f"p{p}", 50, float(sum(range(50)))) for p in range(8)]
+    assert not list(store.spool.glob("*.json"))
+
+
+def test_ingest_is_idempotent_after_crash_between_commit_and_unlink(tmp_path):
+    store = Store(tmp_path / "r.duckdb")
+    store.emit("metrics", [dict(run_id="r", variant="base", stage="s", name="a", value=1.0)])
+    (f,) = store.spool.glob("*.json")
+    saved = f.read_bytes()
+    assert store.ingest() == 1
+    # simulate a crash after COMMIT but before the unlink: the batch file is still there
+    f.write_bytes(saved)
+    assert store.ingest() == 0
+    assert not f.exists()
+    _, rows = store.query("SELECT count(*) FROM metrics")
+    assert rows == [(1,)]
+    _, rows = store.query("SELECT file FROM _ingested")
+    assert rows == [(f.name,)]
+
+
+def test_half_written_spool_file_is_never_ingested(tmp_path):
+    store = Store(tmp_path / "r.duckdb")
+    store.spool.mkdir(parents=True)
+    # a writer killed mid-write leaves only its dot-temp file; ingest ignores it
+    (store.spool / ".x.json.tmp").write_text('{"table": "metrics", "rows": [{"run_')
+    assert store.ingest() == 0
+    _, rows = store.query("SELECT count(*) FROM metrics")
+    assert rows == [(0,)]
+
+
+def test_bad_batch_is_set_aside_and_does_not_block_others(tmp_path, capsys):
+    store = Store(tmp_path / "r.duckdb")
+    store.emit("metrics", dict(run_id="r", variant="base", stage="s", name="ok1", value=1.0))
+    store.emit("metrics", dict(run_id="r", variant="base", stage="s", name="bad", valeu=2.0))
+    store.emit("metrics", dict(run_id="r", variant="base", stage="s", name="ok2", value=3.0))
+    assert store.ingest() == 2
+    _, rows = store.query("SELECT name FROM metrics ORDER BY name")
+    assert rows == [("ok1",), ("ok2",)]  # the bad batch left no partial rows
+    rejected = list((store.spool / "rejected").glob("*.json"))
+    assert len(rejected) == 1 and "valeu" in rejected[0].read_text()
+    assert "rejected" in capsys.readouterr().err
+    with pytest.raises(StoreError):
+        store.emit("no_such_table", {"a": 1})
+
+
+def test_runs_row_latest_status_wins(tmp_path):
+    store = Store(tmp_path / "r.duckdb")
+    row = dict(run_id="r1", spec_name="s", started_at="2024-01-01 00:00:00")
+    store.emit("runs", {**row, "status": "running"})
+    store.emit("runs", {**row, "status": "done", "finished_at": "2024-01-01 00:01:00"})
+    _, rows = store.query("SELECT run_id, status FROM runs")
+    assert rows == [("r1", "done")]
+
+
+def test_schema_tables_exist(tmp_path):
+    store = Store(tmp_path / "r.duckdb")
+    store.ingest()
+    _, rows = store.query("SELECT table_name FROM information_schema.tables")
+    assert set(SCHEMA) <= {r[0] for r in rows}
+    _, cols = store.query("SELECT column_name FROM information_schema.columns "
+                          "WHERE table_name = 'stages'")
+    names = {c[0] for c in cols}
+    assert {"started_at", "finished_at", "status", "host", "job_id", "duration_s"} <= names
+
+
+# -- runner query / results (CLI, in a subprocess: exit codes and stderr are part of the contract)
+
+
+def runner(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "runner.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def filled_db(tmp_path):
+    db = tmp_path / "r.duckdb"
+    store = Store(db)
+    store.emit("runs", dict(run_id="run1", spec_name="s", started_at="2024-01-01 00:00:00",
+                            status="done"))
+    for name, value, unit in [("loss", 2.5, ""), ("tau", 2.25, "tokens"), ("acc", 0.5, "")]:
+        store.metric("run1", "base", "train", name, value, unit)
+    store.metric("run1", "base", "train", "loss", 9.0, "", step=3)  # a step row: not a summary
+    store.emit("bench_summary", dict(run_id="run1", variant="base", config_id="c0",
+                                     backend="embedded", prompt_set="mtbench", num_steps=3,
+                                     eagle_topk=1, num_draft_tokens=4, max_new_tokens=64,
+                                     tau=2.25, accept_rate=0.4, spec_tok_s=10.0, base_tok_s=8.0,
+                                     speedup=1.25, flags=""))
+    store.ingest()
+    return db
+
+
+@pytest.mark.parametrize("sql", ["DELETE FROM metrics", "INSERT INTO metrics (name) VALUES ('x')",
+                                 "DROP TABLE runs", "UPDATE metrics SET value = 0",
+                                 "CREATE TABLE x (a INT)"])
+def test_query_is_read_only(filled_db, sql):
+    r = runner("query", sql, "--results", str(filled_db))
+    assert r.returncode == 1, r
+    assert r.stderr.startswith("error:") and "read-only" in r.stderr
+    assert "Traceback" not in r.stderr
+    _, rows = Store(filled_db).query("SELECT count(*) FROM metrics")
+    assert rows == [(4,)]
+
+
+def test_query_output_shapes(filled_db):
+    sql = "SELECT name, value, unit FROM metrics WHERE step IS NULL ORDER BY name"
+    r = runner("query", sql, "--results", str(filled_db), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [{"name": "acc", "value": 0.5, "unit": ""},
+                                    {"name": "loss", "value": 2.5, "unit": ""},
+                                    {"name": "tau", "value": 2.25, "unit": "tokens"}]
+    r = runner("query", sql, "--results", str(filled_db), "--csv")
+    assert r.returncode == 0
+    assert list(csv.reader(io.StringIO(r.stdout))) == [
+        ["name", "value", "unit"], ["acc", "0.5", ""], ["loss", "2.5", ""], ["tau", "2.25", "tokens"]]
+    r = runner("query", sql, "--results", str(filled_db))
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["name", "value", "unit"] and set(lines[1]) <= {"-", " "}
+    assert len(lines) == 5
+    r = runner("query", "SELEC nonsense", "--results", str(filled_db))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    r = runner("query", "SELECT 1", "--results", str(filled_db), "--json", "--csv")
+    assert r.returncode == 2  # argparse: mutually exclusive
+
+
+def test_query_without_db_is_a_clean_error(tmp_path):
+    r = runner("query", "SELECT 1", "--results", str(tmp_path / "none.duckdb"))
+    assert r.returncode == 1 and "runner apply" in r.stderr and "Traceback" not in r.stderr
+    r = runner("results", "--results", str(tmp_path / "none.duckdb"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+
+
+def test_results_latest_summary_metrics(filled_db):
+    r = runner("results", "--results", str(filled_db), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    got = {(m["stage"], m["name"]): m["value"] for m in out["metrics"]}
+    assert got == {("train", "acc"): 0.5, ("train", "loss"): 2.5, ("train", "tau"): 2.25}
+    assert out["bench"][0]["tau"] == 2.25 and out["bench"][0]["speedup"] == 1.25
+    # a newer summary value of the same metric replaces the older one
+    Store(filled_db).metric("run1", "base", "train", "loss", 1.5, "")
+    out = json.loads(runner("results", "--results", str(filled_db), "--json").stdout)
+    assert {m["name"]: m["value"] for m in out["metrics"]}["loss"] == 1.5
+    r = runner("results", "--results", str(filled_db))
+    assert r.returncode == 0 and "loss" in r.stdout and "mtbench" in r.stdout
