@@ -1,0 +1,285 @@
+"""`runner report SPEC [--out DIR]`: PNG plots of a spec's bench results from the DuckDB store.
+
+Three plots, from `bench_summary` rows (one per bench configuration, written by the bench stage):
+  <name>_tau_vs_samples.png   tau against train_samples, one line per prompt set; each variant of a
+                              data-scaling sweep gives one point (its latest row, by
+                              runs.started_at, over all runs of the spec).
+  <name>_accept_per_pos.png   acceptance rate at draft position 1..num_steps, one line per
+                              num_steps config (latest run of the spec that has bench rows).
+  <name>_tok_s.png            spec tok/s against num_steps, with the target-only baseline tok/s as
+                              a dashed horizontal reference (same run), speedup written at each
+                              point.
+Metric terms follow ../shared/notes/eagle3-format.md: tau = tokens per target verify pass
+INCLUDING the bonus token; accept_per_pos[j] = fraction of rounds in which draft j+1 was
+accepted (sums to tau - 1).
+
+Lines are told apart by whichever of (variant, prompt_set, backend, eagle_topk, num_draft_tokens,
+max_new_tokens, cuda_graph, temperature) differ between the plotted rows. matplotlib is imported
+inside the plotting functions (Agg canvas, no pyplot state): runner/ stays importable without it.
+Each PNG is written to a temp file and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+from runner.spec import Spec, expand_path
+from runner.store import Store
+
+# fields that distinguish two bench_summary rows of one run (besides num_steps)
+CONFIG_FIELDS = ("variant", "prompt_set", "backend", "num_steps", "eagle_topk", "num_draft_tokens",
+                 "max_new_tokens", "cuda_graph", "temperature")
+SHORT = {"prompt_set": "", "eagle_topk": "topk", "num_draft_tokens": "ndt",
+         "max_new_tokens": "new", "cuda_graph": "graph", "temperature": "T"}
+
+
+class ReportError(Exception):
+    """No report can be drawn (no results file, no bench rows); the message says what to run."""
+
+
+# ----------------------------------------------------------------------------------------------
+# rows
+
+
+def bench_rows(spec: Spec) -> list[dict]:
+    """Every bench_summary row of runs of `spec.name`, as dicts with the run's started_at, sorted
+    oldest first. Raises ReportError when there are none (or no results file)."""
+    db = expand_path(spec.results.path)
+    hint = (f"run `runner apply SPEC` with a bench stage first (spec {spec.name!r}, results "
+            f"{db})")
+    store = Store(db)
+    if not db.exists() and not store.spool.exists():  # spooled rows not yet ingested count too
+        raise ReportError(f"no results file at {db}: {hint}")
+    # spec.name matches ^[A-Za-z0-9_.-]+$ (schema), so inlining it is safe
+    cols, rows = store.query(
+        "SELECT b.*, r.started_at AS run_started_at FROM bench_summary b JOIN runs r USING (run_id) "
+        f"WHERE r.spec_name = '{spec.name}' ORDER BY r.started_at, b.run_id")
+    if not rows:
+        raise ReportError(f"no bench rows yet: {hint}")
+    return [dict(zip(cols, r)) for r in rows]
+
+
+def latest_run(rows: list[dict]) -> list[dict]:
+    """The rows of the most recently started run that has bench rows (rows sorted oldest first)."""
+    last = rows[-1]["run_id"]
+    return [r for r in rows if r["run_id"] == last]
+
+
+def latest_per_config(rows: list[dict]) -> list[dict]:
+    """The latest row (by run start, rows sorted oldest first) of each variant x bench config."""
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        out[tuple(r.get(f) for f in CONFIG_FIELDS)] = r
+    return list(out.values())
+
+
+def _varying(rows: list[dict], fields) -> list[str]:
+    return [f for f in fields if len({repr(r.get(f)) for r in rows}) > 1]
+
+
+def _label(r: dict, fields: list[str]) -> str:
+    parts = []
+    for f in fields:
+        v = r.get(f)
+        k = SHORT.get(f, f)
+        parts.append(f"{v}" if k == "" else f"{k}={v}")
+    return ", ".join(parts)
+
+
+def group(rows: list[dict], always: tuple[str, ...], exclude: tuple[str, ...]) -> dict[str, list]:
+    """{legend label: rows}: one line per distinct value of `always` plus every CONFIG_FIELD that
+    varies between rows (minus `exclude`; num_draft_tokens too when every row is a chain, topk 1,
+    where SGLang fixes it to num_steps + 1). Labels keep first-seen order."""
+    if all(r.get("eagle_topk") in (1, None) for r in rows):  # chains: ndt = num_steps + 1
+        exclude = (*exclude, "num_draft_tokens")
+    fields = [f for f in CONFIG_FIELDS if f in always or f in _varying(rows, CONFIG_FIELDS)]
+    fields = [f for f in fields if f not in exclude]
+    out: dict[str, list] = {}
+    for r in rows:
+        out.setdefault(_label(r, fields) or str(r.get("prompt_set")), []).append(r)
+    return out
+
+
+def _per_pos(r: dict) -> list[float] | None:
+    """accept_per_pos as floats (stored as a JSON list); None when missing or unreadable."""
+    v = r.get("accept_per_pos")
+    try:
+        v = json.loads(v) if isinstance(v, str) else v
+        return [float(x) for x in v] if isinstance(v, list) and v else None
+    except (ValueError, TypeError):
+        return None
+
+
+def _ok(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+# ----------------------------------------------------------------------------------------------
+# plots (matplotlib imported here only)
+
+
+def _figure(title: str, xlabel: str, ylabel: str):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(8, 4.5), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def _legend(ax, **kw) -> None:
+    """Legend inside the axes when short, to the right of them when it would cover the data."""
+    n = len(ax.get_legend_handles_labels()[0])
+    if n > 4:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), **kw)
+    else:
+        ax.legend(fontsize=8, **kw)
+
+
+def _save(fig, path: Path) -> Path:
+    """Write the figure as PNG atomically (temp file in the same folder, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fig.tight_layout()
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def plot_tau_vs_samples(rows: list[dict], spec_name: str, path: Path) -> Path | None:
+    """tau (incl. bonus token) against train_samples; rows = latest per variant x config.
+    One line per prompt set (and per config field that varies); None when no row has both."""
+    rows = [r for r in rows if _ok(r.get("train_samples")) and _ok(r.get("tau"))]
+    if not rows:
+        return None
+    fig, ax = _figure(f"{spec_name}: accept length vs training data\n(latest row per variant)",
+                      "training samples", "tau = tokens per verify pass (incl. bonus)")
+    for label, rs in group(rows, ("prompt_set",), ("variant",)).items():
+        rs = sorted(rs, key=lambda r: r["train_samples"])
+        ax.plot([r["train_samples"] for r in rs], [r["tau"] for r in rs], "o-", label=label)
+    top: dict[tuple, float] = {}  # name each variant once, above its highest point
+    for r in rows:
+        k = (r["variant"], r["train_samples"])
+        top[k] = max(top.get(k, -math.inf), r["tau"])
+    for (v, x), y in top.items():
+        ax.annotate(v, (x, y), fontsize=7, textcoords="offset points", xytext=(0, 6), ha="center")
+    xs = sorted({r["train_samples"] for r in rows})
+    if xs[0] > 0 and xs[-1] / xs[0] >= 10:
+        ax.set_xscale("log")
+        ax.minorticks_off()
+    ax.set_xticks(xs, [f"{x:,}" for x in xs])
+    ax.margins(x=0.08, y=0.12)
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":", label="tau 1.0 = nothing accepted")
+    _legend(ax)
+    return _save(fig, path)
+
+
+def plot_accept_per_pos(rows: list[dict], spec_name: str, path: Path) -> Path | None:
+    """Acceptance rate at draft position 1..num_steps, one line per num_steps config of one run.
+    None when no row has accept_per_pos."""
+    rows = [r for r in rows if _per_pos(r)]
+    if not rows:
+        return None
+    fig, ax = _figure(f"{spec_name}: acceptance per draft position\n(run {rows[0]['run_id']})",
+                      "draft position", "acceptance rate (fraction of rounds)")
+    kmax = 1
+    for label, rs in group(rows, ("num_steps",), ()).items():
+        p = _per_pos(rs[-1])
+        kmax = max(kmax, len(p))
+        tau = rs[-1].get("tau")
+        ax.plot(range(1, len(p) + 1), p, "o-",
+                label=label + (f"  (tau {tau:.2f})" if _ok(tau) else ""))
+    ax.set_xticks(range(1, kmax + 1))
+    ax.set_ylim(0, 1.02)
+    _legend(ax)
+    return _save(fig, path)
+
+
+def plot_tok_s(rows: list[dict], spec_name: str, path: Path) -> Path | None:
+    """Speculative tok/s against num_steps, one line per config group of one run; each group's
+    baseline (target-only) tok/s is a dashed horizontal line. None when no row has spec_tok_s."""
+    rows = [r for r in rows if _ok(r.get("spec_tok_s")) and r.get("num_steps") is not None]
+    if not rows:
+        return None
+    fig, ax = _figure(f"{spec_name}: decode speed vs num_steps\n(run {rows[0]['run_id']}; "
+                      "label = speedup over the baseline)", "num_steps", "tokens / s")
+    groups = group(rows, (), ("num_steps", "num_draft_tokens"))
+    bases = {label: [r["base_tok_s"] for r in rs if _ok(r.get("base_tok_s"))]
+             for label, rs in groups.items()}
+    means = {k: sum(v) / len(v) for k, v in bases.items() if v}
+    shared = bool(means) and max(means.values()) - min(means.values()) <= 0.01 * max(means.values())
+    for label, rs in groups.items():
+        rs = sorted(rs, key=lambda r: (r["num_steps"], r.get("num_draft_tokens") or 0))
+        (line,) = ax.plot([r["num_steps"] for r in rs], [r["spec_tok_s"] for r in rs], "o-",
+                          label=f"EAGLE-3 ({label})")
+        for r in rs:
+            if _ok(r.get("speedup")):
+                ax.annotate(f"{r['speedup']:.2f}x", (r["num_steps"], r["spec_tok_s"]), fontsize=7,
+                            textcoords="offset points", xytext=(4, 4))
+        if label in means and not shared:
+            ax.axhline(means[label], color=line.get_color(), ls="--", lw=1,
+                       label=f"baseline, target only ({label})")
+    if shared:
+        m = sum(means.values()) / len(means)
+        ax.axhline(m, color="black", ls="--", lw=1, label=f"baseline, target only ({m:.1f} tok/s)")
+    ax.set_xticks(sorted({r["num_steps"] for r in rows}))
+    ax.margins(x=0.12)
+    ax.set_ylim(bottom=0)
+    _legend(ax)
+    return _save(fig, path)
+
+
+# ----------------------------------------------------------------------------------------------
+# entry points
+
+
+def write_report(spec: Spec, out_dir) -> tuple[list[Path], list[str]]:
+    """Draw the three plots into out_dir as <spec name>_<plot>.png.
+
+    Returns (written paths, notes about plots skipped for lack of data). Raises ReportError when
+    the spec has no bench rows."""
+    rows = bench_rows(spec)
+    out = expand_path(str(out_dir))
+    written, notes = [], []
+    for name, fn, what in (
+            ("tau_vs_samples", lambda p: plot_tau_vs_samples(latest_per_config(rows), spec.name, p),
+             "no bench_summary row has train_samples and tau"),
+            ("accept_per_pos", lambda p: plot_accept_per_pos(latest_run(rows), spec.name, p),
+             "no row of the latest run has accept_per_pos"),
+            ("tok_s", lambda p: plot_tok_s(latest_run(rows), spec.name, p),
+             "no row of the latest run has spec_tok_s")):
+        p = fn(out / f"{spec.name}_{name}.png")
+        if p is None:
+            notes.append(f"skipped {name}: {what}")
+        else:
+            written.append(p)
+    return written, notes
+
+
+def report_cli(spec: Spec, out_dir="reports") -> int:
+    """`runner report`: write the PNGs, print their paths; exit 0. Exit 1 with `error: ...` on
+    stderr when there is nothing to plot."""
+    try:
+        written, notes = write_report(spec, out_dir)
+    except ReportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for n in notes:
+        print(f"note: {n}", file=sys.stderr)
+    for p in written:
+        print(p)
+    if not written:
+        print("error: nothing to plot (see notes above)", file=sys.stderr)
+        return 1
+    return 0

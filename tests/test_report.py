@@ -1,0 +1,162 @@
+"""`runner report`: PNG plots from synthetic bench rows in a temporary DuckDB (no model, no GPU).
+
+Rows go in the way the bench stage writes them (Store.emit + ingest); the spec declares the target
+geometry and points at a model file that does not exist, so nothing is read from disk."""
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runner.report import ReportError, bench_rows, latest_per_config, latest_run, report_cli
+from runner.spec import load_spec
+from runner.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def make_spec(tmp: Path, name: str = "rep"):
+    return load_spec(data={
+        "name": name, "work_dir": str(tmp / "work"),
+        "target": {"path": str(tmp / "no-model.gguf"), "num_hidden_layers": 30,
+                   "hidden_size": 576, "vocab_size": 49152},
+        "drafter": {"aux_layer_ids": [1, 14, 26], "draft_vocab_size": 4096},
+        "data": {"source": "sharegpt", "max_samples": 64},
+        "stages": {"bench": {"configs": [{"num_steps": 3}, {"num_steps": 5}]}},
+        "results": {"path": str(tmp / "r.duckdb")},
+        "variants": [{"name": "n16", "overrides": {"data.max_samples": 16}}],
+    })
+
+
+def summary_row(run_id, variant, steps, samples, tau, spec_tok_s, prompt_set="mtbench"):
+    # acceptance falls with depth and sums to tau - 1 (jobs/engine.py convention)
+    per_pos = [(tau - 1) * (0.6 ** j) for j in range(steps)]
+    s = sum(per_pos)
+    per_pos = [p * (tau - 1) / s for p in per_pos]
+    return dict(run_id=run_id, variant=variant, config_id=f"s{steps}", backend="embedded",
+                prompt_set=prompt_set, num_steps=steps, eagle_topk=1, num_draft_tokens=steps + 1,
+                cuda_graph=False, max_new_tokens=64, temperature=0.0, train_samples=samples,
+                n_prompts=6, tau=tau, mean_accepted=tau - 1, accept_rate=tau / (steps + 1),
+                accept_per_pos=json.dumps(per_pos), spec_tok_s=spec_tok_s, base_tok_s=40.0,
+                speedup=spec_tok_s / 40.0)
+
+
+def fill(db: Path, spec_name: str = "rep") -> Store:
+    store = Store(db)
+    for run_id, started in (("old", "2025-01-01 10:00:00"), ("new", "2025-01-02 10:00:00")):
+        store.emit("runs", dict(run_id=run_id, spec_name=spec_name, started_at=started,
+                                status="done"))
+    store.emit("runs", dict(run_id="other", spec_name="someone-else",
+                            started_at="2025-01-03 10:00:00", status="done"))
+    rows = []
+    for steps in (3, 5):
+        # the old run: base trained on 64 samples, variant n16 on 16; the new run reruns base only
+        rows += [summary_row("old", "base", steps, 64, 1.9, 50.0),
+                 summary_row("old", "n16", steps, 16, 1.4, 38.0),
+                 summary_row("new", "base", steps, 64, 2.2 + 0.1 * steps, 55.0 + steps)]
+        rows.append(summary_row("other", "base", steps, 999, 9.0, 1.0))  # another spec
+    store.emit("bench_summary", rows)
+    store.emit("bench", [dict(run_id="new", variant="base", config_id="s3", prompt_id="0",
+                              num_steps=3, tau=2.5)])
+    store.ingest()
+    return store
+
+
+def assert_png(p: Path) -> tuple[int, int]:
+    data = p.read_bytes()
+    assert data[:8] == PNG_MAGIC, p
+    assert data[12:16] == b"IHDR" and data.endswith(b"IEND\xaeB`\x82"), p
+    w, h = struct.unpack(">II", data[16:24])
+    assert w > 100 and h > 100
+    from matplotlib.image import imread  # full decode: a truncated or corrupt file fails here
+    img = imread(p)
+    assert img.shape[:2] == (h, w) and img.std() > 0  # not a blank canvas
+    return w, h
+
+
+def test_row_selection(tmp_path):
+    spec = make_spec(tmp_path)
+    fill(tmp_path / "r.duckdb")
+    rows = bench_rows(spec)
+    assert {r["run_id"] for r in rows} == {"old", "new"}  # not the other spec's run
+    assert {r["run_id"] for r in latest_run(rows)} == {"new"}
+    latest = latest_per_config(rows)
+    # base's newest row replaces the old run's; n16 only exists in the old run
+    got = sorted((r["variant"], r["num_steps"], r["run_id"], r["train_samples"]) for r in latest)
+    assert got == [("base", 3, "new", 64), ("base", 5, "new", 64),
+                   ("n16", 3, "old", 16), ("n16", 5, "old", 16)]
+
+
+def test_report_writes_three_pngs(tmp_path, capsys):
+    spec = make_spec(tmp_path)
+    fill(tmp_path / "r.duckdb")
+    out = tmp_path / "reports"
+    assert report_cli(spec, out) == 0
+    printed = capsys.readouterr().out.split()
+    names = {f"rep_{n}.png" for n in ("tau_vs_samples", "accept_per_pos", "tok_s")}
+    assert {Path(p).name for p in printed} == names
+    for n in names:
+        assert str(out / n) in printed
+        assert_png(out / n)
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temp files left
+    # rerun overwrites in place
+    before = (out / "rep_tok_s.png").stat().st_mtime_ns
+    assert report_cli(spec, out) == 0
+    assert (out / "rep_tok_s.png").stat().st_mtime_ns >= before
+    assert sorted(p.name for p in out.iterdir()) == sorted(names)
+
+
+def test_missing_data_skips_a_plot(tmp_path, capsys):
+    spec = make_spec(tmp_path)
+    store = Store(tmp_path / "r.duckdb")
+    store.emit("runs", dict(run_id="a", spec_name="rep", started_at="2025-01-01 10:00:00"))
+    row = summary_row("a", "base", 3, 64, 2.0, 50.0)
+    row.pop("train_samples")
+    store.emit("bench_summary", row)
+    assert report_cli(spec, tmp_path / "out") == 0
+    cap = capsys.readouterr()
+    assert "skipped tau_vs_samples" in cap.err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["rep_accept_per_pos.png",
+                                                                    "rep_tok_s.png"]
+
+
+def test_empty_db_is_a_clear_error(tmp_path, capsys):
+    spec = make_spec(tmp_path)
+    # no results file at all
+    assert report_cli(spec, tmp_path / "out") == 1
+    assert "runner apply SPEC" in capsys.readouterr().err
+    # a results file whose bench tables are empty (only another spec's rows)
+    fill(tmp_path / "r.duckdb", spec_name="someone-else-too")
+    with pytest.raises(ReportError, match="no bench rows yet.*runner apply SPEC. with a bench stage"):
+        bench_rows(spec)
+    assert report_cli(spec, tmp_path / "out") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: no bench rows yet") and "Traceback" not in err
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_cli_report_command(tmp_path):
+    """`runner report SPEC --out DIR` through the real CLI (spec YAML on disk)."""
+    import yaml
+    spec = make_spec(tmp_path)
+    data = spec.model_dump(mode="json")
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(data))
+    r = subprocess.run([sys.executable, "-m", "runner", "report", str(tmp_path / "spec.yaml"),
+                        "--out", str(tmp_path / "o")], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 1 and "no results file" in r.stderr and "Traceback" not in r.stderr
+    fill(tmp_path / "r.duckdb")
+    r = subprocess.run([sys.executable, "-m", "runner", "report", str(tmp_path / "spec.yaml"),
+                        "--out", str(tmp_path / "o")], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.split()) == 3
+
+
+def test_import_needs_no_matplotlib_or_torch():
+    code = ("import sys, runner.report; bad = [m for m in ('matplotlib', 'torch') if m in "
+            "sys.modules]; assert not bad, bad")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
