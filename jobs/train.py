@@ -367,9 +367,9 @@ def train(ctx: StageContext, stop_at: int | None = None) -> dict:
         train_s += time.perf_counter() - t0
         tokens += batch["tokens"]
         step += 1
-        run_loss, run_n = run_loss + float(loss), run_n + 1
+        run_loss, run_n = run_loss + float(loss.detach()), run_n + 1
         bar.update(1)
-        bar.set_postfix(loss=f"{float(loss):.3f}", gnorm=f"{float(gnorm):.2f}")
+        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", gnorm=f"{float(gnorm):.2f}")
         if step % p.eval_every == 0 or step == total:
             ctx.metric("train_loss", run_loss / run_n, "nats", step=step)
             ctx.metric("lr", sched.get_last_lr()[0], "", step=step)

@@ -228,6 +228,11 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
             sid = stage if vname == "base" else f"{stage}@{vname}"
             entries.append((vname, stage, key, parts, needs, stage in force or sid in force,
                             not only or stage in only or sid in only))
+    ids = {e[1] for e in entries} | {e[1] if e[0] == "base" else f"{e[1]}@{e[0]}" for e in entries}
+    for s in (*force, *only):
+        if s not in ids:
+            raise PlanError(f"--force/--only {s!r}: no such stage in this spec; its stages are "
+                            f"{', '.join(sorted(ids))}")
     # entries with the same (stage, key) are computed once, by the first; --force/--only of any
     # of them applies to that one
     forced_keys = {(e[1], e[2]) for e in entries if e[5]}

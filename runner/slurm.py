@@ -249,6 +249,25 @@ def live_states(job_ids: list[str]) -> dict[str, str]:
 # the job function
 
 
+def _requeue_immune(env, countdown: int) -> None:
+    """submitit's SlurmJobEnvironment._requeue, but `scontrol requeue` ignores SIGTERM.
+
+    Requeueing makes slurmd SIGTERM every process of the job, scontrol included; when that
+    lands before scontrol exits (a fast local slurmd), submitit sees CalledProcessError, writes an
+    error result and the coordinator reports a failure although the job was requeued. SIG_IGN is
+    inherited across exec, so scontrol finishes; the job is then stopped as Slurm intends."""
+    import signal
+    subprocess.check_call(["scontrol", "requeue", env.job_id], timeout=60,
+                          preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
+
+
+def harden_requeue() -> None:
+    """Install `_requeue_immune` in this (job) process. Call at the start of a checkpointable
+    submitit callable."""
+    from submitit.slurm.slurm import SlurmJobEnvironment
+    SlurmJobEnvironment._requeue = _requeue_immune
+
+
 @dataclass
 class StageTask:
     """Picklable, checkpointable callable that runs one StageJob inside a Slurm job.
@@ -261,6 +280,7 @@ class StageTask:
 
     def __call__(self) -> dict:
         import submitit
+        harden_requeue()
         env = submitit.JobEnvironment()
         job = replace(self.job, log_path=str(env.paths.stderr))  # the job's own stderr log
         return run_stage(job)

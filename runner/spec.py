@@ -536,18 +536,46 @@ def _format_errors(err: ValidationError, data: dict) -> list[tuple[str, str]]:
     return problems
 
 
+def _strict_loader():
+    """yaml.SafeLoader that refuses duplicate mapping keys (PyYAML keeps the last one silently,
+    so a second `drafter:` block would quietly replace the first)."""
+    import yaml
+
+    class StrictSafeLoader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return loader.construct_mapping(node, deep=deep)
+
+    StrictSafeLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return StrictSafeLoader
+
+
 def read_yaml(path: Path) -> dict:
-    """Read YAML with the safe loader only (a !!python tag is an error and never runs)."""
+    """Read YAML with the safe loader only (a !!python tag is an error and never runs).
+    Duplicate keys are an error. Raises SpecError naming the file (and line)."""
     import yaml
     try:
         text = Path(path).read_text()
     except OSError as e:
         raise SpecError([(str(path), f"cannot read spec file: {e.strerror}")])
+    except UnicodeDecodeError:
+        raise SpecError([(str(path), "not a text file (expected a YAML spec)")])
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_strict_loader())  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise SpecError([(str(path), f"not valid YAML for the safe loader (python tags are "
-                                     f"refused): {str(e).splitlines()[0]}")])
+                                     f"refused): {what}{where}")])
     if not isinstance(data, dict):
         raise SpecError([(str(path), "the spec must be a YAML mapping")])
     return data

@@ -21,12 +21,18 @@ def make_spec(smollm2_path, tmp_path, **extract):
         "name": "t", "work_dir": str(tmp_path / "work"),
         "target": {"path": str(smollm2_path), "device": "cpu", "chat_template": "auto"},
         "drafter": {"aux_layer_ids": AUX, "draft_vocab_size": 1024},
-        "data": {"source": "sharegpt", "max_samples": 4, "max_length": 128, "holdout": 0,
+        "data": {"source": "sharegpt", "max_samples": 3, "max_length": 128, "holdout": 0,
                  "seed": 0},
         "stages": {"extract": {"batch_tokens": 128, "shard_samples": 2, **extract}}})
 
 
-def run_extract(spec, out):
+def run_extract(spec, out, model=None):
+    """Run the stage into `out`; `model` = (model, tok, cfg) stands in for jobs.target.load_target
+    (the loader itself is exercised by the smollm2 fixture) to keep the suite fast on 2 cores."""
+    if model is not None:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("jobs.target.load_target", lambda *a, **k: model)
+            return run_extract(spec, out)
     ctx = StageContext(spec=spec, stage="extract", variant="base", run_id="test", inputs={},
                        out_dir=out, db_path=out.parent / "r.duckdb")
     out.mkdir(parents=True, exist_ok=True)
@@ -34,7 +40,7 @@ def run_extract(spec, out):
 
 
 @pytest.fixture(scope="module")
-def extracted(smollm2_path, tmp_path_factory):
+def extracted(smollm2, smollm2_path, tmp_path_factory):
     from runner.assets import FetchError, asset_path
     try:
         asset_path("sharegpt")
@@ -42,7 +48,7 @@ def extracted(smollm2_path, tmp_path_factory):
         pytest.skip(str(e))
     tmp = tmp_path_factory.mktemp("extract")
     spec = make_spec(smollm2_path, tmp)
-    ctx, metrics = run_extract(spec, tmp / "clean")
+    ctx, metrics = run_extract(spec, tmp / "clean", smollm2)
     return spec, tmp / "clean", ctx, metrics
 
 
@@ -138,7 +144,7 @@ def test_mismatched_drafter_is_refused(extracted):
         open_features(out, AUX, 576)
 
 
-def test_interrupted_run_resumes_byte_identical(extracted, smollm2_path, tmp_path, monkeypatch):
+def test_interrupted_run_resumes_byte_identical(extracted, smollm2, tmp_path, monkeypatch):
     spec, clean, _, _ = extracted
     out = tmp_path / "partial"
     real, calls = ex.write_shard, []
@@ -151,11 +157,11 @@ def test_interrupted_run_resumes_byte_identical(extracted, smollm2_path, tmp_pat
 
     monkeypatch.setattr(ex, "write_shard", dies_on_second)
     with pytest.raises(KeyboardInterrupt):
-        run_extract(spec, out)
+        run_extract(spec, out, smollm2)
     monkeypatch.setattr(ex, "write_shard", real)
     assert (out / "shard-00000.safetensors").exists()
     assert not (out / "shard-00001.safetensors").exists() and not (out / "features.json").exists()
-    _, metrics = run_extract(spec, out)
+    _, metrics = run_extract(spec, out, smollm2)
     assert metrics["resumed_shards"] == 1
     names = sorted(p.name for p in clean.glob("shard-*"))
     assert names == sorted(p.name for p in out.glob("shard-*"))
@@ -163,7 +169,7 @@ def test_interrupted_run_resumes_byte_identical(extracted, smollm2_path, tmp_pat
         assert (out / n).read_bytes() == (clean / n).read_bytes()
 
 
-def test_disk_full_leaves_no_partial_shard(extracted, tmp_path, monkeypatch):
+def test_disk_full_leaves_no_partial_shard(extracted, smollm2, tmp_path, monkeypatch):
     spec, clean, _, _ = extracted
     out = tmp_path / "full"
     real, calls = ex._write_bytes, []
@@ -177,10 +183,27 @@ def test_disk_full_leaves_no_partial_shard(extracted, tmp_path, monkeypatch):
 
     monkeypatch.setattr(ex, "_write_bytes", enospc_on_second)
     with pytest.raises(StageError, match="disk full while writing shard-00001"):
-        run_extract(spec, out)
+        run_extract(spec, out, smollm2)
     assert sorted(p.name for p in out.iterdir()) == ["shard-00000.safetensors"]
     monkeypatch.setattr(ex, "_write_bytes", real)
-    _, metrics = run_extract(spec, out)
+    _, metrics = run_extract(spec, out, smollm2)
     assert metrics["resumed_shards"] == 1
     for p in clean.glob("shard-*"):
         assert (out / p.name).read_bytes() == p.read_bytes()
+
+
+def test_target_loader_caches_gguf_as_hf_folder(smollm2, smollm2_path, tmp_path):
+    from jobs.target import converted_dir, load_tokenizer, resolve_dtype, target_config
+    from runner.spec import Target
+    folder = converted_dir(smollm2_path)
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in cfg
+    assert json.loads((folder / "source.json").read_text())["sha256"].startswith(folder.name)
+    t = Target(path=str(smollm2_path))
+    assert target_config(t)["num_hidden_layers"] == 30
+    assert load_tokenizer(t).eos_token == "<|im_end|>"
+    model, _, c = smollm2
+    assert next(model.parameters()).dtype == torch.float32 and c["hidden_size"] == 576
+    assert resolve_dtype("auto", "cuda") == torch.bfloat16
+    with pytest.raises(StageError, match="does not exist"):
+        target_config(tmp_path / "missing.gguf")

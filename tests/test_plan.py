@@ -178,6 +178,10 @@ def test_force_and_only(tmp_path, fake_stages):
     assert r["export"] == ("skip", "not selected (--only)")
     with pytest.raises(PlanError, match="unknown stage"):
         build_plan(spec, force=("trian",))
+    with pytest.raises(PlanError, match="no such stage"):  # a variant that does not exist
+        build_plan(spec, only=("train@nope",))
+    with pytest.raises(PlanError, match="no such stage"):  # a stage the spec does not enable
+        build_plan(spec, force=("regenerate",))
 
 
 def test_only_with_missing_upstream_is_a_clear_error(tmp_path):

@@ -251,6 +251,20 @@ def test_python_yaml_tag_is_an_error_and_never_runs(tmp_path):
     assert not marker.exists()
 
 
+def test_duplicate_keys_binary_files_and_syntax_errors(tmp_path):
+    p = tmp_path / "dup.yaml"
+    p.write_text("name: a\ntarget: {path: x}\ndrafter: {draft_vocab_size: 1}\n"
+                 "drafter: {draft_vocab_size: 2}\n")
+    msg = problems(path=p)[0][1]
+    assert "duplicate key 'drafter'" in msg and "line 4" in msg
+    p = tmp_path / "bin.yaml"
+    p.write_bytes(b"\x1f\x8b\x08\x00\xff\xfe")
+    assert "not a text file" in problems(path=p)[0][1]
+    p = tmp_path / "syntax.yaml"
+    p.write_text("name: a\ntarget: [1\n")
+    assert "line 3" in problems(path=p)[0][1]
+
+
 def test_not_a_mapping_and_missing_file(tmp_path):
     p = tmp_path / "list.yaml"
     p.write_text("- a\n- b\n")
