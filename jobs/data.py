@@ -29,6 +29,7 @@ The holdout does not depend on max_samples, so data-scaling variants share it.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import random
@@ -110,24 +111,16 @@ def read_jsonl_records(path: Path) -> tuple[list[Any], dict]:
                      "stopped_at_byte": None}
 
 
-@lru_cache(maxsize=4)
-def _read_cached(path: str, size: int, mtime: float) -> tuple[list[Any], dict]:
-    p = Path(path)
-    with open(p, "rb") as f:
-        head = f.read(64).lstrip()
-    return read_json_records(p) if head.startswith(b"[") else read_jsonl_records(p)
-
-
 def read_records(path: Path) -> tuple[list[Any], dict]:
-    """Raw records of a JSON array (possibly truncated) or a JSONL file (cached per file
-    version). Raises StageError when the file is missing."""
+    """Raw records of a JSON array (possibly truncated) or a JSONL file.
+    Raises StageError when the file is missing."""
     path = Path(path)
     if not path.is_file():
         raise StageError(f"data.path: {path} does not exist. Run `runner fetch sharegpt` for "
                          "ShareGPT, or point data.path at a JSONL file.")
-    st = path.stat()
-    records, info = _read_cached(str(path.resolve()), st.st_size, st.st_mtime)
-    return list(records), dict(info)
+    with open(path, "rb") as f:
+        head = f.read(64).lstrip()
+    return read_json_records(path) if head.startswith(b"[") else read_jsonl_records(path)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -205,6 +198,23 @@ def clean_records(records: list[Any]) -> tuple[list[list[dict]], dict]:
                  "unknown_roles": dict(unknown.most_common(20))}
 
 
+def _load_clean(path: Path) -> tuple[list[list[dict]], dict, dict]:
+    """(clean conversations, read info, clean report), cached per file version. Callers must
+    not mutate the returned conversations (load_conversations hands out copies)."""
+    path = Path(path)
+    if not path.is_file():
+        read_records(path)  # raises the StageError naming the file
+    st = path.stat()
+    return _clean_cached(str(path.resolve()), st.st_size, st.st_mtime)
+
+
+@lru_cache(maxsize=4)
+def _clean_cached(path: str, size: int, mtime: float):
+    records, info = read_records(Path(path))
+    convs, rep = clean_records(records)
+    return convs, info, rep
+
+
 def load_conversations(data) -> tuple[list[list[dict]], list[list[dict]], dict]:
     """Read, clean and sample the spec's conversations.
 
@@ -223,19 +233,19 @@ def load_conversations(data) -> tuple[list[list[dict]], list[list[dict]], dict]:
             raise StageError(f"data.source = sharegpt: {e}")
     else:
         raise StageError("data.path: required when data.source is jsonl")
-    records, info = read_records(path)
-    convs, rep = clean_records(records)
+    convs, info, rep = _load_clean(path)
+    info, rep = copy.deepcopy(info), copy.deepcopy(rep)
     if not convs:
         raise StageError(f"data: {path} has no usable conversation ({info['records_read']} "
                          f"records read; dropped {rep['dropped']}). Records need user and "
                          "assistant turns (from/value or role/content).")
     order = list(range(len(convs)))
     random.Random(data.seed).shuffle(order)
-    hold = [convs[i] for i in order[:data.holdout]]
+    hold = copy.deepcopy([convs[i] for i in order[:data.holdout]])
     rest = order[data.holdout:]
     if data.max_samples is not None:
         rest = rest[:data.max_samples]
-    train = [convs[i] for i in rest]
+    train = copy.deepcopy([convs[i] for i in rest])
     if not train:
         raise StageError(f"data.holdout = {data.holdout}: leaves no training conversation "
                          f"({len(convs)} usable). Lower data.holdout.")

@@ -175,7 +175,8 @@ class Engine:
         self.target, self.drafter, self.K = target, drafter, num_steps
         p = target.lm_head.weight
         self.device, self.dtype = p.device, p.dtype
-        target.setup_cache(1, max_seq)
+        if target.max_seq != max_seq:  # engines over one target share its cache
+            target.setup_cache(1, max_seq)
         self.max_seq = max_seq
         if drafter is not None:
             c = drafter.config

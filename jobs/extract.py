@@ -83,13 +83,14 @@ def check_aux_ids(model, aux_ids: list[int]) -> None:
 
 
 @torch.inference_mode()
-def forward_features(model, batch: list[list[int]], aux_ids: list[int],
-                     pad_id: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Run the target on one batch of token lists (right-padded).
+def capture(model, batch: list[list[int]], aux_ids: list[int],
+            pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the target's decoder (no LM head) on one right-padded batch of token lists.
 
-    Returns per sample (aux [T_i, len(aux_ids)*H], last [T_i, H]) on the CPU, in the model
-    dtype. aux = concat of decoder layer k outputs (= HF hidden_states[k+1]) for k ascending;
-    last = the input of the final norm (pre-norm last hidden)."""
+    Returns (aux [n, T, len(aux_ids)*H], last [n, T, H]) on the model's device and dtype,
+    T = longest sample. aux = concat of decoder layer k outputs (= HF hidden_states[k+1]) for
+    k ascending; last = the input of the final norm (pre-norm last hidden). Rows past a
+    sample's length are padding."""
     base, layers, norm = decoder_parts(model)
     dev = next(model.parameters()).device
     n, T = len(batch), max(len(x) for x in batch)
@@ -111,61 +112,107 @@ def forward_features(model, batch: list[list[int]], aux_ids: list[int],
     hooks = [layers[k].register_forward_hook(keep(k)) for k in aux_ids]
     hooks.append(norm.register_forward_pre_hook(keep_last))
     try:
-        base(input_ids=ids.to(dev), attention_mask=att.to(dev), use_cache=False)
+        base(input_ids=ids.to(dev, non_blocking=True), attention_mask=att.to(dev, non_blocking=True),
+             use_cache=False)
     finally:
         for h in hooks:
             h.remove()
-    aux = torch.cat([got[k] for k in sorted(aux_ids)], dim=-1).cpu()  # [n, T, 3H]
-    last = got["last"].cpu()  # [n, T, H]
-    return [(aux[i, :len(x)], last[i, :len(x)]) for i, x in enumerate(batch)]
+    return torch.cat([got[k] for k in sorted(aux_ids)], dim=-1), got["last"]
+
+
+def forward_features(model, batch: list[list[int]], aux_ids: list[int],
+                     pad_id: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """capture() moved to the CPU (through pinned memory on CUDA) and split per sample:
+    [(aux [T_i, len(aux_ids)*H], last [T_i, H])]."""
+    aux, last = capture(model, batch, aux_ids, pad_id)
+    pin = aux.is_cuda
+    a = torch.empty(aux.shape, dtype=aux.dtype, pin_memory=pin).copy_(aux)
+    b = torch.empty(last.shape, dtype=last.dtype, pin_memory=pin).copy_(last)
+    return [(a[i, :len(x)], b[i, :len(x)]) for i, x in enumerate(batch)]
 
 
 # ----------------------------------------------------------------------------------------------
-# shards
+# shards: safetensors written straight from (pinned) tensor memory, hashed while written
 
 
-def shard_tensors(samples: list[tuple[list[int], list[int]]],
-                  feats: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Concatenate samples along tokens (format: jobs/features.py)."""
+_ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
+              torch.int64: "I64", torch.uint8: "U8"}
+
+
+def safetensors_chunks(tensors: dict[str, torch.Tensor], metadata: dict | None = None) -> list:
+    """The safetensors file for `tensors` as a list of buffers (header, then each tensor's
+    bytes, no copy). Layout per the safetensors spec: u64 header length, JSON header padded
+    with spaces to 8 bytes, data ordered by element size (largest first) then name, so every
+    tensor stays aligned. Readable by safetensors.safe_open."""
+    header, off, bufs = {}, 0, []
+    if metadata:
+        header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
+    for name in sorted(tensors, key=lambda k: (-tensors[k].element_size(), k)):
+        t = tensors[name].contiguous()
+        nbytes = t.numel() * t.element_size()
+        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [off, off + nbytes]}
+        off += nbytes
+        bufs.append(memoryview(t.reshape(-1).view(torch.uint8).numpy()) if nbytes else b"")
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    return [len(h).to_bytes(8, "little"), h] + bufs
+
+
+def _write_chunks(path: Path, chunks: list) -> str:
+    """Write, hash (sha256) and fsync; the only place feature bytes hit the disk (tests inject
+    ENOSPC here). Returns the sha256 of what was written."""
+    h = hashlib.sha256()
+    step = 1 << 24
+    with open(path, "wb") as f:
+        for c in chunks:
+            for i in range(0, len(c), step):
+                piece = c[i:i + step]
+                f.write(piece)
+                h.update(piece)
+        f.flush()
+        os.fsync(f.fileno())
+    return h.hexdigest()
+
+
+def write_atomic(path: Path, chunks: list) -> str:
+    """Write `chunks` to `.tmp-<name>`, fsync, rename to `path`. Returns the sha256.
+
+    Raises StageError on ENOSPC (disk full) after removing the temp file."""
+    tmp = path.with_name(f".tmp-{path.name}")
+    try:
+        sha = _write_chunks(tmp, chunks)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.errno == errno.ENOSPC:
+            size = sum(len(c) for c in chunks) / 2**20
+            raise StageError(f"disk full while writing {path.name} in {path.parent} "
+                             f"({size:.1f} MiB): free space and re-run; completed "
+                             "shards are kept and extraction resumes after them.")
+        raise
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return sha
+
+
+def write_shard(path: Path, tensors: dict[str, torch.Tensor], ready=None) -> str:
+    """Atomically write one shard (format: jobs/features.py); `ready` is a CUDA event to wait
+    for (the asynchronous device-to-host copies into the tensors). Returns its sha256."""
+    if ready is not None:
+        ready.synchronize()
+    return write_atomic(path, safetensors_chunks(tensors, {"format": FORMAT}))
+
+
+def shard_index(samples: list[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
+    """input_ids int64 [T], loss_mask uint8 [T], offsets int64 [n+1] of a shard's samples."""
     lens = [len(s[0]) for s in samples]
     offsets = torch.zeros(len(lens) + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(torch.tensor(lens, dtype=torch.int64), 0)
     return {"input_ids": torch.tensor([t for s in samples for t in s[0]], dtype=torch.int64),
             "loss_mask": torch.tensor([m for s in samples for m in s[1]], dtype=torch.uint8),
-            "aux_hidden": torch.cat([f[0] for f in feats]).contiguous(),
-            "last_hidden": torch.cat([f[1] for f in feats]).contiguous(),
             "offsets": offsets}
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    """Write and fsync (the only place shard bytes hit the disk; tests inject ENOSPC here)."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def write_atomic(path: Path, data: bytes) -> str:
-    """Write `data` to `.tmp-<name>` then rename to `path`. Returns its sha256.
-
-    Raises StageError on ENOSPC (disk full) after removing the temp file."""
-    tmp = path.with_name(f".tmp-{path.name}")
-    try:
-        _write_bytes(tmp, data)
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        if e.errno == errno.ENOSPC:
-            raise StageError(f"disk full while writing {path.name} in {path.parent} "
-                             f"({len(data) / 2**20:.1f} MiB): free space and re-run; completed "
-                             "shards are kept and extraction resumes after them.")
-        raise
-    return hashlib.sha256(data).hexdigest()
-
-
-def write_shard(path: Path, tensors: dict[str, torch.Tensor]) -> str:
-    from safetensors.torch import save
-    return write_atomic(path, save(tensors, metadata={"format": FORMAT}))
 
 
 def shard_ok(path: Path, samples: list[tuple[list[int], list[int]]], width: int) -> bool:
@@ -177,10 +224,8 @@ def shard_ok(path: Path, samples: list[tuple[list[int], list[int]]], width: int)
             aux_shape = f.get_slice("aux_hidden").get_shape()
     except Exception:  # noqa: BLE001 - unreadable = not complete
         return False
-    want = shard_tensors(samples, [(torch.zeros(0), torch.zeros(0))])
-    return (torch.equal(t["input_ids"], want["input_ids"])
-            and torch.equal(t["loss_mask"], want["loss_mask"])
-            and torch.equal(t["offsets"], want["offsets"])
+    want = shard_index(samples)
+    return (all(torch.equal(t[k], want[k]) for k in t)
             and list(aux_shape) == [len(want["input_ids"]), width])
 
 
@@ -192,19 +237,33 @@ def _sha_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def default_writers(model) -> int:
+    """Shard writer threads: 1 on CPU (the cores compute), up to 4 on CUDA. sha256 and file
+    writes release the GIL, so writers overlap each other and the forward passes."""
+    if next(model.parameters()).is_cuda:
+        return max(1, min(4, (os.cpu_count() or 2) // 2))
+    return 1
+
+
 def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: list[int],
                     out_dir: Path, shard_samples: int, batch_tokens: int, pad_id: int = 0,
-                    progress: bool = True) -> dict:
+                    progress: bool = True, writers: int | None = None) -> dict:
     """Write shards for `samples` into out_dir, resuming after complete shards.
 
+    Per shard: length-bucketed batches -> capture() -> asynchronous copies into one pinned
+    buffer per tensor -> a writer thread serialises, hashes and atomically renames it.
     Returns {"shards": [{"file", "num_samples", "num_tokens", "sha256"}], "resumed_shards",
-    "computed_tokens", "seconds"}. Shard writes run in a background thread (one in flight)."""
+    "computed_tokens", "seconds"}. Raises StageError when a write fails (e.g. disk full);
+    shards that completed stay, and a re-run resumes after them."""
     from tqdm import tqdm
     out_dir = Path(out_dir)
     for stale in out_dir.glob(".tmp-shard-*"):
         stale.unlink(missing_ok=True)
     H = model.config.hidden_size
     width = len(aux_ids) * H
+    dtype = next(model.parameters()).dtype
+    cuda = next(model.parameters()).is_cuda
+    writers = writers or default_writers(model)
     groups = [samples[i:i + shard_samples] for i in range(0, len(samples), shard_samples)]
     shards, resumed, todo = [None] * len(groups), 0, []
     for s, group in enumerate(groups):
@@ -218,25 +277,40 @@ def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: 
             todo.append(s)
     total = sum(len(x[0]) for s in todo for x in groups[s])
     bar = tqdm(total=total, unit="tok", desc="extract", disable=not progress, smoothing=0.1)
-    t0, pending = time.perf_counter(), None
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        for s in todo:
-            group = groups[s]
-            feats: list = [None] * len(group)
-            for b in plan_batches([len(x[0]) for x in group], batch_tokens):
-                outs = forward_features(model, [group[i][0] for i in b], aux_ids, pad_id)
-                for i, f in zip(b, outs):
-                    feats[i] = f
-                bar.update(sum(len(group[i][0]) for i in b))
-            if pending is not None:
-                pending.result()
-            tensors = shard_tensors(group, feats)
-            path = out_dir / SHARD.format(s)
-            pending = pool.submit(write_shard, path, tensors)
-            shards[s] = {"file": path.name, "num_samples": len(group),
-                         "num_tokens": int(tensors["input_ids"].numel()), "sha256": pending}
-        if pending is not None:
-            pending.result()
+    t0, pending = time.perf_counter(), []
+    with ThreadPoolExecutor(max_workers=writers) as pool:
+        try:
+            for s in todo:
+                group = groups[s]
+                idx = shard_index(group)
+                n_tok = int(idx["input_ids"].numel())
+                aux_buf = torch.empty((n_tok, width), dtype=dtype, pin_memory=cuda)
+                last_buf = torch.empty((n_tok, H), dtype=dtype, pin_memory=cuda)
+                offs = idx["offsets"].tolist()
+                for b in plan_batches([len(x[0]) for x in group], batch_tokens):
+                    aux, last = capture(model, [group[i][0] for i in b], aux_ids, pad_id)
+                    for j, i in enumerate(b):
+                        a, e = offs[i], offs[i + 1]
+                        aux_buf[a:e].copy_(aux[j, :e - a], non_blocking=cuda)
+                        last_buf[a:e].copy_(last[j, :e - a], non_blocking=cuda)
+                    bar.update(sum(len(group[i][0]) for i in b))
+                ready = None
+                if cuda:
+                    ready = torch.cuda.Event()
+                    ready.record()
+                tensors = {**idx, "aux_hidden": aux_buf, "last_hidden": last_buf}
+                path = out_dir / SHARD.format(s)
+                pending.append(pool.submit(write_shard, path, tensors, ready))
+                shards[s] = {"file": path.name, "num_samples": len(group),
+                             "num_tokens": n_tok, "sha256": pending[-1]}
+                while len(pending) > writers or (pending and pending[0].done()):
+                    pending.pop(0).result()  # bounded memory; surfaces write errors early
+            for f in pending:
+                f.result()
+        except BaseException:
+            for f in pending:
+                f.cancel()
+            raise
     bar.close()
     for sh in shards:
         if not isinstance(sh["sha256"], str):
@@ -271,6 +345,9 @@ def write_target_parts(model, config: dict, out_dir: Path) -> dict[str, str]:
     """target_head.safetensors (embed_tokens, norm, lm_head; lm_head = embed copy when tied) and
     target_config.json. Returns {relative path: sha256}."""
     from safetensors.torch import save
+    _write_json(out_dir / "target_config.json", config)
+    if (out_dir / "target_head.safetensors").exists():  # atomic: present = complete (resume)
+        return {"target_head.safetensors": _sha_file(out_dir / "target_head.safetensors")}
     base, _layers, norm = decoder_parts(model)
     embed = model.get_input_embeddings().weight.detach().cpu()
     head = model.get_output_embeddings().weight.detach().cpu()
@@ -278,8 +355,7 @@ def write_target_parts(model, config: dict, out_dir: Path) -> dict[str, str]:
                "norm": norm.weight.detach().cpu().clone().contiguous(),
                "lm_head": head.clone().contiguous()}
     hashes = {"target_head.safetensors": write_atomic(out_dir / "target_head.safetensors",
-                                                      save(tensors))}
-    _write_json(out_dir / "target_config.json", config)
+                                                      [save(tensors)])}
     return hashes
 
 

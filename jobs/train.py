@@ -147,6 +147,29 @@ def ttt_loss(model: Eagle3Draft, batch: dict, tgt: tuple, K: int, decay: float):
     return total, {"loss": st[0], "correct": st[1], "count": st[2]}
 
 
+def train_step(model, opt, samples: list[dict], head: dict, used, t2d, eps: float, p, device,
+               autocast) -> tuple[float, float, int]:
+    """One optimizer step on `samples` (no LR-scheduler step): batch, target distribution, TTT
+    loss, backward, grad clipping (p.grad_clip), AdamW. p: ttt_steps, step_decay, grad_clip.
+    Returns (loss, grad norm before clipping, sequence tokens)."""
+    batch = _to(make_batch(samples, p.ttt_steps), device)
+    tgt = target_dist(batch["tgt_hidden"], head, used, t2d, eps)
+    with autocast():
+        loss, _ = ttt_loss(model, batch, tgt, p.ttt_steps, p.step_decay)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), p.grad_clip)
+    opt.step()
+    return float(loss.detach()), float(gnorm), batch["tokens"]
+
+
+def make_autocast(device: torch.device):
+    """bf16 autocast on CUDA; a no-op context on the CPU (float32)."""
+    if device.type == "cuda":
+        return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+    return lambda: torch.autocast("cpu", enabled=False)
+
+
 # ---------------------------------------------------------------------------------------------
 # schedule, data order, checkpoints
 
@@ -249,6 +272,17 @@ def evaluate(model, reader, ids: list[int], head, used, t2d, eps, p, device, aut
             "acc_step": (tot[1] / tot[2].clamp_min(1)).tolist()}
 
 
+def _completed(out: Path, fp: str) -> dict | None:
+    """The summary of a finished run with this fingerprint in `out`, else None."""
+    try:
+        m = json.loads((out / "train_metrics.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if m.get("fingerprint") != fp or not (out / "draft.safetensors").exists() or (out / CKPT).exists():
+        return None
+    return {k: (v, m.get("summary_units", {}).get(k, "")) for k, v in m["summary"].items()}
+
+
 def _to(batch: dict, device) -> dict:
     return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v)
             for k, v in batch.items()}
@@ -276,7 +310,6 @@ def train(ctx: StageContext, stop_at: int | None = None) -> dict:
     train_ids, eval_ids = _split(len(reader), p)
     eps = float(tcfg.get("rms_norm_eps") or 1e-5)
     device = _device(ctx)
-    torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
 
     # draft vocab (cached under a content hash that includes both sizes)
     key = V.cache_key(V.features_identity(feats.root), train_ids, cfg.draft_vocab_size,
@@ -307,12 +340,14 @@ def train(ctx: StageContext, stop_at: int | None = None) -> dict:
     total = max(1, math.ceil(p.epochs * spe))
     total = min(total, p.max_steps) if p.max_steps else total
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, p.warmup_steps, total))
-    autocast = ((lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda"
-                else (lambda: torch.autocast("cpu", enabled=False)))
+    autocast = make_autocast(device)
 
     fp = hashlib.sha256(json.dumps({"train": p.model_dump(), "draft": cfg.as_dict(), "vocab": key,
                                     "device": device.type}, sort_keys=True,
                                    default=str).encode()).hexdigest()[:16]
+    done = _completed(out, fp)
+    if done is not None:  # finished before, but the runner never finalized the artifact
+        return done
     step, tokens, train_s, history = 0, 0, 0.0, []
     ck = out / CKPT
     if ck.exists():
@@ -351,25 +386,19 @@ def train(ctx: StageContext, stop_at: int | None = None) -> dict:
             bar.close()
             return None  # type: ignore[return-value]
         t0 = time.perf_counter()
-        batch = _to(make_batch([reader.get(train_ids[i]) for i in
-                                batch_indices(step, len(train_ids), p.batch_size, p.seed)],
-                               p.ttt_steps), device)
-        tgt = target_dist(batch["tgt_hidden"], head, used, t2d_dev, eps)
-        with autocast():
-            loss, _ = ttt_loss(model, batch, tgt, p.ttt_steps, p.step_decay)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), p.grad_clip)
-        opt.step()
+        samples = [reader.get(train_ids[i])
+                   for i in batch_indices(step, len(train_ids), p.batch_size, p.seed)]
+        loss, gnorm, ntok = train_step(model, opt, samples, head, used, t2d_dev, eps, p, device,
+                                       autocast)
         sched.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         train_s += time.perf_counter() - t0
-        tokens += batch["tokens"]
+        tokens += ntok
         step += 1
-        run_loss, run_n = run_loss + float(loss.detach()), run_n + 1
+        run_loss, run_n = run_loss + loss, run_n + 1
         bar.update(1)
-        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", gnorm=f"{float(gnorm):.2f}")
+        bar.set_postfix(loss=f"{loss:.3f}", gnorm=f"{gnorm:.2f}")
         if step % p.eval_every == 0 or step == total:
             ctx.metric("train_loss", run_loss / run_n, "nats", step=step)
             ctx.metric("lr", sched.get_last_lr()[0], "", step=step)
@@ -387,7 +416,8 @@ def train(ctx: StageContext, stop_at: int | None = None) -> dict:
                "train_samples": (len(train_ids), "samples"),
                "tokens_per_s": (tokens / train_s if train_s else 0.0, "tok/s"),
                "peak_mem_mib": (peak, "MiB"),
-               "draft_vocab_coverage": (vstats["coverage"], "fraction")}
+               "draft_vocab_coverage": (vstats["coverage"], "fraction"),
+               "draft_vocab_padded": (vstats["padded"], "tokens")}
     for j, a in enumerate(last["acc_step"]):
         summary[f"acc_{j}"] = (a, "fraction")
     sd = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
@@ -397,7 +427,8 @@ def train(ctx: StageContext, stop_at: int | None = None) -> dict:
     os.replace(tmp, out / "draft.safetensors")
     _atomic_text(out / "draft_config.json", json.dumps(cfg.as_dict(), indent=1))
     _atomic_text(out / "train_metrics.json", json.dumps(
-        {"summary": {k: v[0] for k, v in summary.items()}, "peak_mem_kind": peak_kind,
+        {"summary": {k: v[0] for k, v in summary.items()},
+         "summary_units": {k: v[1] for k, v in summary.items()}, "peak_mem_kind": peak_kind,
          "eval_split": eval_split, "history": history, "vocab": vstats, "device": device.type,
          "tokens_note": "tokens/s = sequence tokens per second of optimizer steps (each token "
                         "passes through all TTT steps); eval and checkpoint time excluded",

@@ -102,6 +102,7 @@ SchedulerParameters=batch_sched_delay=0
 KillWait=2
 EnforcePartLimits=ALL
 MinJobAge=3600
+DefMemPerCPU=1024
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN

@@ -94,6 +94,20 @@ def test_aux_id_out_of_range_for_real_model(smollm2):
         ex.check_aux_ids(model, [1, 14, 29])
 
 
+def test_shard_writer_is_valid_safetensors(tmp_path):
+    from safetensors.torch import load_file
+    tensors = {"b": torch.randn(7, 3).to(torch.bfloat16), "m": torch.tensor([1, 0, 1], dtype=torch.uint8),
+               "a": torch.randn(5, 2), "i": torch.arange(3, dtype=torch.int64),
+               "e": torch.zeros(0, 4)}
+    sha = ex.write_shard(tmp_path / "x.safetensors", tensors)
+    from runner.stage import sha256_file
+    assert sha == sha256_file(tmp_path / "x.safetensors")
+    back = load_file(str(tmp_path / "x.safetensors"))
+    assert set(back) == set(tensors)
+    for k, v in tensors.items():
+        assert back[k].dtype == v.dtype and torch.equal(back[k], v)
+
+
 def test_plan_batches_respects_budget():
     lengths = [5, 100, 30, 100, 7, 64]
     batches = ex.plan_batches(lengths, 200)
@@ -149,11 +163,11 @@ def test_interrupted_run_resumes_byte_identical(extracted, smollm2, tmp_path, mo
     out = tmp_path / "partial"
     real, calls = ex.write_shard, []
 
-    def dies_on_second(path, tensors):
+    def dies_on_second(path, tensors, ready=None):
         calls.append(path.name)
         if len(calls) == 2:
             raise KeyboardInterrupt  # the job is killed while shard 1 is pending
-        return real(path, tensors)
+        return real(path, tensors, ready)
 
     monkeypatch.setattr(ex, "write_shard", dies_on_second)
     with pytest.raises(KeyboardInterrupt):
@@ -172,20 +186,20 @@ def test_interrupted_run_resumes_byte_identical(extracted, smollm2, tmp_path, mo
 def test_disk_full_leaves_no_partial_shard(extracted, smollm2, tmp_path, monkeypatch):
     spec, clean, _, _ = extracted
     out = tmp_path / "full"
-    real, calls = ex._write_bytes, []
+    real, calls = ex._write_chunks, []
 
-    def enospc_on_second(path, data):
+    def enospc_on_second(path, chunks):
         calls.append(path.name)
         if len(calls) == 2:
-            path.write_bytes(data[: len(data) // 3])  # half-written, then the disk is full
+            path.write_bytes(b"".join(bytes(c) for c in chunks[:2]))  # header only, then full
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(path, data)
+        return real(path, chunks)
 
-    monkeypatch.setattr(ex, "_write_bytes", enospc_on_second)
+    monkeypatch.setattr(ex, "_write_chunks", enospc_on_second)
     with pytest.raises(StageError, match="disk full while writing shard-00001"):
         run_extract(spec, out, smollm2)
     assert sorted(p.name for p in out.iterdir()) == ["shard-00000.safetensors"]
-    monkeypatch.setattr(ex, "_write_bytes", real)
+    monkeypatch.setattr(ex, "_write_chunks", real)
     _, metrics = run_extract(spec, out, smollm2)
     assert metrics["resumed_shards"] == 1
     for p in clean.glob("shard-*"):
@@ -207,3 +221,52 @@ def test_target_loader_caches_gguf_as_hf_folder(smollm2, smollm2_path, tmp_path)
     assert resolve_dtype("auto", "cuda") == torch.bfloat16
     with pytest.raises(StageError, match="does not exist"):
         target_config(tmp_path / "missing.gguf")
+
+
+def test_regenerate_then_extract_reads_it(smollm2, tmp_path):
+    """Assistant turns become the target's own greedy replies; extract consumes them."""
+    from jobs.regenerate import run as regen_run
+    from runner.spec import load_spec
+    model, tok, _ = smollm2
+    data = tmp_path / "chat.jsonl"
+    convs = [[{"from": "human", "value": "What is 2+2?"}, {"from": "gpt", "value": "five"},
+              {"from": "human", "value": "And 3+3?"}, {"from": "gpt", "value": "seven"}],
+             [{"from": "human", "value": "Name a color."}, {"from": "gpt", "value": "cat"}]]
+    data.write_text("".join(json.dumps({"conversations": c}) + "\n" for c in convs))
+    spec = load_spec(data={
+        "name": "r", "work_dir": str(tmp_path / "w"),
+        "target": {"path": str(smollm2[0].config.name_or_path or "x"), "device": "cpu",
+                   "num_hidden_layers": 30, "hidden_size": 576, "vocab_size": 49152},
+        "drafter": {"aux_layer_ids": AUX, "draft_vocab_size": 1024},
+        "data": {"source": "jsonl", "path": str(data), "max_length": 128},
+        "stages": {"regenerate": {"max_new_tokens": 6, "batch_size": 1},
+                   "extract": {"batch_tokens": 512, "shard_samples": 8}}}, check_target=False)
+    rdir = tmp_path / "regen"
+    rdir.mkdir()
+    ctx = StageContext(spec=spec, stage="regenerate", variant="base", run_id="t", inputs={},
+                       out_dir=rdir, db_path=tmp_path / "r.duckdb")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("jobs.target.load_target", lambda *a, **k: smollm2)
+        m = regen_run(ctx)
+    got = [json.loads(x)["messages"] for x in (rdir / "conversations.jsonl").read_text().splitlines()]
+    assert m["conversations"] == 2 and m["turns"] == 3
+    assert [t["content"] for t in got[0] if t["role"] == "user"] == ["What is 2+2?", "And 3+3?"]
+    # the first reply is exactly the target's greedy continuation of the first prompt
+    enc = tok.apply_chat_template(got[1][:1], add_generation_prompt=True, return_tensors="pt",
+                                  return_dict=True)
+    with torch.inference_mode():
+        ref = model.generate(**enc, max_new_tokens=6, do_sample=False, temperature=None,
+                             top_p=None, top_k=None)[0, enc["input_ids"].shape[1]:]
+    assert got[1][1]["content"] == tok.decode(ref, skip_special_tokens=True).strip() != "cat"
+    ectx = StageContext(spec=spec, stage="extract", variant="base", run_id="t",
+                        inputs={"regenerate": rdir}, out_dir=tmp_path / "feat",
+                        db_path=tmp_path / "r.duckdb")
+    ectx.out_dir.mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("jobs.target.load_target", lambda *a, **k: smollm2)
+        em = ex.run(ectx)
+    assert em["samples"] == 2
+    feats = open_features(ectx.out_dir, AUX, 1728)
+    s = feats.sample(1)
+    ids = s.input_ids[s.loss_mask.bool()].tolist()
+    assert tok.decode(ids) == got[1][1]["content"] + "<|im_end|>"

@@ -107,3 +107,18 @@ def test_overfit_gate(tmp_path):
     tau = (accepted + rounds) / rounds
     print(f"overfit gate: tau = {tau:.2f} over {rounds} verify passes (ideal {K + 1})")
     assert tau >= K + 1 - 0.5, f"accept length {tau:.2f}, expected near {K + 1}"
+
+    # negative control: the seed deployment's bug (d2t holding absolute ids) must be caught by
+    # inspect AND collapse tau in the engine
+    import shutil
+    from safetensors.torch import load_file, save_file
+    bad = tmp_path / "bad"
+    shutil.copytree(e_dir, bad)
+    sd = load_file(str(bad / "model.safetensors"))
+    sd["d2t"] = sd["d2t"] + torch.arange(sd["d2t"].numel())
+    save_file(sd, str(bad / "model.safetensors"))
+    assert [f for f in inspect_draft(bad, target=gguf) if f.severity == "error"]
+    eng = Engine(target, load_exported(bad, hf.get_input_embeddings().weight.detach()),
+                 num_steps=K, max_seq=512)
+    _, st = eng.generate(prompts[0], MAX_NEW, stop_ids=(tok.eos_token_id,))
+    assert st.tau < 2.0, f"absolute-id d2t still gave tau {st.tau:.2f}"

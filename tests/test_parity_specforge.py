@@ -114,8 +114,13 @@ def _specforge_logits(sf, aux, ids):
     return out
 
 
-@pytest.mark.parametrize("cfg_kw", [{}, {"num_key_value_heads": 4, "rope_theta": 10000.0}],
-                         ids=["gqa", "mha"])
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("cfg_kw", [{}, {"num_key_value_heads": 4, "rope_theta": 10000.0},
+                                    {"rope_theta": 500000.0, "rope_scaling": LLAMA3_ROPE}],
+                         ids=["gqa", "mha", "llama3-rope"])
 def test_draft_logits_match_specforge(tmp_path, cfg_kw):
     c = _tiny_config(**cfg_kw)
     d, embed = _export(tmp_path, c)
@@ -161,3 +166,20 @@ def test_parity_detects_a_recurrence_bug(tmp_path):
         h1 = ours.ttt_step(ids[:, 1:T + 1], ours.norm(h0), pos, cache, causal)
         b = _specforge_logits(sf, aux, ids)
     assert (ours.logits(h1) - b[1]).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("scaling", [None, LLAMA3_ROPE, {"rope_type": "linear", "factor": 4.0}],
+                         ids=["default", "llama3", "linear"])
+def test_rope_tables_match_specforge(tmp_path, scaling):
+    """RoPE at long positions (where llama3/linear scaling matters), against SpecForge's table."""
+    from jobs.draft_model import rope_cos_sin
+    c = _tiny_config(rope_theta=500000.0, rope_scaling=scaling, max_position_embeddings=4096)
+    d, embed = _export(tmp_path, c)
+    rot = _load_specforge(d, embed).midlayer.self_attn.rotary_emb
+    pos = torch.arange(4096)
+    cos, sin = rope_cos_sin(pos, c.head_dim, c.rope_theta, c.rope_scaling)
+    assert torch.allclose(cos, rot.cos_cached[0, 0, :4096].float(), atol=1e-4)
+    assert torch.allclose(sin, rot.sin_cached[0, 0, :4096].float(), atol=1e-4)
+    if scaling is not None:  # the scaling really changed the table (the check can fail)
+        plain, _ = rope_cos_sin(pos, c.head_dim, c.rope_theta, None)
+        assert (plain - cos).abs().max() > 1e-2

@@ -234,7 +234,10 @@ def test_resume_is_bit_exact(extract_dir, tmp_path):
     spec = train_spec(max_steps=6, eval_every=2, checkpoint_every=2)
     a = train_ctx(spec, extract_dir, tmp_path / "a", tmp_path / "r.duckdb")
     b = train_ctx(spec, extract_dir, tmp_path / "b", tmp_path / "r.duckdb")
-    train(a)
+    first = train(a)
+    mtime = (tmp_path / "a" / "draft.safetensors").stat().st_mtime_ns
+    again = train(a)  # finished but not finalized by the runner: not retrained
+    assert again == first and (tmp_path / "a" / "draft.safetensors").stat().st_mtime_ns == mtime
     assert train(b, stop_at=3) is None
     ck = torch.load(tmp_path / "b" / "ckpt.pt", weights_only=False)
     assert ck["step"] == 2

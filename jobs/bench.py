@@ -1,0 +1,216 @@
+"""Bench stage: tau and tok/s of the exported drafter against a no-speculation baseline measured in
+the same run, over the sweep declared in stages.bench (configs x cuda_graph x max_new_tokens x
+prompt_sets). Rows: table `bench` per (config, prompt), `bench_summary` per configuration.
+
+Metric definitions (../shared/notes/eagle3-format.md): tau = tokens per target verify pass
+INCLUDING the bonus token; mean_accepted = tau - 1; accept_rate = tau / num_draft_tokens (the
+seed's logs); accept_per_pos[j] = fraction of verify rounds in which draft j+1 was accepted.
+Speed model: a round costs draft + verify + other ms and yields tau tokens, so
+speedup = tau * base_ms_per_token / round_ms and break-even tau = round_ms / base_ms_per_token.
+
+backend: embedded = jobs.engine (chains only, eagle_topk 1); sglang = jobs.sglang_backend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+
+from runner.stage import StageContext, StageError
+
+SGLANG_EXTRA = "pip install 'eagle3-runner[sglang]'"
+
+
+def check_backend(spec) -> None:
+    """Plan/validation-time check (no torch): backend sglang needs sglang importable by
+    stages.bench.sglang.python; embedded needs eagle_topk 1. Raises StageError naming the fix."""
+    b = spec.stages.bench
+    if b is None:
+        return
+    if b.backend == "embedded":
+        trees = [c for c in b.configs if c.eagle_topk > 1]
+        if trees:
+            raise StageError(f"stages.bench.configs: eagle_topk = {trees[0].eagle_topk}: the "
+                             "embedded engine drafts chains only (eagle_topk 1). Use "
+                             "backend: sglang for tree drafting.")
+        return
+    from jobs.sglang_backend import sglang_available
+    ok, why = sglang_available(b.sglang.python)
+    if not ok:
+        raise StageError(f"stages.bench.backend = sglang: sglang is not importable by "
+                         f"{b.sglang.python!r} ({why}). Install the optional extra: "
+                         f"`{SGLANG_EXTRA}`, or set stages.bench.sglang.python to an "
+                         "interpreter that has it.")
+
+
+def config_id(c, cuda_graph: bool, max_new: int) -> str:
+    return f"s{c.num_steps}-k{c.eagle_topk}-n{c.draft_tokens}-cg{int(cuda_graph)}-m{max_new}"
+
+
+def flags_for(tau: float, speedup: float | None, lossless: bool | None) -> list[str]:
+    out = []
+    if tau == tau and tau < 1.05:
+        out.append("drafter broken")
+    if speedup is not None and speedup < 1:
+        out.append("slower than baseline")
+    if lossless is False:
+        out.append("not lossless")
+    return out
+
+
+def explain(tau: float, num_steps: int, draft_ms: float, verify_ms: float, other_ms: float,
+            base_ms: float) -> tuple[float, float, str]:
+    """Per-round cost model in numbers. All times in ms (per round; base per token).
+    Returns (speedup, break_even_tau, explanation). Example, the seed's case: tau 2.1 at 53
+    tok/s against 90 tok/s means a round cost 2.1/53 s = 39.6 ms vs 11.1 ms per baseline token,
+    so break-even tau was 3.57."""
+    round_ms = draft_ms + verify_ms + other_ms
+    speedup = tau * base_ms / round_ms if round_ms > 0 else float("nan")
+    be = round_ms / base_ms if base_ms > 0 else float("nan")
+    text = (f"tau {tau:.2f} tokens per round; one round = {num_steps} draft steps x "
+            f"{draft_ms / max(num_steps, 1):.2f} ms + verify {verify_ms:.2f} ms + other "
+            f"{other_ms:.2f} ms = {round_ms:.2f} ms -> {round_ms / tau:.2f} ms/token "
+            f"({1000 * tau / round_ms:.1f} tok/s) vs baseline {base_ms:.2f} ms/token "
+            f"({1000 / base_ms:.1f} tok/s): speedup {speedup:.2f}x. Break-even tau = round cost / "
+            f"baseline token cost = {round_ms:.2f}/{base_ms:.2f} = {be:.2f}"
+            + (f"; tau is {be - tau:.2f} short of it." if tau < be else "."))
+    return speedup, be, text
+
+
+def summarize(rows: list[dict], base: list[dict]) -> dict:
+    """Aggregate per-prompt rows of one configuration (sums, not means of ratios)."""
+    rounds = sum(r["verify_ct"] for r in rows)
+    toks = sum(r["_tokens_in_rounds"] for r in rows)
+    tau = toks / rounds if rounds else float("nan")
+    K = rows[0]["num_steps"]
+    per_pos = [sum(json.loads(r["accept_per_pos"])[j] * r["verify_ct"] for r in rows) /
+               max(rounds, 1) for j in range(K)]
+    spec_s = sum(r["_total_s"] for r in rows)
+    base_s = sum(b["total_s"] for b in base)
+    spec_tok_s = sum(r["new_tokens"] for r in rows) / spec_s
+    base_tok_s = sum(b["new_tokens"] for b in base) / base_s
+    base_ms = 1000 * base_s / sum(b["new_tokens"] for b in base)
+    dms, vms = (1000 * sum(r[k] for r in rows) / max(rounds, 1) for k in ("draft_s", "verify_s"))
+    oms = 1000 * sum(r["other_s"] for r in rows) / max(rounds, 1)
+    _, be, text = explain(tau, K, dms, vms, oms, base_ms)
+    lossless = None if rows[0]["lossless"] is None else all(r["lossless"] for r in rows)
+    speedup = spec_tok_s / base_tok_s
+    return dict(n_prompts=len(rows), tau=tau, mean_accepted=tau - 1,
+                accept_rate=tau / rows[0]["num_draft_tokens"], accept_per_pos=json.dumps(per_pos),
+                spec_tok_s=spec_tok_s, base_tok_s=base_tok_s, speedup=speedup,
+                draft_ms_per_round=dms, verify_ms_per_round=vms, other_ms_per_round=oms,
+                base_ms_per_token=base_ms, break_even_tau=be, lossless=lossless,
+                flags=", ".join(flags_for(tau, speedup, lossless)), explanation=text)
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(f".tmp-{path.name}")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def load_engine_parts(spec, export_dir: Path):
+    """(our Llama target, drafter loaded FROM the exported dir, tokenizer, device)."""
+    from jobs.draft_model import load_exported
+    from jobs.llama import from_hf_model
+    from jobs.target import load_target
+    hf, tok, _ = load_target(spec)
+    p = next(hf.parameters())
+    target = from_hf_model(hf, spec.aux_ids)
+    try:
+        drafter = load_exported(export_dir, target.embed_tokens.weight, device=p.device,
+                                dtype=p.dtype)
+    except (OSError, ValueError, KeyError) as e:
+        raise StageError(f"export artifact {export_dir}: cannot load the drafter: {e}")
+    if tuple(sorted(drafter.config.aux_layer_ids)) != tuple(sorted(spec.aux_ids)):
+        raise StageError(f"{export_dir}/config.json: eagle_aux_hidden_state_layer_ids "
+                         f"{drafter.config.aux_layer_ids} != spec aux ids {spec.aux_ids}")
+    return target, drafter, tok, p.device
+
+
+def run(ctx: StageContext) -> dict:
+    p, spec = ctx.params, ctx.spec
+    export_dir = Path(ctx.inputs["export"])
+    check_backend(spec)
+    if p.backend == "sglang":
+        from jobs.sglang_backend import run_bench
+        return run_bench(ctx, export_dir)
+    import torch
+    from jobs.engine import Engine
+    from jobs.prompts import load_prompt_set, render
+
+    target, drafter, tok, device = load_engine_parts(spec, export_dir)
+    stop = tuple(i for i in [tok.eos_token_id] if i is not None)
+    sets = {s: [(q["id"], torch.tensor([render(tok, q["messages"])], device=device))
+                for q in load_prompt_set(s, spec, p.num_prompts)] for s in p.prompt_sets}
+    Kmax = max(c.num_steps for c in p.configs)
+    longest = max(ids.shape[1] for v in sets.values() for _, ids in v)
+    max_seq = longest + max(p.max_new_tokens) + 2 * Kmax + 8
+    train_samples = spec.stages.train.num_samples if spec.stages.train else None
+    all_rows, summaries = [], []
+    for cg in p.cuda_graph:
+        base_engine = Engine(target, None, num_steps=Kmax, max_seq=max_seq, cuda_graph=cg)
+        warm = next(iter(sets.values()))[0][1]
+        base_engine.generate_baseline(warm, 4, stop_ids=stop)  # warm-up (compiles when cg)
+        engines = {}
+        for c in p.configs:
+            e = Engine(target, drafter, num_steps=c.num_steps, eagle_topk=c.eagle_topk,
+                       max_seq=max_seq, cuda_graph=cg)
+            e.generate(warm, 2 * c.num_steps + 4, stop_ids=stop)  # warm-up
+            engines[c] = e
+        for set_name, prompts in sets.items():
+            for max_new in p.max_new_tokens:
+                base = {}
+                for pid, ids in prompts:
+                    g = torch.Generator(device=device).manual_seed(p.seed)
+                    toks, st = base_engine.generate_baseline(ids, max_new, p.temperature, g, stop)
+                    base[pid] = {"tokens": toks, "total_s": st.total_s, "new_tokens": st.new_tokens}
+                for c, e in engines.items():
+                    rows = []
+                    for pid, ids in prompts:
+                        g = torch.Generator(device=device).manual_seed(p.seed)
+                        toks, st = e.generate(ids, max_new, p.temperature, g, stop)
+                        b = base[pid]
+                        lossless = (toks == b["tokens"]) if p.temperature == 0 else None
+                        spec_tok_s = st.new_tokens / st.total_s
+                        base_tok_s = b["new_tokens"] / b["total_s"]
+                        row = dict(config_id=config_id(c, cg, max_new), backend="embedded",
+                                   prompt_set=set_name, prompt_id=pid, num_steps=c.num_steps,
+                                   eagle_topk=c.eagle_topk, num_draft_tokens=c.draft_tokens,
+                                   cuda_graph=cg, max_new_tokens=max_new,
+                                   temperature=p.temperature, train_samples=train_samples,
+                                   tau=st.tau, mean_accepted=st.tau - 1,
+                                   accept_rate=st.tau / c.draft_tokens,
+                                   accept_per_pos=json.dumps(st.accept_per_pos(c.num_steps)),
+                                   new_tokens=st.new_tokens, verify_ct=st.rounds,
+                                   spec_tok_s=spec_tok_s, base_tok_s=base_tok_s,
+                                   speedup=spec_tok_s / base_tok_s, draft_s=st.draft_s,
+                                   verify_s=st.verify_s,
+                                   other_s=st.total_s - st.draft_s - st.verify_s,
+                                   lossless=lossless)
+                        row["flags"] = ", ".join(flags_for(st.tau, row["speedup"], lossless))
+                        row["_tokens_in_rounds"] = sum(st.accepted) + st.rounds
+                        row["_total_s"] = st.total_s
+                        rows.append(row)
+                    summ = summarize(rows, [base[pid] for pid, _ in prompts])
+                    keys = ("config_id", "backend", "prompt_set", "num_steps", "eagle_topk",
+                            "num_draft_tokens", "cuda_graph", "max_new_tokens", "temperature",
+                            "train_samples")
+                    summ = {**{k: rows[0][k] for k in keys}, **summ}
+                    if cg and device.type != "cuda":
+                        summ["flags"] = ", ".join(x for x in [summ["flags"],
+                                                              "cuda_graph ignored on cpu"] if x)
+                    summaries.append(summ)
+                    all_rows += [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+    ctx.emit("bench", all_rows)
+    ctx.emit("bench_summary", summaries)
+    _write_json(Path(ctx.out_dir) / "bench.json", {"summary": summaries, "rows": all_rows})
+    for s in summaries:
+        ctx.metric(f"tau/{s['prompt_set']}/{s['config_id']}", s["tau"])
+        ctx.metric(f"speedup/{s['prompt_set']}/{s['config_id']}", s["speedup"], "x")
+    taus = [s["tau"] for s in summaries]
+    return {"tau": statistics.mean(taus), "speedup": statistics.mean(s["speedup"] for s in summaries),
+            "min_tau": min(taus), "summaries": len(summaries),
+            "lossless": all(s["lossless"] is not False for s in summaries)}

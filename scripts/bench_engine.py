@@ -1,0 +1,163 @@
+#!/usr/bin/env python
+"""One-run decode benchmark, batch 1, greedy, N new tokens, on CPU or CUDA:
+
+  hf            HF generate (dynamic cache)
+  hf_static     HF generate(cache_implementation="static") (transformers compiles its forward)
+  hf_lookup     HF generate(prompt_lookup_num_tokens=10)
+  base          the embedded engine without a drafter (decode_one loop)
+  spec          the embedded engine with an EAGLE-3 drafter dir (tau, tok/s, speedup vs base)
+
+Each: warm-up, synchronize, median of --repeats. Writes JSON + a markdown table.
+
+  python scripts/bench_engine.py --draft runs/demo/export --new 64 --out bench_engine
+  python scripts/bench_engine.py --random-draft --new 32 --repeats 2 --cuda-graph   # no drafter dir
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+PROMPT = "Write a short story about a robot who learns to paint. Describe its first painting."
+
+
+def timed(fn, device, repeats):
+    """Warm-up once, then `repeats` runs; returns (median seconds, last result)."""
+    fn()
+    ts, res = [], None
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        res = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts), res
+
+
+def random_smollm2(device: str, dtype: str):
+    """An HF LlamaForCausalLM with SmolLM2-135M's geometry and random weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    dev = "cuda" if device == "auto" and torch.cuda.is_available() else \
+        ("cpu" if device == "auto" else device)
+    dt = {"auto": torch.bfloat16 if dev == "cuda" else torch.float32, "float32": torch.float32,
+          "bfloat16": torch.bfloat16}[dtype]
+    c = LlamaConfig(vocab_size=49152, hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
+                    num_key_value_heads=3, head_dim=64, intermediate_size=1536, rope_theta=1e5,
+                    max_position_embeddings=8192, tie_word_embeddings=True, rms_norm_eps=1e-5)
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(c).to(device=dev, dtype=dt).eval()
+    return m, c.to_dict()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--target", default=None, help="HF folder or .gguf (default: fetched SmolLM2)")
+    ap.add_argument("--random-target", action="store_true", help="random weights with SmolLM2-135M "
+                    "geometry (no GGUF/tokenizer needed; speed only, e.g. on a bare GPU box)")
+    ap.add_argument("--draft", default=None, help="exported EAGLE-3 drafter dir (SGLang format)")
+    ap.add_argument("--random-draft", action="store_true", help="export a random drafter (tau~1)")
+    ap.add_argument("--new", type=int, default=64, help="new tokens")
+    ap.add_argument("--steps", type=int, default=3, help="num_steps (chain)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--cuda-graph", action="store_true", help="compile the engine's steps")
+    ap.add_argument("--skip", default="", help="comma list of rows to skip (hf,hf_static,hf_lookup)")
+    ap.add_argument("--out", default="bench_engine", help="output prefix (.json, .md)")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(min(torch.get_num_threads(), 16))
+
+    from jobs.draft_model import load_exported
+    from jobs.engine import Engine
+    from jobs.llama import from_hf_model
+    if a.random_target:
+        hf, cfg = random_smollm2(a.device, a.dtype)
+        dev = next(hf.parameters()).device
+        ids = torch.randint(0, cfg["vocab_size"], (1, 48), generator=torch.Generator().manual_seed(0)).to(dev)
+    else:
+        from jobs.target import load_target
+        from runner.assets import asset_path
+        hf, tok, cfg = load_target(a.target or asset_path("smollm2"), device=a.device, dtype=a.dtype)
+        dev = next(hf.parameters()).device
+        ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
+                                      return_tensors="pt", return_dict=True)["input_ids"].to(dev)
+    T, N = ids.shape[1], a.new
+    skip = set(filter(None, a.skip.split(",")))
+    res = {"device": str(dev), "dtype": str(next(hf.parameters()).dtype), "prompt_tokens": T,
+           "new_tokens": N, "steps": a.steps, "cuda_graph": a.cuda_graph, "rows": {}}
+    gen_kw = dict(max_new_tokens=N, min_new_tokens=N, do_sample=False,
+                  attention_mask=torch.ones_like(ids))
+
+    def hf_run(**kw):
+        with torch.inference_mode():
+            return hf.generate(ids, **gen_kw, **kw)[0, T:].tolist()
+
+    for name, kw in (("hf", {}), ("hf_static", {"cache_implementation": "static"}),
+                     ("hf_lookup", {"prompt_lookup_num_tokens": 10})):
+        if name in skip:
+            continue
+        try:
+            s, out = timed(lambda: hf_run(**kw), dev, a.repeats)
+            res["rows"][name] = {"tok_s": len(out) / s, "ms_per_token": 1000 * s / len(out),
+                                 "tokens": out}
+        except Exception as e:  # an HF path unsupported here: record why, keep going
+            res["rows"][name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+
+    L = cfg["num_hidden_layers"]
+    aux = (1, L // 2 - 1, L - 4)  # SGLang's default aux layers (runner.spec.default_aux_ids)
+    target = from_hf_model(hf, aux)
+    draft_dir = a.draft
+    if draft_dir is None and a.random_draft:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from engine_helpers import export_drafter
+        draft_dir = export_drafter(Path(tempfile.mkdtemp()) / "d", hf.config, aux, draft_vocab=2048)
+    max_seq = T + N + 2 * a.steps + 8
+    base = Engine(target, None, num_steps=a.steps, max_seq=max_seq, cuda_graph=a.cuda_graph)
+    s, (out, _) = timed(lambda: base.generate_baseline(ids, N), dev, a.repeats)
+    res["rows"]["base"] = {"tok_s": len(out) / s, "ms_per_token": 1000 * s / len(out), "tokens": out}
+    if draft_dir is not None:
+        d = load_exported(draft_dir, target.embed_tokens.weight, device=dev,
+                          dtype=target.lm_head.weight.dtype)
+        eng = Engine(target, d, num_steps=a.steps, max_seq=max_seq, cuda_graph=a.cuda_graph)
+        s, (sout, st) = timed(lambda: eng.generate(ids, N), dev, a.repeats)
+        res["rows"]["spec"] = {"tok_s": len(sout) / s, "ms_per_token": 1000 * s / len(sout),
+                               "tau": st.tau, "accept_per_pos": st.accept_per_pos(a.steps),
+                               "draft_ms_per_round": 1000 * st.draft_s / st.rounds,
+                               "verify_ms_per_round": 1000 * st.verify_s / st.rounds,
+                               "lossless_vs_base": sout == out, "tokens": sout}
+        res["rows"]["spec"]["speedup_vs_base"] = res["rows"]["spec"]["tok_s"] / res["rows"]["base"]["tok_s"]
+    b = res["rows"]["base"]["tok_s"]
+    for r in res["rows"].values():
+        if "tok_s" in r:
+            r["vs_base"] = r["tok_s"] / b
+    lines = [f"device {res['device']} {res['dtype']}, prompt {T} tokens, {N} new, greedy, batch 1, "
+             f"median of {a.repeats}, cuda_graph={a.cuda_graph}", "",
+             "| path | tok/s | ms/token | vs engine baseline | tau | same tokens as base |",
+             "|---|---|---|---|---|---|"]
+    for name, r in res["rows"].items():
+        if "error" in r:
+            lines.append(f"| {name} | error: {r['error'][:80]} | | | | |")
+            continue
+        same = r["tokens"] == out
+        lines.append(f"| {name} | {r['tok_s']:.1f} | {r['ms_per_token']:.2f} | {r['vs_base']:.2f}x | "
+                     f"{r.get('tau', float('nan')):.2f} | {same} |")
+    md = "\n".join(lines)
+    Path(a.out + ".json").write_text(json.dumps(res, indent=1))
+    Path(a.out + ".md").write_text(md + "\n")
+    print(md)
+    return res
+
+
+if __name__ == "__main__":
+    main()
