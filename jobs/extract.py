@@ -238,11 +238,24 @@ def _sha_file(path: Path) -> str:
 
 
 def default_writers(model) -> int:
-    """Shard writer threads: 1 on CPU (the cores compute), up to 4 on CUDA. sha256 and file
-    writes release the GIL, so writers overlap each other and the forward passes."""
+    """Shard writer threads: 1 on CPU (the cores compute); on CUDA up to 12, leaving 4 cores to
+    the main thread. sha256 and file writes release the GIL, so writers overlap each other and
+    the forward passes. Measured on an H200 (SmolLM2, 8x2048 bf16 shards of 75 MB, 16 cores):
+    extract/plain = 0.49 with 4 writers, 0.67 with 8, 0.70-0.75 with 12, 0.65 with 16."""
     if next(model.parameters()).is_cuda:
-        return max(1, min(4, (os.cpu_count() or 2) // 2))
+        return max(1, min(12, (os.cpu_count() or 2) - 4))
     return 1
+
+
+def inflight_budget() -> int:
+    """Bytes of finished-but-unwritten shards kept in (pinned) host memory: a quarter of the
+    RAM, at most 32 GiB. Bounds memory when shards are large (shard_samples x length x
+    bytes/token)."""
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        ram = 16 << 30
+    return int(min(32 << 30, ram // 4))
 
 
 def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: list[int],
@@ -277,7 +290,7 @@ def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: 
             todo.append(s)
     total = sum(len(x[0]) for s in todo for x in groups[s])
     bar = tqdm(total=total, unit="tok", desc="extract", disable=not progress, smoothing=0.1)
-    t0, pending = time.perf_counter(), []
+    t0, pending, budget = time.perf_counter(), [], inflight_budget()
     with ThreadPoolExecutor(max_workers=writers) as pool:
         try:
             for s in todo:
@@ -300,15 +313,18 @@ def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: 
                     ready.record()
                 tensors = {**idx, "aux_hidden": aux_buf, "last_hidden": last_buf}
                 path = out_dir / SHARD.format(s)
-                pending.append(pool.submit(write_shard, path, tensors, ready))
+                nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+                pending.append((pool.submit(write_shard, path, tensors, ready), nbytes))
                 shards[s] = {"file": path.name, "num_samples": len(group),
-                             "num_tokens": n_tok, "sha256": pending[-1]}
-                while len(pending) > writers or (pending and pending[0].done()):
-                    pending.pop(0).result()  # bounded memory; surfaces write errors early
-            for f in pending:
+                             "num_tokens": n_tok, "sha256": pending[-1][0]}
+                # bounded memory (count and bytes); surfaces write errors early
+                while pending and (len(pending) > writers or pending[0][0].done()
+                                   or sum(p[1] for p in pending) > budget):
+                    pending.pop(0)[0].result()
+            for f, _ in pending:
                 f.result()
         except BaseException:
-            for f in pending:
+            for f, _ in pending:
                 f.cancel()
             raise
     bar.close()

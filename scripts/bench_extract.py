@@ -80,6 +80,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--target", default=None, help="HF folder or .gguf (default: fetched SmolLM2)")
     ap.add_argument("--random-init", action="store_true")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads")
+    ap.add_argument("--writers", type=int, default=None,
+                    help="shard writer threads (default: jobs.extract.default_writers)")
     ap.add_argument("--out", default="runs/bench-extract")
     args = ap.parse_args(argv)
 
@@ -122,10 +124,11 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory(dir=args.out) as d:  # shards go to the --out filesystem
         for sub in ("warm", "run"):
             (Path(d) / sub).mkdir()
-        ex.extract_samples(model, samples[:B], aux, Path(d) / "warm", B, B * S, progress=False)
+        ex.extract_samples(model, samples[:B], aux, Path(d) / "warm", B, B * S, progress=False,
+                           writers=args.writers)
         sync(dev)
         res = ex.extract_samples(model, samples[B:], aux, Path(d) / "run", B, B * S,
-                                 progress=False)
+                                 progress=False, writers=args.writers)
         sync(dev)
         shard_bytes = sum(f.stat().st_size for f in (Path(d) / "run").glob("shard-*"))
     t_plain, t_cap = statistics.median(plain), statistics.median(capture)
@@ -134,6 +137,7 @@ def main(argv=None) -> dict:
             "cuda") else platform.processor() or platform.machine()),
         "dtype": str(dt).removeprefix("torch."), "model": source, "batch": B, "seq": S,
         "timed_batches": n, "aux_layer_ids": aux, "threads": args.threads,
+        "writers": args.writers or ex.default_writers(model),
         "plain_tok_s": tok_per_batch / t_plain, "capture_tok_s": tok_per_batch / t_cap,
         "extract_tok_s": n * tok_per_batch / res["seconds"],
         "shard_mib": shard_bytes / 2**20,
@@ -146,10 +150,11 @@ def main(argv=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_extract.json").write_text(json.dumps(r, indent=1))
     md = ("| device | dtype | batch x seq | plain fwd+hidden tok/s | capture tok/s | extract "
-          "(+shards) tok/s | extract/plain | bytes/token |\n|---|---|---|---|---|---|---|---|\n"
+          "(+shards) tok/s | extract/plain | bytes/token | writers |\n"
+          "|---|---|---|---|---|---|---|---|---|\n"
           f"| {r['device_name']} ({r['device']}) | {r['dtype']} | {B}x{S} | "
           f"{r['plain_tok_s']:,.0f} | {r['capture_tok_s']:,.0f} | {r['extract_tok_s']:,.0f} | "
-          f"{r['ratio_extract_vs_plain']:.2f} | {r['bytes_per_token']:,.0f} |\n")
+          f"{r['ratio_extract_vs_plain']:.2f} | {r['bytes_per_token']:,.0f} | {r['writers']} |\n")
     (out / "bench_extract.md").write_text(md)
     print(md)
     return r
