@@ -364,7 +364,7 @@ def write_target_parts(model, config: dict, out_dir: Path) -> dict[str, str]:
     _write_json(out_dir / "target_config.json", config)
     if (out_dir / "target_head.safetensors").exists():  # atomic: present = complete (resume)
         return {"target_head.safetensors": _sha_file(out_dir / "target_head.safetensors")}
-    base, _layers, norm = decoder_parts(model)
+    _base, _layers, norm = decoder_parts(model)
     embed = model.get_input_embeddings().weight.detach().cpu()
     head = model.get_output_embeddings().weight.detach().cpu()
     tensors = {"embed_tokens": embed.clone().contiguous(),

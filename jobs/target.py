@@ -4,6 +4,7 @@ Public API (other stages rely on these signatures):
 
     load_target(target, device=None, dtype=None) -> (model, tokenizer, config: dict)
     load_tokenizer(target) -> tokenizer            # no weights; fast
+    hf_folder(target) -> Path                      # HF folder (converted GGUF, cached)
     target_config(target) -> dict                  # HF config dict, `architectures` set
     resolve_device(device) / resolve_dtype(dtype, device)
     config_sha256(config) / tokenizer_sha256(tokenizer)
@@ -165,9 +166,13 @@ def ensure_hf_folder(gguf: Path) -> Path:
     return dest
 
 
-def _hf_folder(target: Any) -> Path:
+def hf_folder(target: Any) -> Path:
+    """The HF folder of the target (a GGUF is converted once and its cached folder returned)."""
     folder, gguf = _find_model(_target_fields(target)[0])
     return ensure_hf_folder(gguf) if gguf is not None else folder
+
+
+_hf_folder = hf_folder  # kept for callers of the earlier private name
 
 
 # ----------------------------------------------------------------------------------------------
@@ -200,7 +205,6 @@ def load_target(target: Any, device: str | None = None, dtype: Any = None):
     Returns (model in eval mode on `device`, tokenizer, config dict). The model is a
     transformers *ForCausalLM; `model.model.layers[k]` is decoder layer k (0-based).
     Raises StageError for a missing/unloadable path or a CUDA request without CUDA."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     _, spec_dtype, spec_device = _target_fields(target)
     dev = resolve_device(device if device is not None else spec_device)

@@ -129,8 +129,7 @@ def ttt_loss(model: Eagle3Draft, batch: dict, tgt: tuple, K: int, decay: float):
     pos = torch.arange(N, device=aux.device)[None].expand(B, N)
     causal = torch.ones(N, N, dtype=torch.bool, device=aux.device).tril()[None, None]
     used = model.d2t + torch.arange(model.d2t.numel(), device=model.d2t.device)
-    h, cache, total = model.project(aux), [], 0.0
-    st = torch.zeros(3, K, dtype=torch.float64)
+    h, cache, total, st = model.project(aux), [], 0.0, []
     for j in range(K):
         h = model.ttt_step(ids[:, j:j + N], h, pos, cache, causal)  # [B, N, H]
         logits = model.logits(h).float()  # [B, N, Vd]
@@ -141,9 +140,9 @@ def ttt_loss(model: Eagle3Draft, batch: dict, tgt: tuple, K: int, decay: float):
         total = total + decay ** j * lj
         with torch.no_grad():
             pred = used[logits.argmax(-1)]
-            st[0, j] = float(lj)
-            st[1, j] = float(((pred == target_ids[:, j:j + N]) & sup).sum())
-            st[2, j] = float(sup.sum())
+            st.append(torch.stack([lj.detach(), ((pred == target_ids[:, j:j + N]) & sup).sum(),
+                                   sup.sum()]).double())
+    st = torch.stack(st, dim=1).cpu()  # one device sync per call, not 3 per step
     return total, {"loss": st[0], "correct": st[1], "count": st[2]}
 
 

@@ -154,7 +154,12 @@ def main() -> None:
     dev_name = (torch.cuda.get_device_name(0) if a.device == "cuda"
                 else f"CPU ({platform.processor() or platform.machine()}, {a.threads} threads)")
     rows = []
+    V = GEOMETRIES[a.geometry]["vocab_size"]
     for pt in grid(a):
+        if pt["vocab"] > V:
+            print(f"skip draft vocab {pt['vocab']}: larger than the {a.geometry} vocab {V}",
+                  file=sys.stderr)
+            continue
         cfg = dict(pt, device=a.device, geometry=a.geometry, batch=a.batch, warmup=a.warmup,
                    iters=a.iters, threads=a.threads)
         r = subprocess.run([sys.executable, __file__, "--one", json.dumps(cfg)],
