@@ -130,6 +130,16 @@ def load_engine_parts(spec, export_dir: Path):
     return target, drafter, tok, p.device
 
 
+def _train_samples(export_dir: Path, spec) -> int | None:
+    """Samples the drafter was trained on, from the export's provenance.json (train metrics), else
+    the spec's stages.train.num_samples."""
+    try:
+        prov = json.loads((export_dir / "provenance.json").read_text())
+        return int(prov["train_metrics"]["summary"]["train_samples"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return spec.stages.train.num_samples if spec.stages.train else None
+
+
 def run(ctx: StageContext) -> dict:
     p, spec = ctx.params, ctx.spec
     export_dir = Path(ctx.inputs["export"])
@@ -138,6 +148,8 @@ def run(ctx: StageContext) -> dict:
         from jobs.sglang_backend import run_bench
         return run_bench(ctx, export_dir)
     import torch
+    from tqdm import tqdm
+
     from jobs.engine import Engine
     from jobs.prompts import load_prompt_set, render
 
@@ -148,7 +160,7 @@ def run(ctx: StageContext) -> dict:
     Kmax = max(c.num_steps for c in p.configs)
     longest = max(ids.shape[1] for v in sets.values() for _, ids in v)
     max_seq = longest + max(p.max_new_tokens) + 2 * Kmax + 8
-    train_samples = spec.stages.train.num_samples if spec.stages.train else None
+    train_samples = _train_samples(export_dir, spec)
     all_rows, summaries = [], []
     for cg in p.cuda_graph:
         base_engine = Engine(target, None, num_steps=Kmax, max_seq=max_seq, cuda_graph=cg)
@@ -163,13 +175,15 @@ def run(ctx: StageContext) -> dict:
         for set_name, prompts in sets.items():
             for max_new in p.max_new_tokens:
                 base = {}
-                for pid, ids in prompts:
+                for pid, ids in tqdm(prompts, desc=f"bench {set_name} baseline", unit="prompt",
+                                     leave=False):
                     g = torch.Generator(device=device).manual_seed(p.seed)
                     toks, st = base_engine.generate_baseline(ids, max_new, p.temperature, g, stop)
                     base[pid] = {"tokens": toks, "total_s": st.total_s, "new_tokens": st.new_tokens}
                 for c, e in engines.items():
                     rows = []
-                    for pid, ids in prompts:
+                    for pid, ids in tqdm(prompts, desc=f"bench {set_name} {config_id(c, cg, max_new)}",
+                                         unit="prompt", leave=False):
                         g = torch.Generator(device=device).manual_seed(p.seed)
                         toks, st = e.generate(ids, max_new, p.temperature, g, stop)
                         b = base[pid]
