@@ -15,6 +15,12 @@ root r feeds the previous step's pre-norm output as hidden, the previous draft a
 position r+j, cache slot r+j (it attends to the prefix slots <= r and chain slots r+1..r+j, the
 same keys as TTT step j). Draft ids map to target ids through d2t OFFSETS (target = i + d2t[i]).
 
+Static shapes (torch.compile / CUDA graphs): every compiled step sees one input shape AND stride
+per engine whatever the accept length m or the prompt length: verify always runs K+1 tokens, the
+drafter's step 0 after a verify always runs K+1 rows (padded past m, see draft_extend), the root row
+m is picked inside the graph by a tensor index, and positions/slots are views of a device arange.
+Only prefill and the prompt's step 0 (length = prompt) run eagerly. See Engine for the guarantees.
+
 Tree drafting (eagle_topk > 1) is NOT implemented in the embedded engine: `Engine` raises
 ValueError for it; use backend: sglang for trees.
 
@@ -24,7 +30,9 @@ rounds in which draft j+1 was accepted (sums to tau - 1).
 
 from __future__ import annotations
 
+import contextlib
 import time
+import types
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -78,17 +86,28 @@ def verify(target: Llama, toks: torch.Tensor, pos: torch.Tensor):
 def draft_step(drafter: Eagle3Draft, kc, vc, ids, hidden, pos, slots_all):
     """One cached draft forward. ids [1, T], hidden [1, T, H], pos [T] (RoPE position = cache
     slot); kc/vc [1, nkv, S, hd]. Returns (pre-norm out [1, T, H], draft logits [1, T, Vd] float32).
-    Query at position p attends to slots <= p."""
+    Query at position p attends to slots <= p. The engine compiles it for the chain (T = 1)."""
     mask = (slots_all[None, :] <= pos[:, None])[None, None]  # [1, 1, T, S]
     out = drafter.cached_step(ids, hidden, pos[None], kc, vc, pos, mask)
     return out, drafter.logits(out).float()
 
 
-def draft_extend(drafter: Eagle3Draft, kc, vc, aux, next_toks, pos, slots_all):
+def draft_extend(drafter: Eagle3Draft, kc, vc, aux, next_toks, pos, slots_all, sel):
     """Step 0 over new positions: aux [1, T, 3Ht] (target aux at pos), next_toks [1, T] (the token
-    AFTER each position), pos [T]. Returns (out [1, T, H], logits [1, T, Vd])."""
-    return draft_step(drafter, kc, vc, next_toks, drafter.project(aux.to(drafter.fc.weight.dtype)),
-                      pos, slots_all)
+    AFTER each position), pos [T], sel [1] (index in 0..T-1 of the root row, a tensor so that it is
+    no guard). Writes cache rows pos. Returns (root out [1, 1, H], root logits [1, Vd] float32),
+    fresh tensors with canonical strides (a sliced view would carry a T-dependent stride into the
+    compiled chain step, and dynamo guards strides: one recompile per prompt length).
+
+    After a verify the engine runs it over a FIXED T = K+1 (positions n..n+K): rows past the
+    accepted prefix m are padding. They cannot leak: the accepted rows 0..m attend only slots
+    <= their position (causal), and the padded cache rows n+m+1..n+K are rewritten (by the next
+    chain steps and the next extend) before any query attends them."""
+    h = drafter.project(aux.to(drafter.fc.weight.dtype))
+    mask = (slots_all[None, :] <= pos[:, None])[None, None]  # [1, 1, T, S]
+    out = drafter.cached_step(next_toks, h, pos[None], kc, vc, pos, mask)
+    root = out.index_select(1, sel)  # [1, 1, H]
+    return root, drafter.logits(root)[:, 0].float()
 
 
 def draft_probs_target(drafter: Eagle3Draft, dlogits: torch.Tensor, temperature: float,
@@ -159,16 +178,37 @@ class Stats:
         return [sum(a > j for a in self.accepted) / max(self.rounds, 1) for j in range(K)]
 
 
+def _private(fn: Callable) -> Callable:
+    """A copy of `fn` with its own code object. Dynamo keys its graph cache and its recompile
+    limit (8) on the code object, so without this every Engine of a bench sweep (each num_steps
+    a new static shape) would add graphs to one shared, capped cache."""
+    g = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__,
+                           fn.__closure__)
+    g.__doc__ = fn.__doc__
+    return g
+
+
 class Engine:
     """Batch-1 engine over our Llama target and an exported EAGLE-3 drafter (or none = baseline).
 
-    `cuda_graph=True` on CUDA compiles the fixed-shape steps (decode_one, verify over K+1 tokens,
-    draft extend over K+1 padded positions, one chain step) with torch.compile
-    mode="reduce-overhead" (CUDA graphs); on CPU it is ignored and everything runs eagerly.
+    Compiled mode compiles the fixed-shape steps with torch.compile(fullgraph=True,
+    dynamic=False): decode_one [1, 1], verify [1, K+1], draft_extend [1, K+1] (padded, see its
+    docstring) and the chain draft_step [1, 1]. Every call passes tensors of ONE shape and stride
+    per step; positions, slots and the accepted-prefix index are device tensors, never Python
+    ints, so nothing varies per round or per prompt (prefill and the prompt's draft extend, the
+    only variable-length steps, run eagerly). `cuda_graph=True` on CUDA uses mode="reduce-overhead"
+    (inductor + CUDA graphs) and is ignored on CPU; `compile_backend` ("eager", "aot_eager",
+    "inductor") compiles on any device without CUDA graphs (tests: the dynamo guards are the same).
+
+    No silent fallback: the steps are compiled once at construction, then every generate runs
+    under torch.compiler stance "fail_on_recompile", so a new shape raises instead of recompiling
+    (or, past dynamo's recompile limit, falling back); a graph break raises (fullgraph); dynamo's
+    suppress_errors (compile errors -> eager) is refused.
     Raises ValueError for eagle_topk > 1 (trees are not implemented here)."""
 
     def __init__(self, target: Llama, drafter: Optional[Eagle3Draft] = None, num_steps: int = 3,
-                 eagle_topk: int = 1, max_seq: int = 4096, cuda_graph: bool = False):
+                 eagle_topk: int = 1, max_seq: int = 4096, cuda_graph: bool = False,
+                 compile_backend: Optional[str] = None):
         if eagle_topk != 1:
             raise ValueError(f"eagle_topk = {eagle_topk}: the embedded engine drafts chains only "
                              "(eagle_topk 1); use backend: sglang for tree drafting")
@@ -187,20 +227,76 @@ class Engine:
                                   dtype=drafter.fc.weight.dtype)
             self.dv = torch.zeros_like(self.dk)
         self.slots = torch.arange(max_seq, device=self.device)
-        self.compiled = bool(cuda_graph and self.device.type == "cuda")
         self._decode, self._verify = decode_one, verify
-        self._dstep = draft_step
+        self._extend, self._dstep = draft_extend, draft_step
+        if compile_backend is not None:
+            kw = dict(backend=compile_backend)
+        elif cuda_graph and self.device.type == "cuda":
+            kw = dict(mode="reduce-overhead")
+        else:
+            kw = None
+        self.compiled = kw is not None
         if self.compiled:
-            for t in target.caches() + ([self.dk, self.dv] if drafter is not None else []):
-                torch._dynamo.mark_static_address(t)
-            kw = dict(mode="reduce-overhead", fullgraph=True, dynamic=False)
-            self._decode = torch.compile(decode_one, **kw)
-            self._verify = torch.compile(verify, **kw)
-            self._dstep = torch.compile(draft_step, **kw)
+            if torch._dynamo.config.suppress_errors:
+                raise ValueError("torch._dynamo.config.suppress_errors is set: a compile failure "
+                                 "would silently run eagerly; unset it or use cuda_graph: false")
+            if kw.get("mode") == "reduce-overhead":
+                for t in target.caches() + ([self.dk, self.dv] if drafter is not None else []):
+                    torch._dynamo.mark_static_address(t)
+            kw.update(fullgraph=True, dynamic=False)
+            self._decode = torch.compile(_private(decode_one), **kw)
+            self._verify = torch.compile(_private(verify), **kw)
+            self._extend = torch.compile(_private(draft_extend), **kw)
+            self._dstep = torch.compile(_private(draft_step), **kw)
+            self._warm_up()
 
     def _sync(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize()
+
+    @torch.inference_mode()
+    def _warm_up(self):
+        """Compile each step once, with inputs built exactly as generate builds them. Writes junk
+        into cache rows 1..K+1, which a prefill or a later step rewrites before any query reads."""
+        K, dev, V = self.K, self.device, self.target.config.vocab_size
+        tok = torch.zeros(1, dtype=torch.long, device=dev)
+        self._decode(self.target, tok.view(1, 1), self.slots[1:2])
+        toks = torch.zeros(1, K + 1, dtype=torch.long, device=dev)
+        _, vaux = self._verify(self.target, toks, self.slots[1:K + 2])
+        if self.drafter is not None:
+            root, rlog = self._extend(self.drafter, self.dk, self.dv, vaux, toks,
+                                      self.slots[1:K + 2], self.slots, self.slots[1:2])
+            if K > 1:
+                tid = self.drafter.to_target_ids(rlog.argmax(-1)).clamp(0, V - 1)
+                self._dstep(self.drafter, self.dk, self.dv, tid.view(1, 1), root.clone(),
+                            self.slots[2:3], self.slots)
+
+    @contextlib.contextmanager
+    def _sealed(self):
+        """While generating: a compiled step that meets a new input shape/stride raises."""
+        if not self.compiled:
+            yield
+            return
+        try:
+            with torch.compiler.set_stance("fail_on_recompile"):
+                yield
+        except RuntimeError as e:
+            if "fail_on_recompile" not in str(e):
+                raise
+            raise RuntimeError("engine: a compiled step saw a new input shape/stride after "
+                               "warm-up (a bug in jobs/engine.py; results would be timed on a "
+                               f"recompiled graph). Bench with cuda_graph: false. {e}") from e
+
+    def graph_counts(self) -> dict[str, int]:
+        """Compiled graphs per step (dynamo cache entries); 1 each after any number of generates
+        when shapes are static; {} when not compiled."""
+        if not self.compiled:
+            return {}
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+        fns = dict(decode=self._decode, verify=self._verify, extend=self._extend,
+                   chain=self._dstep)
+        return {k: len(_debug_get_cache_entry_list(f._torchdynamo_orig_callable.__code__))
+                for k, f in fns.items()}
 
     # -- baseline: the same target, no drafter --
     @torch.inference_mode()
@@ -211,15 +307,16 @@ class Engine:
         st = Stats()
         self._sync()
         t0 = time.perf_counter()
-        logits, _ = prefill(self.target, ids)
-        tok = sample(logits[:, -1], temperature, gen)  # [1]
-        out = [int(tok)]
-        n = ids.shape[1]
-        while len(out) < max_new and out[-1] not in stop_ids:
-            logits, _ = self._decode(self.target, tok.view(1, 1), self.slots[n:n + 1])
-            tok = sample(logits[:, -1].clone(), temperature, gen)
-            out.append(int(tok))
-            n += 1
+        with self._sealed():
+            logits, _ = prefill(self.target, ids)
+            tok = sample(logits[:, -1], temperature, gen)  # [1]
+            out = [int(tok)]
+            n = ids.shape[1]
+            while len(out) < max_new and out[-1] not in stop_ids:
+                logits, _ = self._decode(self.target, tok.view(1, 1), self.slots[n:n + 1])
+                tok = sample(logits[:, -1].clone(), temperature, gen)
+                out.append(int(tok))
+                n += 1
         self._sync()
         st.total_s = time.perf_counter() - t0
         st.new_tokens = len(out)
@@ -231,34 +328,51 @@ class Engine:
                  gen: Optional[torch.Generator] = None, stop_ids=(),
                  draft_fn: Optional[Callable] = None) -> tuple[list, Stats]:
         """Speculative decoding. ids [1, T] -> (new token ids (at most max_new), Stats).
-        `draft_fn(out_tokens, K) -> list of K target ids` replaces the drafter (tests only)."""
+        `draft_fn(out_tokens, K) -> list of K target ids` forces the drafts (tests only): without
+        a drafter it replaces it; with one, the drafter's chain still runs (same compiled steps
+        and cache traffic) but is fed and returns the forced tokens, as if it had predicted them."""
         assert self.drafter is not None or draft_fn is not None, "no drafter: use generate_baseline"
         self._check_len(ids, max_new)
-        K, V, dev = self.K, self.target.config.vocab_size, self.device
         st = Stats()
         self._sync()
         t0 = time.perf_counter()
+        with self._sealed():
+            out = self._spec_loop(ids, max_new, temperature, gen, stop_ids, draft_fn, st, t0)
+        if stop_ids:
+            for i, t in enumerate(out):
+                if t in stop_ids:
+                    out = out[:i + 1]
+                    break
+        out = out[:max_new]
+        self._sync()
+        st.total_s = time.perf_counter() - t0
+        st.new_tokens = len(out)
+        return out, st
+
+    def _spec_loop(self, ids, max_new, temperature, gen, stop_ids, draft_fn, st, t0) -> list:
+        """The rounds of generate; returns the raw token list (may overrun max_new / stops)."""
+        K, V, dev, d = self.K, self.target.config.vocab_size, self.device, self.drafter
         logits, aux = prefill(self.target, ids)
         tok = sample(logits[:, -1], temperature, gen)
         out = [int(tok)]
         n = ids.shape[1]  # target cache length; out[-1] sits at position n, not yet in the cache
         self._sync()
         st.prefill_s = time.perf_counter() - t0
-        root_out = None
-        if self.drafter is not None:  # step 0 over the prompt: (aux_i, token i+1) at i
+        root_out = root_logits = None
+        if d is not None:  # step 0 over the prompt (eager: T varies): (aux_i, token i+1) at i
             nxt = torch.cat([ids[:, 1:], tok.view(1, 1)], dim=1)
-            o, dl = draft_extend(self.drafter, self.dk, self.dv, aux, nxt, self.slots[:n],
-                                 self.slots)
-            root_out, root_logits = o[:, -1:], dl[:, -1]
+            root_out, root_logits = draft_extend(d, self.dk, self.dv, aux, nxt, self.slots[:n],
+                                                 self.slots, self.slots[n - 1:n])
         while len(out) < max_new and out[-1] not in stop_ids:
             # draft K tokens
             self._sync()
             t1 = time.perf_counter()
-            if draft_fn is not None:
-                drafts = torch.tensor(draft_fn(list(out), K), device=dev)
-                q = None
+            forced = draft_fn(list(out), K) if draft_fn is not None else None
+            if d is None:
+                drafts, q = torch.tensor(forced, device=dev), None
             else:
-                drafts, q = self._draft_chain(root_out, root_logits, n - 1, temperature, gen)
+                drafts, q = self._draft_chain(root_out, root_logits, n - 1, temperature, gen,
+                                              forced)
             self._sync()
             t2 = time.perf_counter()
             # verify [t_n, d_1..d_K] in one target forward
@@ -277,38 +391,33 @@ class Engine:
             st.verify_s += t3 - t2
             st.rounds += 1
             st.accepted.append(m)
-            new = [int(d) for d in drafts[:m]] + [bonus]
+            new = [int(x) for x in drafts[:m]] + [bonus]
             out.extend(new)
-            # rollback = the new length; aux at accepted positions n..n+m feed the drafter
-            if self.drafter is not None:
-                nxt = torch.zeros(1, K + 1, dtype=torch.long, device=dev)  # padded to K+1 slots
+            # rollback = the new length; aux at accepted positions n..n+m feed the drafter, over
+            # a fixed K+1 rows (padding past m); the root row m is selected by a tensor index
+            if d is not None:
+                nxt = torch.zeros(1, K + 1, dtype=torch.long, device=dev)
                 nxt[0, :m + 1] = torch.tensor(new, device=dev)
-                o, dl = self._dstep(self.drafter, self.dk, self.dv, nxt,
-                                    self.drafter.project(vaux.to(self.drafter.fc.weight.dtype)),
-                                    self.slots[n:n + K + 1], self.slots)
-                root_out, root_logits = o[:, m:m + 1].clone(), dl[:, m].clone()
+                root_out, root_logits = self._extend(d, self.dk, self.dv, vaux, nxt,
+                                                     self.slots[n:n + K + 1], self.slots,
+                                                     self.slots[m:m + 1])
+                root_out, root_logits = root_out.clone(), root_logits.clone()
                 st.draft_s += time.perf_counter() - t3
             n += m + 1
-        if stop_ids:
-            for i, t in enumerate(out):
-                if t in stop_ids:
-                    out = out[:i + 1]
-                    break
-        out = out[:max_new]
-        self._sync()
-        st.total_s = time.perf_counter() - t0
-        st.new_tokens = len(out)
-        return out, st
+        return out
 
-    def _draft_chain(self, root_out, root_logits, root: int, temperature, gen):
-        """root_out [1, 1, H] (step-0 output at position root), root_logits [1, Vd].
+    def _draft_chain(self, root_out, root_logits, root: int, temperature, gen, forced=None):
+        """root_out [1, 1, H] (step-0 output at position root), root_logits [1, Vd]; forced:
+        optional K target ids to use instead of the drafter's choices (tests).
         Returns (drafts [K] target ids, q [K, V] draft distributions over the target vocab or
-        None at temperature 0)."""
+        None at temperature 0 or when forced)."""
         d, K, V = self.drafter, self.K, self.target.config.vocab_size
         hidden, dlog = root_out, root_logits
         drafts, qs = [], []
         for j in range(K):
-            if temperature > 0:
+            if forced is not None:
+                tid = torch.tensor(forced[j:j + 1], device=self.device)
+            elif temperature > 0:
                 q = draft_probs_target(d, dlog, temperature, V)  # [1, V]
                 tid = torch.multinomial(q, 1, generator=gen)[:, 0]
                 qs.append(q)

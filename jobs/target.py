@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.spec import Spec, Target, cache_dir, expand_path
-from runner.stage import StageError
+from runner.stage import StageError, sha256_file
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16",
            "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -97,11 +97,7 @@ def _find_model(path: Path) -> tuple[Path, Path | None]:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(1 << 22):
-            h.update(b)
-    return h.hexdigest()
+    return sha256_file(path)
 
 
 # ----------------------------------------------------------------------------------------------

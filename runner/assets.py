@@ -7,7 +7,6 @@ and placed atomically under cache_dir()/<asset>/.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner.spec import cache_dir
+from runner.stage import sha256_file
 
 
 @dataclass(frozen=True)
@@ -57,12 +57,6 @@ class FetchError(Exception):
     pass
 
 
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(chunk):
-            h.update(b)
-    return h.hexdigest()
 
 
 def asset_path(name: str) -> Path:

@@ -228,3 +228,53 @@ def test_smollm2_greedy_lossless_vs_baseline_and_hf(smollm2, tmp_path):
                 return d
             spec2, st2 = e.generate(ids, 24, draft_fn=oracle, stop_ids=(tok.eos_token_id,))
             assert spec2 == base and st2.tau > 1.5
+
+
+@pytest.mark.parametrize("mode", ["aot_eager", pytest.param("cuda_graph", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_compiled_steps_stay_static_under_varying_accept_lengths(tmp_path, mode):
+    """Regression (H200 bench, cuda_graph + a trained drafter: FailOnRecompileLimitHit in
+    draft_step). The compiled path on CPU (backend aot_eager: the same dynamo guards as CUDA
+    graphs) over 10 prompt lengths, with forced drafts through the real drafter chain whose accept
+    length varies 0..K across rounds: each compiled step keeps ONE graph (the old engine passed a
+    sliced root hidden state whose stride changed with the prompt length and recompiled until the
+    limit of 8), and every output equals the eager engine's greedy baseline. The gpu variant runs
+    the real mode="reduce-overhead" (CUDA graphs)."""
+    hf = tiny_hf_llama(seed=2)
+    dev = "cuda" if mode == "cuda_graph" else "cpu"
+    t = from_hf_model(hf, AUX, device=dev)
+    d = load_exported(export_drafter(tmp_path / "d", hf.config, AUX), t.embed_tokens.weight, dev)
+    K = 3
+    eager = Engine(t, d, num_steps=K, max_seq=128)
+    kw = dict(cuda_graph=True) if mode == "cuda_graph" else dict(compile_backend=mode)
+    e = Engine(t, d, num_steps=K, max_seq=128, **kw)
+    assert e.compiled and e.graph_counts() == dict(decode=1, verify=1, extend=1, chain=1)
+    accepted, g = set(), torch.Generator().manual_seed(0)
+    for p in range(10):
+        ids = torch.randint(0, 64, (1, 4 + p), generator=g).to(dev)
+        base, _ = eager.generate_baseline(ids, 30)
+        calls = [0]
+
+        def oracle(out, k):  # the known continuation with a varying corrupted position (or none)
+            calls[0] += 1
+            dr = [base[len(out) + j] if len(out) + j < len(base) else 0 for j in range(k)]
+            bad = (calls[0] + p) % (k + 2)
+            if bad < k:
+                dr[bad] = (dr[bad] + 1) % 64
+            return dr
+
+        spec, st = e.generate(ids, 30, draft_fn=oracle)
+        own, _ = e.generate(ids, 30)  # the drafter's own (random) drafts
+        assert spec == own == base, p
+        assert e.generate_baseline(ids, 30)[0] == base
+        accepted |= set(st.accepted)
+    e.generate(ids, 12, temperature=1.0, gen=torch.Generator(dev).manual_seed(0))  # same shapes
+    assert accepted == set(range(K + 1))  # every accept length occurred
+    assert e.graph_counts() == dict(decode=1, verify=1, extend=1, chain=1)
+    # a new shape after warm-up raises instead of silently recompiling or falling back
+    with pytest.raises(RuntimeError, match="new input shape"), torch.inference_mode():
+        with e._sealed():
+            e._verify(t, torch.zeros(1, K + 2, dtype=torch.long, device=dev), e.slots[:K + 2])
+    with torch._dynamo.config.patch(suppress_errors=True), pytest.raises(ValueError,
+                                                                         match="suppress_errors"):
+        Engine(t, d, num_steps=K, max_seq=128, compile_backend="eager")
