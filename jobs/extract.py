@@ -22,6 +22,13 @@ renamed; a shard file that exists is complete. A re-run in the same partial dir 
 verifies existing shards (their input_ids must equal the re-tokenised samples) and computes only
 the missing ones, so the final shards are byte-identical to an uninterrupted run. features.json is
 written last. A full disk (ENOSPC) removes the temp file and raises StageError.
+
+Data parallel (ctx.world_size > 1, launched by runner/launch.py): every rank tokenises the same
+samples and cuts the same shards; shard s goes to one rank (assign_shards: balanced by tokens,
+a pure function of the shard sizes and the world size). Each rank verifies/computes only its own
+shards, so the shard files are the single-rank ones and a partial dir resumes under any number
+of ranks. After a gather, rank 0 alone writes target_head/target_config and ONE features.json
+listing every shard in shard order.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from pathlib import Path
 
 import torch
 
+from jobs import dist as D
 from jobs.features import FORMAT, MANIFEST
 from runner.stage import StageContext, StageError
 
@@ -258,28 +266,47 @@ def inflight_budget() -> int:
     return int(min(32 << 30, ram // 4))
 
 
+def assign_shards(tokens: list[int], world: int) -> list[list[int]]:
+    """Shard indices per rank: longest shard first to the least-loaded rank (ties: lower shard,
+    lower rank), each rank's list ascending. tokens[s] = tokens of shard s. Deterministic, so
+    every rank computes the same assignment without communicating."""
+    load, out = [0] * world, [[] for _ in range(world)]
+    for s in sorted(range(len(tokens)), key=lambda s: (-tokens[s], s)):
+        r = min(range(world), key=lambda r: (load[r], r))
+        load[r] += tokens[s]
+        out[r].append(s)
+    return [sorted(x) for x in out]
+
+
 def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: list[int],
                     out_dir: Path, shard_samples: int, batch_tokens: int, pad_id: int = 0,
-                    progress: bool = True, writers: int | None = None) -> dict:
+                    progress: bool = True, writers: int | None = None, rank: int = 0,
+                    world: int = 1) -> dict:
     """Write shards for `samples` into out_dir, resuming after complete shards.
 
     Per shard: length-bucketed batches -> capture() -> asynchronous copies into one pinned
     buffer per tensor -> a writer thread serialises, hashes and atomically renames it.
-    Returns {"shards": [{"file", "num_samples", "num_tokens", "sha256"}], "resumed_shards",
-    "computed_tokens", "seconds"}. Raises StageError when a write fails (e.g. disk full);
-    shards that completed stay, and a re-run resumes after them."""
+    rank/world: only this rank's shards (assign_shards) are verified and computed.
+    Returns {"shards": [{"file", "num_samples", "num_tokens", "sha256"}] (this rank's, in shard
+    order), "shard_ids" (their indices), "resumed_shards", "computed_tokens", "seconds"}.
+    Raises StageError when a write fails (e.g. disk full); shards that completed stay, and a
+    re-run resumes after them."""
     from tqdm import tqdm
     out_dir = Path(out_dir)
-    for stale in out_dir.glob(".tmp-shard-*"):
-        stale.unlink(missing_ok=True)
+    groups = [samples[i:i + shard_samples] for i in range(0, len(samples), shard_samples)]
+    mine = assign_shards([sum(len(x[0]) for x in g) for g in groups], world)[rank]
+    stale = out_dir.glob(".tmp-shard-*") if world == 1 else \
+        (out_dir / f".tmp-{SHARD.format(s)}" for s in mine)  # other ranks write theirs
+    for f in stale:
+        f.unlink(missing_ok=True)
     H = model.config.hidden_size
     width = len(aux_ids) * H
     dtype = next(model.parameters()).dtype
     cuda = next(model.parameters()).is_cuda
     writers = writers or default_writers(model)
-    groups = [samples[i:i + shard_samples] for i in range(0, len(samples), shard_samples)]
     shards, resumed, todo = [None] * len(groups), 0, []
-    for s, group in enumerate(groups):
+    for s in mine:
+        group = groups[s]
         path = out_dir / SHARD.format(s)
         if path.exists() and shard_ok(path, group, width):
             shards[s] = {"file": path.name, "num_samples": len(group),
@@ -328,11 +355,26 @@ def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: 
                 f.cancel()
             raise
     bar.close()
+    shards = [shards[s] for s in mine]
     for sh in shards:
         if not isinstance(sh["sha256"], str):
             sh["sha256"] = sh["sha256"].result()
-    return {"shards": shards, "resumed_shards": resumed, "computed_tokens": total,
-            "seconds": time.perf_counter() - t0}
+    return {"shards": shards, "shard_ids": mine, "resumed_shards": resumed,
+            "computed_tokens": total, "seconds": time.perf_counter() - t0}
+
+
+def gather_shards(res: dict) -> dict:
+    """extract_samples results of all ranks merged: every shard in shard order, resumed shards
+    and computed tokens summed, seconds = the slowest rank. One rank: `res` itself."""
+    parts = D.all_gather_object(res)
+    if len(parts) == 1:
+        return res
+    by_id = {s: sh for r in parts for s, sh in zip(r["shard_ids"], r["shards"])}
+    ids = sorted(by_id)
+    return {"shards": [by_id[s] for s in ids], "shard_ids": ids,
+            "resumed_shards": sum(r["resumed_shards"] for r in parts),
+            "computed_tokens": sum(r["computed_tokens"] for r in parts),
+            "seconds": max(r["seconds"] for r in parts)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -378,15 +420,20 @@ def write_target_parts(model, config: dict, out_dir: Path) -> dict[str, str]:
 def run(ctx: StageContext) -> dict:
     """Extract features for the spec's training conversations into ctx.out_dir.
 
+    Data parallel when ctx.world_size > 1 (module docstring): every rank returns the same
+    summary; rank 0 writes target parts and features.json after all shards exist.
     Raises StageError for bad data, a tokenizer without chat template, aux ids out of range for
     the real model, a hidden-size mismatch, or a full disk."""
     from jobs.data import tokenize_dataset
-    from jobs.target import config_sha256, load_target, tokenizer_sha256
+    from jobs.target import config_sha256, hf_folder, load_target, tokenizer_sha256
     spec, p, out = ctx.spec, ctx.params, Path(ctx.out_dir)
+    rank, world = D.check(ctx)
     out.mkdir(parents=True, exist_ok=True)
     if not torch.cuda.is_available():
         torch.set_num_threads(min(torch.get_num_threads(), os.cpu_count() or 1))
     convs, data_report = _conversations(ctx)
+    if world > 1:  # a GGUF target is converted once, by rank 0, before the others read it
+        D.rank0_first(rank, lambda: hf_folder(spec.target))
     model, tok, cfg = load_target(spec)
     samples, tok_report = tokenize_dataset(tok, convs, spec.target.chat_template,
                                            spec.data.max_length)
@@ -397,8 +444,11 @@ def run(ctx: StageContext) -> dict:
         raise StageError(f"target.hidden_size = {spec.target.hidden_size}, but the loaded model "
                          f"has hidden_size {H}")
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    res = extract_samples(model, samples, aux_ids, out, p.shard_samples, p.batch_tokens, pad)
-    ctx.file_hashes.update(write_target_parts(model, cfg, out))
+    res = gather_shards(extract_samples(model, samples, aux_ids, out, p.shard_samples,
+                                        p.batch_tokens, pad, progress=rank == 0, rank=rank,
+                                        world=world))
+    if rank == 0:
+        ctx.file_hashes.update(write_target_parts(model, cfg, out))
     ctx.file_hashes.update({s["file"]: s["sha256"] for s in res["shards"]})
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     n_tok = sum(s["num_tokens"] for s in res["shards"])
@@ -415,7 +465,9 @@ def run(ctx: StageContext) -> dict:
                     "aux_hidden": f"{dtype} [T, {len(aux_ids) * H}]",
                     "last_hidden": f"{dtype} [T, {H}]", "offsets": "int64 [n+1]"},
     }
-    _write_json(out / MANIFEST, manifest)
+    if rank == 0:
+        _write_json(out / MANIFEST, manifest)
+    D.barrier()  # the manifest exists before any rank returns
     secs = max(res["seconds"], 1e-9)
     dropped = sum(data_report.get("dropped", {}).values())
     return {"samples": len(samples), "tokens": (n_tok, "tok"),

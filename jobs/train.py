@@ -17,6 +17,13 @@ token i+2+j is an assistant token AND the target's argmax there is inside the dr
 Loss = sum_j decay^j * mean over trained positions of the soft cross-entropy.
 Accuracy at step j = P(draft argmax (mapped through d2t) == target argmax) over assistant
 positions (a target argmax outside the draft vocab counts as a miss, as in SpecForge).
+
+Data parallel (ctx.world_size > 1, launched by runner/launch.py; DDP over NCCL/gloo): batch_size
+stays the GLOBAL batch. Rank r takes samples r::world of each step's batch; the per-step token
+counts are all-reduced before the loss, so each rank's loss is its share of the global token
+mean and DDP's gradient average (x world) is exactly the single-rank gradient (up to float
+summation order). Eval batches are spread round-robin and their sums all-reduced. Rank 0 alone
+writes the vocab cache (first), checkpoints and outputs; every rank resumes from the same ckpt.pt.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from jobs import dist as D
 from jobs import vocab as V
 from jobs.draft_model import DraftConfig, Eagle3Draft
 from jobs.features import open_features
@@ -120,8 +128,19 @@ def target_dist(tgt_hidden, head: dict, used: torch.Tensor, t2d: torch.Tensor, e
     return torch.cat(ps).view(B, E, -1), target_ids, t2d[target_ids]
 
 
-def ttt_loss(model: Eagle3Draft, batch: dict, tgt: tuple, K: int, decay: float):
+def loss_counts(batch: dict, tgt: tuple, K: int) -> torch.Tensor:
+    """Trained positions per TTT step: [K] int64 (assistant token AND target argmax in the draft
+    vocab), the denominators of ttt_loss."""
+    N, pm, in_vocab = batch["aux"].shape[1], batch["pmask"], tgt[2]
+    return torch.stack([(pm[:, j:j + N] & in_vocab[:, j:j + N]).sum() for j in range(K)])
+
+
+def ttt_loss(model: Eagle3Draft, batch: dict, tgt: tuple, K: int, decay: float,
+             denom: torch.Tensor | None = None):
     """Unroll K draft steps (Eagle3Draft.ttt_step keeps the KV of earlier steps).
+    denom [K] int64: the per-step token counts to divide by; None = this batch's own counts
+    (loss_counts). Data parallel passes the counts summed over ranks, so the loss of each rank is
+    its share of the global mean.
     Returns (loss scalar, stats {loss [K], correct [K], count [K]} float64 CPU tensors)."""
     aux, ids, pm = batch["aux"], batch["ids"], batch["pmask"]
     p, target_ids, in_vocab = tgt
@@ -136,7 +155,7 @@ def ttt_loss(model: Eagle3Draft, batch: dict, tgt: tuple, K: int, decay: float):
         sup = pm[:, j:j + N]  # predicted token is an assistant token
         m = sup & in_vocab[:, j:j + N]
         ce = torch.sum(-p[:, j:j + N] * F.log_softmax(logits, -1), dim=-1)  # [B, N]
-        lj = (ce * m).sum() / m.sum().clamp_min(1)
+        lj = (ce * m).sum() / (m.sum() if denom is None else denom[j]).clamp_min(1)
         total = total + decay ** j * lj
         with torch.no_grad():
             pred = used[logits.argmax(-1)]
@@ -146,20 +165,52 @@ def ttt_loss(model: Eagle3Draft, batch: dict, tgt: tuple, K: int, decay: float):
     return total, {"loss": st[0], "correct": st[1], "count": st[2]}
 
 
+class TTTObjective(torch.nn.Module):
+    """The drafter plus its TTT loss as one module, so that DDP sees a forward call:
+    forward(batch, tgt, denom) = ttt_loss(draft, ...)."""
+
+    def __init__(self, draft: Eagle3Draft, K: int, decay: float):
+        super().__init__()
+        self.draft, self.K, self.decay = draft, K, decay
+
+    def forward(self, batch: dict, tgt: tuple, denom: torch.Tensor | None = None):
+        return ttt_loss(self.draft, batch, tgt, self.K, self.decay, denom)
+
+
 def train_step(model, opt, samples: list[dict], head: dict, used, t2d, eps: float, p, device,
-               autocast) -> tuple[float, float, int]:
+               autocast, ddp=None, world: int = 1, empty: bool = False) -> tuple[float, float, int]:
     """One optimizer step on `samples` (no LR-scheduler step): batch, target distribution, TTT
     loss, backward, grad clipping (p.grad_clip), AdamW. p: ttt_steps, step_decay, grad_clip.
-    Returns (loss, grad norm before clipping, sequence tokens)."""
+
+    Data parallel: ddp = DDP(TTTObjective(model)), `samples` = this rank's slice of the global
+    batch, world = ranks. The per-step counts are summed over ranks first and the backward loss
+    is scaled by `world`, so DDP's gradient AVERAGE equals the gradient of the global loss.
+    empty = this rank has no sample this step: `samples` is a stand-in whose mask is cleared (it
+    adds exactly 0 but joins the all-reduce).
+    Returns (global loss, grad norm before clipping, global sequence tokens)."""
     batch = _to(make_batch(samples, p.ttt_steps), device)
+    if empty:
+        batch["pmask"].zero_()
+        batch["tokens"] = 0
     tgt = target_dist(batch["tgt_hidden"], head, used, t2d, eps)
-    with autocast():
-        loss, _ = ttt_loss(model, batch, tgt, p.ttt_steps, p.step_decay)
     opt.zero_grad(set_to_none=True)
-    loss.backward()
+    if ddp is None:
+        with autocast():
+            loss, _ = ttt_loss(model, batch, tgt, p.ttt_steps, p.step_decay)
+        loss.backward()
+        ntok = batch["tokens"]
+    else:
+        denom = D.all_reduce_sum(loss_counts(batch, tgt, p.ttt_steps))
+        with autocast():
+            loss, _ = ddp(batch, tgt, denom)
+        (loss * world).backward()
+        red = D.all_reduce_sum(torch.stack([loss.detach().double(),
+                                            torch.tensor(float(batch["tokens"]), device=device,
+                                                         dtype=torch.float64)]))
+        loss, ntok = red[0], int(red[1])
     gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), p.grad_clip)
     opt.step()
-    return float(loss.detach()), float(gnorm), batch["tokens"]
+    return float(loss.detach()), float(gnorm), ntok
 
 
 def make_autocast(device: torch.device):
@@ -238,7 +289,9 @@ def _device(ctx) -> torch.device:
     want = ctx.spec.target.device
     if want == "cuda" and not torch.cuda.is_available():
         raise StageError("target.device = 'cuda', but no CUDA device is visible to the train job.")
-    return torch.device("cuda" if want != "cpu" and torch.cuda.is_available() else "cpu")
+    if want != "cpu" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())  # the launcher set it per rank
+    return torch.device("cpu")
 
 
 def _split(n_total: int, p) -> tuple[list[int], list[int]]:
@@ -252,13 +305,18 @@ def _split(n_total: int, p) -> tuple[list[int], list[int]]:
     return list(range(n)), list(range(n_avail, n_total))
 
 
-def evaluate(model, reader, ids: list[int], head, used, t2d, eps, p, device, autocast) -> dict:
-    """Loss and per-step top-1 accuracy of the drafter on samples `ids` (no grad)."""
+def evaluate(model, reader, ids: list[int], head, used, t2d, eps, p, device, autocast,
+             rank: int = 0, world: int = 1) -> dict:
+    """Loss and per-step top-1 accuracy of the drafter on samples `ids` (no grad).
+    Data parallel: batch k (of p.batch_size samples) runs on rank k % world and the sums are
+    all-reduced, so every rank returns the single-rank numbers."""
     model.eval()
     tot = torch.zeros(3, p.ttt_steps, dtype=torch.float64)
     loss_sum, nb = 0.0, 0
     with torch.no_grad():
-        for a in range(0, len(ids), p.batch_size):
+        for k, a in enumerate(range(0, len(ids), p.batch_size)):
+            if k % world != rank:
+                continue
             batch = _to(make_batch([reader.get(i) for i in ids[a:a + p.batch_size]],
                                    p.ttt_steps), device)
             tgt = target_dist(batch["tgt_hidden"], head, used, t2d, eps)
@@ -266,6 +324,10 @@ def evaluate(model, reader, ids: list[int], head, used, t2d, eps, p, device, aut
                 loss, st = ttt_loss(model, batch, tgt, p.ttt_steps, p.step_decay)
             loss_sum, nb = loss_sum + float(loss), nb + 1
             tot += torch.stack([st["loss"], st["correct"], st["count"]])
+    if world > 1:
+        red = D.all_reduce_sum(torch.cat([tot.flatten(), torch.tensor([loss_sum, nb],
+                                          dtype=torch.float64)]).to(device)).cpu()
+        tot, loss_sum, nb = red[:-2].view(3, -1), float(red[-2]), int(red[-1])
     model.train()
     return {"loss": loss_sum / max(nb, 1), "loss_step": (tot[0] / max(nb, 1)).tolist(),
             "acc_step": (tot[1] / tot[2].clamp_min(1)).tolist()}
@@ -282,6 +344,17 @@ def _completed(out: Path, fp: str) -> dict | None:
     return {k: (v, m.get("summary_units", {}).get(k, "")) for k, v in m["summary"].items()}
 
 
+def _ddp(module: torch.nn.Module, device: torch.device):
+    """DDP without per-forward buffer broadcasts: d2t, t2d and the frozen embedding (1.2 GB for
+    Kimi) are equal on every rank. `forward_sync_buffers` replaces `broadcast_buffers` in newer
+    torch."""
+    import inspect
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    kw = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
+          inspect.signature(DDP.__init__).parameters else {"broadcast_buffers": False})
+    return DDP(module, device_ids=[device.index] if device.type == "cuda" else None, **kw)
+
+
 def _to(batch: dict, device) -> dict:
     return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v)
             for k, v in batch.items()}
@@ -292,9 +365,12 @@ def train(ctx: StageContext, stop_at: int | None = None) -> dict:
 
     stop_at (tests only): return None after that many optimizer steps, as if the job had been
     killed there (no checkpoint is written at that point).
+    Data parallel when ctx.world_size > 1 (see the module docstring); every rank returns the
+    same summary, rank 0 writes the files.
     Raises StageError for unusable inputs (no samples, no supervised tokens, hidden mismatch)."""
     from tqdm import tqdm
     p, spec, out = ctx.params, ctx.spec, Path(ctx.out_dir)
+    rank, world = D.check(ctx)
     out.mkdir(parents=True, exist_ok=True)
     if "extract" not in ctx.inputs:
         raise StageError("stage train needs the extract stage's artifact (stages.extract).")
@@ -313,10 +389,10 @@ def train(ctx: StageContext, stop_at: int | None = None) -> dict:
     # draft vocab (cached under a content hash that includes both sizes)
     key = V.cache_key(V.features_identity(feats.root), train_ids, cfg.draft_vocab_size,
                       cfg.vocab_size)
-    d2t, t2d, vstats = V.build_or_load(
+    d2t, t2d, vstats = D.rank0_first(rank, lambda: V.build_or_load(
         out / "vocab", key, lambda: ((s["input_ids"], s["loss_mask"]) for s in
                                      (reader.get(i, ("input_ids", "loss_mask")) for i in train_ids)),
-        cfg.draft_vocab_size, cfg.vocab_size)
+        cfg.draft_vocab_size, cfg.vocab_size))
     if vstats["supervised_tokens"] == 0:
         raise StageError(f"{feats.root}: the loss mask of the {len(train_ids)} training samples "
                          "is all zero (no assistant tokens found), so there is nothing to train. "
@@ -334,6 +410,9 @@ def train(ctx: StageContext, stop_at: int | None = None) -> dict:
     model.t2d.copy_(t2d)
     model.to(device).train()
     used, t2d_dev = V.used_ids(d2t).to(device), t2d.to(device)
+    ddp = None
+    if world > 1:
+        ddp = _ddp(TTTObjective(model, p.ttt_steps, p.step_decay), device)
     opt = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
     spe = math.ceil(len(train_ids) / p.batch_size)
     total = max(1, math.ceil(p.epochs * spe))
@@ -345,6 +424,7 @@ def train(ctx: StageContext, stop_at: int | None = None) -> dict:
                                     "device": device.type}, sort_keys=True,
                                    default=str).encode()).hexdigest()[:16]
     done = _completed(out, fp)
+    D.barrier()  # every rank has looked before rank 0 may write anything below
     if done is not None:  # finished before, but the runner never finalized the artifact
         return done
     step, tokens, train_s, history = 0, 0, 0.0, []
@@ -363,7 +443,8 @@ def train(ctx: StageContext, stop_at: int | None = None) -> dict:
     eval_on, eval_split = (eval_ids, "eval") if eval_ids else (train_ids, "trainset")
 
     def do_eval(s: int) -> None:
-        r = evaluate(model, reader, eval_on, head, used, t2d_dev, eps, p, device, autocast)
+        r = evaluate(model, reader, eval_on, head, used, t2d_dev, eps, p, device, autocast,
+                     rank, world)
         history.append({"step": s, "split": eval_split, **r})
         ctx.metric(f"{eval_split}_loss", r["loss"], "nats", step=s)
         for j, (a, lj) in enumerate(zip(r["acc_step"], r["loss_step"])):
@@ -371,10 +452,12 @@ def train(ctx: StageContext, stop_at: int | None = None) -> dict:
             ctx.metric(f"{eval_split}_loss_{j}", lj, "nats", step=s)
 
     def save(s: int) -> None:
-        _atomic_save({"model": model.state_dict(), "opt": opt.state_dict(),
-                      "sched": sched.state_dict(), "rng": _rng_state(), "step": s,
-                      "tokens": tokens, "train_s": train_s, "history": history,
-                      "fingerprint": fp, "spec": spec.model_dump(mode="json")}, ck)
+        if rank == 0:  # the ranks hold identical weights and optimizer state (DDP)
+            _atomic_save({"model": model.state_dict(), "opt": opt.state_dict(),
+                          "sched": sched.state_dict(), "rng": _rng_state(), "step": s,
+                          "tokens": tokens, "train_s": train_s, "history": history,
+                          "fingerprint": fp, "spec": spec.model_dump(mode="json")}, ck)
+        D.barrier()
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -385,10 +468,11 @@ def train(ctx: StageContext, stop_at: int | None = None) -> dict:
             bar.close()
             return None  # type: ignore[return-value]
         t0 = time.perf_counter()
-        samples = [reader.get(train_ids[i])
-                   for i in batch_indices(step, len(train_ids), p.batch_size, p.seed)]
+        idx = batch_indices(step, len(train_ids), p.batch_size, p.seed)
+        mine = idx[rank::world]  # this rank's slice of the global batch
+        samples = [reader.get(train_ids[i]) for i in (mine or idx[:1])]
         loss, gnorm, ntok = train_step(model, opt, samples, head, used, t2d_dev, eps, p, device,
-                                       autocast)
+                                       autocast, ddp, world, empty=not mine)
         sched.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -419,6 +503,9 @@ def train(ctx: StageContext, stop_at: int | None = None) -> dict:
                "draft_vocab_padded": (vstats["padded"], "tokens")}
     for j, a in enumerate(last["acc_step"]):
         summary[f"acc_{j}"] = (a, "fraction")
+    if rank != 0:
+        D.barrier()  # rank 0 writes the outputs
+        return summary
     sd = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     from safetensors.torch import save_file
     tmp = out / f".tmp-draft-{os.getpid()}.safetensors"
@@ -433,4 +520,5 @@ def train(ctx: StageContext, stop_at: int | None = None) -> dict:
                         "passes through all TTT steps); eval and checkpoint time excluded",
          "fingerprint": fp}, indent=1))
     ck.unlink(missing_ok=True)  # complete: the artifact is the drafter, not the optimizer state
+    D.barrier()
     return summary

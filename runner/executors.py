@@ -2,7 +2,9 @@
 `slurm` (runner/slurm.py) submits one submitit job per stage with afterok dependencies.
 
 Both execute the same picklable `StageJob` through `run_stage`, so a stage behaves the same
-under either executor.
+under either executor. A data-parallel stage (extract, train) with executor.nproc_per_node > 1
+runs `run_stage(job, rank, world)` in every rank: locally through `python -m runner.launch`
+(a child process that spawns the ranks), on Slurm as the srun tasks of one job.
 """
 
 from __future__ import annotations
@@ -10,13 +12,15 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runner.spec import Spec
+from runner.spec import DATA_PARALLEL_STAGES, Spec
 from runner.stage import StageContext, StageError, finalize
 from runner.store import Store, host, now
 
@@ -64,11 +68,30 @@ def make_context(job: StageJob, rank: int = 0, world_size: int = 1) -> StageCont
                         world_size=world_size)
 
 
-def run_stage(job: StageJob) -> dict:
+def stage_nproc(spec: Spec, stage: str) -> int:
+    """Ranks for `stage`: executor.nproc_per_node (or executor.stages.<stage>.nproc_per_node on
+    Slurm) for the data-parallel stages, else 1."""
+    if stage not in DATA_PARALLEL_STAGES:
+        return 1
+    ex = spec.executor
+    over = getattr(ex, "stages", {}).get(stage)
+    if over is not None and over.nproc_per_node is not None:
+        return over.nproc_per_node
+    return ex.nproc_per_node
+
+
+def run_stage(job: StageJob, rank: int = 0, world_size: int = 1) -> dict:
     """Run one stage to completion and finalize its artifact. Returns its summary metrics.
 
     Records a `stages` row (done or failed, with host, job id and duration). Raises whatever the
-    stage raised after recording it."""
+    stage raised after recording it. With world_size > 1 (called by runner/launch.py in every
+    rank, the process group already joined): every rank runs the stage; after a barrier rank 0
+    alone finalizes the artifact and records rows; other ranks record nothing."""
+    if rank != 0:
+        ctx = make_context(job, rank, world_size)
+        importlib.import_module(f"jobs.{job.stage}").run(ctx)
+        _barrier(world_size)
+        return {}
     store = Store(job.db_path)
     started, t0 = now(), time.time()
     job_id = os.environ.get("SLURM_JOB_ID", str(os.getpid()))
@@ -76,9 +99,10 @@ def run_stage(job: StageJob) -> dict:
                reason=job.reason, started_at=started, host=host(), job_id=job_id,
                executor=job.executor, artifact=job.artifact, log_path=job.log_path)
     try:
-        ctx = make_context(job)
+        ctx = make_context(job, rank, world_size)
         mod = importlib.import_module(f"jobs.{job.stage}")
         metrics = mod.run(ctx) or {}
+        _barrier(world_size)  # every rank finished writing before the partial dir is renamed
         finalize(ctx, job.key, job.parts, Path(job.artifact), metrics)
         for name, v in metrics.items():
             value, unit = (v if isinstance(v, (tuple, list)) else (v, ""))
@@ -103,8 +127,33 @@ def run_stage(job: StageJob) -> dict:
     return {k: (v[0] if isinstance(v, (tuple, list)) else v) for k, v in metrics.items()}
 
 
+def _barrier(world_size: int) -> None:
+    if world_size > 1:
+        import torch.distributed as dist
+        dist.barrier()
+
+
+def launch_local(job: StageJob, nproc: int) -> dict:
+    """Run `job` with nproc ranks through `python -m runner.launch` (a child process, so this
+    one never initialises CUDA or a process group). Returns rank 0's metrics; raises StageError
+    (the stage's own message) or RuntimeError with the failing rank's error."""
+    with tempfile.TemporaryDirectory(prefix="eagle3-job-") as d:
+        jf, rf = Path(d) / "job.json", Path(d) / "result.json"
+        jf.write_text(json.dumps(job.__dict__, default=str))
+        r = subprocess.run([sys.executable, "-m", "runner.launch", "--nproc", str(nproc),
+                            "--result", str(rf), str(jf)])
+        res = json.loads(rf.read_text()) if rf.exists() else {}
+    if r.returncode == 0 and res.get("status") == "done":
+        return res["metrics"]
+    msg = res.get("error") or f"runner.launch exited with status {r.returncode}"
+    if res.get("rank", 0) > 0:
+        msg = f"rank {res['rank']}: {msg}"
+    raise (StageError if res.get("stage_error") else RuntimeError)(msg)
+
+
 class LocalExecutor:
-    """Runs jobs one after another in this process; stops dependents of a failed job."""
+    """Runs jobs one after another in this process (data-parallel stages with nproc_per_node > 1
+    in a launcher child process, runner/launch.py); stops dependents of a failed job."""
 
     name = "local"
 
@@ -123,7 +172,8 @@ class LocalExecutor:
                 on_event("start", job)
             t0 = time.time()
             try:
-                metrics = run_stage(job)
+                n = stage_nproc(Spec.model_validate_json(job.spec_json), job.stage)
+                metrics = run_stage(job) if n == 1 else launch_local(job, n)
                 outcomes.append(StageOutcome(job, "done", metrics, duration_s=time.time() - t0,
                                              job_id=str(os.getpid())))
             except KeyboardInterrupt:

@@ -6,6 +6,11 @@ Mapping (spec -> sbatch, through submitit.SlurmExecutor):
   timeout_min        -> --time          account/qos/constraint -> --account/--qos/--constraint
   extra_sbatch       -> allowlisted options (runner/spec.py SBATCH_ALLOWLIST), verbatim
   executor.stages.<stage> overrides gpus_per_node/cpus_per_task/mem_gb/timeout_min per stage.
+  nproc_per_node     -> --ntasks-per-node for extract/train (1 for the other stages): ONE job
+                        whose srun starts one task per rank (srun --kill-on-bad-exit=1, so a
+                        failed rank stops its peers); each task joins the process group
+                        (runner/launch.py run_rank: SLURM_PROCID, SLURM_LOCALID -> GPU) and
+                        rank 0 finalizes. cpus_per_task is per task.
 
 Scheduling: jobs are submitted in plan order. Jobs of the same stage with the same resources and
 the same topological depth (e.g. `bench` for every variant of a sweep) go out as ONE job array.
@@ -38,7 +43,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from runner.executors import StageJob, StageOutcome, run_stage
+from runner.executors import StageJob, StageOutcome, run_stage, stage_nproc
 from runner.spec import Spec, expand_path
 from runner.store import Store, host, now
 
@@ -69,13 +74,16 @@ class SlurmError(Exception):
 
 
 def stage_resources(spec: Spec, stage: str) -> dict:
-    """{gpus_per_node, cpus_per_task, mem_gb, timeout_min} for `stage`: the executor's values
-    with executor.stages.<stage> overrides applied."""
+    """{gpus_per_node, cpus_per_task, mem_gb, timeout_min, nproc_per_node} for `stage`: the
+    executor's values with executor.stages.<stage> overrides applied (nproc_per_node is 1 for
+    the stages that do not run data-parallel)."""
     ex = spec.executor
     res = {k: getattr(ex, k) for k in ("gpus_per_node", "cpus_per_task", "mem_gb", "timeout_min")}
     over = ex.stages.get(stage)
     if over is not None:
-        res.update({k: v for k, v in over.model_dump().items() if v is not None})
+        res.update({k: v for k, v in over.model_dump().items()
+                    if v is not None and k != "nproc_per_node"})
+    res["nproc_per_node"] = stage_nproc(spec, stage)
     return res
 
 
@@ -87,8 +95,12 @@ def sbatch_params(spec: Spec, stage: str) -> dict:
     from submitit.slurm.slurm import _convert_mem, _get_default_parameters
     ex, res = spec.executor, stage_resources(spec, stage)
     p: dict = dict(job_name=f"eagle3-{spec.name}-{stage}", time=res["timeout_min"], nodes=1,
-                   ntasks_per_node=1, cpus_per_task=res["cpus_per_task"], mem=_convert_mem(res["mem_gb"]),
+                   ntasks_per_node=res["nproc_per_node"], cpus_per_task=res["cpus_per_task"],
+                   mem=_convert_mem(res["mem_gb"]),
                    setup=[f"export OMP_NUM_THREADS={res['cpus_per_task']}"])
+    if res["nproc_per_node"] > 1:  # one failed rank ends the step instead of hanging its peers
+        p["srun_args"] = ["--kill-on-bad-exit=1"]
+        p["setup"].append("export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}")
     if res["gpus_per_node"]:
         p["gpus_per_node"] = res["gpus_per_node"]
     for k in ("partition", "account", "qos", "constraint"):
@@ -198,7 +210,15 @@ def preflight(spec: Spec, stages: list[str]) -> None:
         return
     have = _gpus_in(parts[name]["gres"])
     for stage in dict.fromkeys(stages):
-        want = stage_resources(spec, stage)["gpus_per_node"]
+        res = stage_resources(spec, stage)
+        cpus = res["nproc_per_node"] * res["cpus_per_task"]
+        if parts[name]["cpus"] and cpus > parts[name]["cpus"]:
+            raise SlurmError(
+                f"stage {stage}: nproc_per_node {res['nproc_per_node']} x cpus_per_task "
+                f"{res['cpus_per_task']} = {cpus} CPUs, but partition {name!r} nodes have "
+                f"{parts[name]['cpus']}. Lower executor.cpus_per_task (it is per rank) or "
+                "nproc_per_node.")
+        want = res["gpus_per_node"]
         if want and want > have:
             where = (f"executor.stages.{stage}.gpus_per_node" if ex.stages.get(stage) and
                      ex.stages[stage].gpus_per_node is not None else "executor.gpus_per_node")
@@ -283,6 +303,10 @@ class StageTask:
         harden_requeue()
         env = submitit.JobEnvironment()
         job = replace(self.job, log_path=str(env.paths.stderr))  # the job's own stderr log
+        if env.num_tasks > 1:  # one srun task per rank (data-parallel stage)
+            from runner.launch import run_rank, slurm_env
+            slurm_env()
+            return run_rank(job, env.global_rank, env.num_tasks, env.local_rank)
         return run_stage(job)
 
     def checkpoint(self, *args, **kwargs):
@@ -409,15 +433,25 @@ class SlurmExecutor:
         """Collect one finished job: result, remote traceback, or Slurm's terminal state."""
         from submitit.core.utils import FailedJobError, UncompletedJobError
         dur = time.time() - s.t0
-        if s.sjob.paths.result_pickle.exists():
+        # one task per rank (one for most stages): the first rank with an error decides; rank 0's
+        # result is the stage's (a peer killed by --kill-on-bad-exit leaves no result)
+        tasks = [s.sjob.task(k) for k in range(s.sjob.num_tasks)]
+        metrics = None
+        for k, t in enumerate(tasks):
+            if not t.paths.result_pickle.exists():
+                continue
             try:
-                return StageOutcome(job, "done", s.sjob.result() or {}, job_id=s.job_id,
-                                    duration_s=dur)
+                r = t.result()
             except FailedJobError as e:
-                return StageOutcome(job, "failed", error=_short_error(str(e)),
-                                    job_id=s.job_id, duration_s=dur)
+                msg = _short_error(str(e)) if k == 0 else f"rank {k}: {_short_error(str(e))}"
+                if k and not tasks[0].paths.result_pickle.exists():
+                    self._record_failed(job, s, msg, dur)  # rank 0 was stopped before its row
+                return StageOutcome(job, "failed", error=msg, job_id=s.job_id, duration_s=dur)
             except UncompletedJobError as e:
                 return self._lost(job, s, "FAILED", str(e), dur)
+            metrics = r if k == 0 else metrics
+        if tasks[0].paths.result_pickle.exists():
+            return StageOutcome(job, "done", metrics or {}, job_id=s.job_id, duration_s=dur)
         return self._lost(job, s, state or "UNKNOWN", "", dur)
 
     def _lost(self, job: StageJob, s: _Sub, state: str, detail: str, dur: float) -> StageOutcome:
@@ -429,12 +463,16 @@ class SlurmExecutor:
                + (f": {detail.splitlines()[0]}" if detail else "")
                + (f"\n{tail}" if tail else "") + f"\nlog: {job.log_path}")
         if status == "failed":
-            Store(job.db_path).emit("stages", dict(
-                run_id=job.run_id, variant=job.variant, stage=job.stage, cache_key=job.key,
-                reason=job.reason, status="failed", started_at=now(), finished_at=now(),
-                duration_s=dur, host=host(), job_id=s.job_id, executor="slurm",
-                artifact=job.artifact, log_path=job.log_path, error=err[:4000]))
+            self._record_failed(job, s, err, dur)
         return StageOutcome(job, status, error=err, job_id=s.job_id, duration_s=dur)
+
+    @staticmethod
+    def _record_failed(job: StageJob, s: _Sub, err: str, dur: float) -> None:
+        Store(job.db_path).emit("stages", dict(
+            run_id=job.run_id, variant=job.variant, stage=job.stage, cache_key=job.key,
+            reason=job.reason, status="failed", started_at=now(), finished_at=now(),
+            duration_s=dur, host=host(), job_id=s.job_id, executor="slurm",
+            artifact=job.artifact, log_path=job.log_path, error=err[:4000]))
 
     def run_jobs(self, jobs: list[StageJob], on_event=None) -> list[StageOutcome]:
         """Submit every job, follow them to the end, return one StageOutcome per job (in the

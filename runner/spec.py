@@ -268,22 +268,37 @@ class SlurmResources(Strict):
     cpus_per_task: Optional[int] = Field(None, ge=1, description="CPUs for this stage.")
     mem_gb: Optional[int] = Field(None, ge=1, description="Memory (GB) for this stage.")
     timeout_min: Optional[int] = Field(None, ge=1, description="Time limit for this stage.")
+    nproc_per_node: Optional[int] = Field(None, ge=1, description="Ranks for this stage (extract "
+                                          "and train only).")
+
+
+# stages that run data-parallel with executor.nproc_per_node ranks (one process per GPU); the
+# others always run one process
+DATA_PARALLEL_STAGES = ("extract", "train")
+NPROC_DOC = ("Ranks (processes, one per GPU) of the data-parallel stages extract and train, in one "
+             "job on one node (DDP for train, sample shards for extract); other stages run 1.")
 
 
 class LocalExecutor(Strict):
-    """Run stages in this process (the default)."""
+    """Run stages in this process (the default); nproc_per_node > 1 launches that many local
+    ranks (python -m runner.launch) for extract and train."""
 
     kind: Literal["local"] = Field("local", description="Selects this executor.")
+    nproc_per_node: int = Field(1, ge=1, description=NPROC_DOC)
 
 
 class SlurmExecutor(Strict):
-    """Submit each stage as a Slurm job through submitit."""
+    """Submit each stage as a Slurm job through submitit; extract and train run nproc_per_node
+    ranks (srun tasks) inside that one job."""
 
     kind: Literal["slurm"] = Field("slurm", description="Selects this executor.")
     partition: Optional[str] = Field(None, description="Slurm partition; null = cluster default.")
     nodes: Literal[1] = Field(1, description="Single node only.")
     gpus_per_node: int = Field(0, ge=0, description="GPUs per job (--gpus-per-node).")
-    cpus_per_task: int = Field(2, ge=1, description="--cpus-per-task.")
+    nproc_per_node: int = Field(1, ge=1, description=NPROC_DOC + " Slurm: --ntasks-per-node, "
+                                "launched by srun inside the stage's one job.")
+    cpus_per_task: int = Field(2, ge=1, description="--cpus-per-task (per rank when "
+                               "nproc_per_node > 1).")
     mem_gb: int = Field(8, ge=1, description="--mem in GB.")
     timeout_min: int = Field(60, ge=1, description="--time in minutes.")
     account: Optional[str] = Field(None, description="--account.")
@@ -301,6 +316,21 @@ class SlurmExecutor(Strict):
         if bad:
             raise ValueError(f"extra_sbatch: {bad} not allowed; allowed keys: "
                              f"{', '.join(SBATCH_ALLOWLIST)} (use the dedicated fields for the rest)")
+        for stage, over in self.stages.items():
+            if over.nproc_per_node not in (None, 1) and stage not in DATA_PARALLEL_STAGES:
+                raise ValueError(f"stages.{stage}.nproc_per_node = {over.nproc_per_node}: only "
+                                 f"{' and '.join(DATA_PARALLEL_STAGES)} run data-parallel; "
+                                 "remove it (the stage runs one process)")
+        for stage in DATA_PARALLEL_STAGES:
+            over = self.stages.get(stage)
+            n = over.nproc_per_node if over and over.nproc_per_node is not None else \
+                self.nproc_per_node
+            g = over.gpus_per_node if over and over.gpus_per_node is not None else \
+                self.gpus_per_node
+            if g and n > g:
+                raise ValueError(f"nproc_per_node = {n} for stage {stage} exceeds its "
+                                 f"gpus_per_node = {g}: each rank needs its own GPU (NCCL). Set "
+                                 f"nproc_per_node <= {g}.")
         return self
 
 
