@@ -249,21 +249,35 @@ def default_writers(model) -> int:
     """Shard writer threads: 1 on CPU (the cores compute); on CUDA up to 12, leaving 4 cores to
     the main thread. sha256 and file writes release the GIL, so writers overlap each other and
     the forward passes. Measured on an H200 (SmolLM2, 8x2048 bf16 shards of 75 MB, 16 cores):
-    extract/plain = 0.49 with 4 writers, 0.67 with 8, 0.70-0.75 with 12, 0.65 with 16."""
+    extract/plain = 0.49 with 4 writers, 0.67 with 8, 0.70-0.75 with 12, 0.65 with 16.
+    Several ranks on one node (LOCAL_WORLD_SIZE) split the cores unless Slurm already pinned
+    this process to its share."""
     if next(model.parameters()).is_cuda:
-        return max(1, min(12, (os.cpu_count() or 2) - 4))
+        return max(1, min(12, _my_cores() - 4))
     return 1
+
+
+def _local_ranks() -> int:
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def _my_cores() -> int:
+    """Cores for this process: its CPU affinity, or the node's cores / local ranks when it is
+    not pinned (the local launcher and torchrun do not pin)."""
+    total = os.cpu_count() or 2
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else total
+    return max(1, cores // _local_ranks() if cores >= total else cores)
 
 
 def inflight_budget() -> int:
     """Bytes of finished-but-unwritten shards kept in (pinned) host memory: a quarter of the
-    RAM, at most 32 GiB. Bounds memory when shards are large (shard_samples x length x
-    bytes/token)."""
+    RAM, at most 32 GiB, divided among the ranks of this node (LOCAL_WORLD_SIZE). Bounds memory
+    when shards are large (shard_samples x length x bytes/token)."""
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         ram = 16 << 30
-    return int(min(32 << 30, ram // 4))
+    return int(min(32 << 30, ram // 4) // _local_ranks())
 
 
 def assign_shards(tokens: list[int], world: int) -> list[list[int]]:

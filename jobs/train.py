@@ -344,17 +344,6 @@ def _completed(out: Path, fp: str) -> dict | None:
     return {k: (v, m.get("summary_units", {}).get(k, "")) for k, v in m["summary"].items()}
 
 
-def _ddp(module: torch.nn.Module, device: torch.device):
-    """DDP without per-forward buffer broadcasts: d2t, t2d and the frozen embedding (1.2 GB for
-    Kimi) are equal on every rank. `forward_sync_buffers` replaces `broadcast_buffers` in newer
-    torch."""
-    import inspect
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    kw = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
-          inspect.signature(DDP.__init__).parameters else {"broadcast_buffers": False})
-    return DDP(module, device_ids=[device.index] if device.type == "cuda" else None, **kw)
-
-
 def _to(batch: dict, device) -> dict:
     return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v)
             for k, v in batch.items()}
@@ -412,7 +401,7 @@ def train(ctx: StageContext, stop_at: int | None = None) -> dict:
     used, t2d_dev = V.used_ids(d2t).to(device), t2d.to(device)
     ddp = None
     if world > 1:
-        ddp = _ddp(TTTObjective(model, p.ttt_steps, p.step_decay), device)
+        ddp = D.ddp(TTTObjective(model, p.ttt_steps, p.step_decay), device)
     opt = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
     spe = math.ceil(len(train_ids) / p.batch_size)
     total = max(1, math.ceil(p.epochs * spe))
