@@ -45,7 +45,7 @@ import torch
 
 from jobs import dist as D
 from jobs.features import FORMAT, MANIFEST
-from runner.stage import StageContext, StageError
+from runner.stage import StageContext, StageError, sha256_file
 
 SHARD = "shard-{:05d}.safetensors"
 
@@ -237,14 +237,6 @@ def shard_ok(path: Path, samples: list[tuple[list[int], list[int]]], width: int)
             and list(aux_shape) == [len(want["input_ids"]), width])
 
 
-def _sha_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(1 << 22):
-            h.update(b)
-    return h.hexdigest()
-
-
 def default_writers(model) -> int:
     """Shard writer threads: 1 on CPU (the cores compute); on CUDA up to 12, leaving 4 cores to
     the main thread. sha256 and file writes release the GIL, so writers overlap each other and
@@ -324,7 +316,7 @@ def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: 
         path = out_dir / SHARD.format(s)
         if path.exists() and shard_ok(path, group, width):
             shards[s] = {"file": path.name, "num_samples": len(group),
-                         "num_tokens": sum(len(x[0]) for x in group), "sha256": _sha_file(path)}
+                         "num_tokens": sum(len(x[0]) for x in group), "sha256": sha256_file(path)}
             resumed += 1
         else:
             path.unlink(missing_ok=True)
@@ -419,7 +411,7 @@ def write_target_parts(model, config: dict, out_dir: Path) -> dict[str, str]:
     from safetensors.torch import save
     _write_json(out_dir / "target_config.json", config)
     if (out_dir / "target_head.safetensors").exists():  # atomic: present = complete (resume)
-        return {"target_head.safetensors": _sha_file(out_dir / "target_head.safetensors")}
+        return {"target_head.safetensors": sha256_file(out_dir / "target_head.safetensors")}
     _base, _layers, norm = decoder_parts(model)
     embed = model.get_input_embeddings().weight.detach().cpu()
     head = model.get_output_embeddings().weight.detach().cpu()
