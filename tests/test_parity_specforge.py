@@ -9,9 +9,6 @@ the comparison can fail).
 """
 
 import json
-import os
-
-os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")  # before torch: SpecForge's @torch.compile
 
 import pytest
 import torch
@@ -23,10 +20,20 @@ STEPS = 3
 TOL = 1e-4
 
 
-def _specforge():
-    """Import SpecForge's draft module with compilation off, or skip with the reason."""
+@pytest.fixture(autouse=True)
+def _no_compile():
+    """SpecForge decorates functions with @torch.compile (a first call compiles C++ for ~30 s):
+    run them eagerly here, and give dynamo back to the rest of the suite afterwards (the engine's
+    compile tests need it)."""
     import torch._dynamo
-    torch._dynamo.config.disable = True  # torch may have been imported before the env var was set
+    old = torch._dynamo.config.disable
+    torch._dynamo.config.disable = True
+    yield
+    torch._dynamo.config.disable = old
+
+
+def _specforge():
+    """Import SpecForge's draft module, or skip with the reason."""
     try:
         from specforge.modeling.draft.llama3_eagle import (LlamaForCausalLMEagle3,
                                                           prepare_decoder_attention_mask)
