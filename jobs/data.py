@@ -116,7 +116,8 @@ def read_records(path: Path) -> tuple[list[Any], dict]:
     Raises StageError when the file is missing."""
     path = Path(path)
     if not path.is_file():
-        raise StageError(f"data.path: {path} does not exist. Run `runner fetch sharegpt` for "
+        what = "is a folder, not a file" if path.is_dir() else "does not exist"
+        raise StageError(f"data.path: {path} {what}. Run `runner fetch sharegpt` for "
                          "ShareGPT, or point data.path at a JSONL file.")
     with open(path, "rb") as f:
         head = f.read(64).lstrip()

@@ -202,8 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from runner.spec import SpecError
-    args = build_parser().parse_args(argv)
+    try:
+        from runner.spec import SpecError
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:  # Ctrl-C while starting up
+        _err("interrupted")
+        return 130
     try:
         return args.fn(args)
     except SpecError as e:

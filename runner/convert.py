@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from runner.inspect import (ARCH, OPTIONAL, draft_tensors, expected_shapes, inspect_draft,
-                            tensor_values)
+from runner.inspect import (ARCH, OPTIONAL, InspectError, draft_tensors, expected_shapes,
+                            inspect_draft, tensor_values)
 
 SPECULATORS_ONLY = ("speculators_model_type", "speculators_config", "speculators_version",
                     "transformer_layer_config", "eagle_aux_hidden_state_layer_ids",
@@ -172,11 +172,15 @@ def convert(src, dst, target=None) -> list[str]:
     src, dst = Path(src), Path(dst)
     if dst.exists():
         raise ConvertError(f"{dst} exists; choose a new destination (convert never overwrites).")
+    if dst.resolve().is_relative_to(src.resolve()):
+        raise ConvertError(f"{dst} is inside the source {src}; choose a destination outside it.")
     try:
-        scfg = json.loads((src / "config.json").read_text())
+        scfg = json.loads((src / "config.json").read_text(encoding="utf-8"))
         tensors = draft_tensors(src)
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, InspectError) as e:
         raise ConvertError(f"{src}: needs config.json and *.safetensors ({e})")
+    if not isinstance(scfg, dict):
+        raise ConvertError(f"{src}/config.json: must be a JSON object, got a {type(scfg).__name__}")
     tgt = None
     if target:
         try:
@@ -227,7 +231,11 @@ def convert(src, dst, target=None) -> list[str]:
     items += [("d2t", "I64", [rows], d2t.astype(np.int64)), ("t2d", "BOOL", [V], t2d.astype(np.bool_))]
     tmp = dst.with_name(f".tmp-{dst.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as e:
+        raise ConvertError(f"cannot create {dst}: {e.strerror} ({e.filename}); choose a "
+                           "destination in a writable folder.")
     try:
         write_safetensors(tmp / "model.safetensors", items)
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
@@ -238,6 +246,8 @@ def convert(src, dst, target=None) -> list[str]:
             raise ConvertError("the converted draft still fails inspection:\n" +
                                "\n".join(f"  {f.code}: {f.message}" for f in errs))
         os.replace(tmp, dst)
+    except OSError as e:  # e.g. a full disk: nothing is left at dst
+        raise ConvertError(f"writing {dst} failed: {e.strerror or e}; nothing was written there.")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return notes

@@ -42,10 +42,25 @@ def read_header(path: Path) -> tuple[dict, int]:
             if n > 100 << 20:
                 raise InspectError(f"{path}: header length {n} is not plausible")
             header = json.loads(f.read(n))
-    except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise InspectError(f"{path}: not a readable safetensors file ({e})")
+    if not isinstance(header, dict):
+        raise InspectError(f"{path}: not a safetensors file (header is not a JSON object)")
     header.pop("__metadata__", None)
+    for name, e in header.items():
+        if not _entry_ok(e):
+            raise InspectError(f"{path}: corrupt safetensors header: tensor {name!r} needs "
+                               "{dtype, shape: [ints >= 0], data_offsets: [begin <= end]}. "
+                               "Re-export the file.")
     return header, 8 + n
+
+
+def _entry_ok(e) -> bool:
+    ints = lambda xs: isinstance(xs, list) and all(  # noqa: E731
+        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in xs)
+    return (isinstance(e, dict) and isinstance(e.get("dtype"), str) and ints(e.get("shape"))
+            and ints(e.get("data_offsets")) and len(e["data_offsets"]) == 2
+            and e["data_offsets"][0] <= e["data_offsets"][1])
 
 
 def read_array(path: Path, entry: dict, start: int) -> np.ndarray:

@@ -441,15 +441,22 @@ def inspect_draft(draft_dir, target=None, server_args: str | None = None) -> lis
         return [Finding("error", "E_NO_DRAFT_DIR", f"{d}: not a directory; pass the SGLang draft "
                         "directory (config.json + model.safetensors).")]
     try:
-        cfg = json.loads((d / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         return [Finding("error", "E_NO_CONFIG", f"{d}/config.json: missing or not JSON ({e}).")]
+    if not isinstance(cfg, dict):
+        return [Finding("error", "E_NO_CONFIG", f"{d}/config.json: must be a JSON object, got a "
+                        f"{type(cfg).__name__}. Re-export the draft.")]
     prov = None
     if (d / "provenance.json").exists():
         try:
-            prov = json.loads((d / "provenance.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            out.append(Finding("warning", "W_PROVENANCE", f"{d}/provenance.json is not JSON; ignored."))
+            prov = json.loads((d / "provenance.json").read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            pass
+        if not isinstance(prov, dict):
+            prov = None
+            out.append(Finding("warning", "W_PROVENANCE", f"{d}/provenance.json is not a JSON "
+                               "object; ignored."))
     tgt = None
     if isinstance(target, dict):
         tgt = target

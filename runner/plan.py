@@ -274,8 +274,28 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
             if (src.variant, src.stage) not in running and read_manifest(Path(src.artifact)) is None:
                 raise PlanError(f"{p.id} needs {src.id}, which has no complete output; run it "
                                 f"first (drop --only or add --only {src.stage})")
+    results = expand_path(spec.results.path)
+    _check_dir("work_dir", work, spec.work_dir)
+    if results.is_dir():
+        raise PlanError(f"results.path: {results} is a folder; set it to a .duckdb file, e.g. "
+                        f"{results / 'results.duckdb'}")
+    _check_dir("results.path", results.parent, spec.results.path)
     ex = spec.executor.kind
-    return Plan(spec.name, str(work), str(expand_path(spec.results.path)), ex, tuple(planned))
+    return Plan(spec.name, str(work), str(results), ex, tuple(planned))
+
+
+def _check_dir(field: str, path: Path, declared: str) -> None:
+    """Raise PlanError unless `path` is (or can be created as) a writable folder: its nearest
+    existing ancestor must be a folder we may write to. Nothing is created here."""
+    p = Path(os.path.abspath(path))
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if not p.is_dir():
+        raise PlanError(f"{field} = {declared!r}: {p} is a file, not a folder. Point {field} "
+                        "somewhere else or move the file away.")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise PlanError(f"{field} = {declared!r}: {p} is not writable. Point {field} at a "
+                        "folder you can write to.")
 
 
 def _read_state(work: Path, variant: str, stage: str) -> dict | None:

@@ -146,14 +146,20 @@ def _legend(ax, **kw) -> None:
 
 def _save(fig, path: Path) -> Path:
     """Write the figure as PNG atomically (temp file in the same folder, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         fig.tight_layout()
         fig.savefig(tmp, format="png")
         os.replace(tmp, path)
+    except OSError as e:  # --out is a file, unwritable, or the disk is full
+        why = "a file is in the way" if any(q.is_file() for q in (path.parent, *path.parents)) \
+            else e.strerror or str(e)
+        raise ReportError(f"--out {path.parent}: cannot write {path.name} ({why}); pass --out a "
+                          "writable folder")
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp.parent.is_dir():
+            tmp.unlink(missing_ok=True)
     return path
 
 

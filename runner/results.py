@@ -52,7 +52,7 @@ ORDER BY r.started_at DESC, l.run_id, l.variant, l.stage, l.name
 def print_results(db: Path, run_id: str | None = None, as_json: bool = False) -> None:
     """The latest summary metric of each (run, variant, stage, name), and bench summaries."""
     if not Path(db).exists():
-        raise StoreError(f"no results at {db}")
+        raise StoreError(f"no results at {db}; run `runner apply SPEC` first or pass --results")
     store = Store(db)
     where = f"AND l.run_id = '{run_id}'" if run_id else ""
     cols, rows = store.query(LATEST_METRICS.format(where=where))
@@ -75,7 +75,7 @@ def print_results(db: Path, run_id: str | None = None, as_json: bool = False) ->
 def status(db: Path, as_json: bool = False, spec_name: str | None = None) -> int:
     """Stage rows of the latest run (of `spec_name` when given), with Slurm job ids and states."""
     if not Path(db).exists():
-        raise StoreError(f"no results at {db}")
+        raise StoreError(f"no results at {db}; run `runner apply SPEC` first or pass --results")
     store = Store(db)
     where = f"WHERE spec_name = '{spec_name}'" if spec_name else ""
     _, runs = store.query(f"SELECT run_id, status, started_at FROM runs {where} "

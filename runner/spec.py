@@ -124,6 +124,13 @@ class Data(Strict):
                          "`sharegpt` bench prompt set.")
     seed: int = Field(0, description="Sampling seed.")
 
+    @model_validator(mode="after")
+    def _jsonl_needs_path(self):
+        if self.source == "jsonl" and not self.path:
+            raise ValueError("data.path: required when data.source is jsonl; set it to a "
+                             "JSONL file of conversations (or use source: sharegpt)")
+        return self
+
 
 # ----------------------------------------------------------------------------------------------
 # stages
@@ -344,11 +351,16 @@ class Results(Strict):
                       "work_dir parent = the current directory).")
 
 
+# names become path parts (work_dir, logs, state files): no '/', no '.' or '..'
+NAME_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$"
+
+
 class Variant(Strict):
     """A named copy of the spec with overrides (e.g. a data-scaling sweep). Stages whose cache key
     is unchanged are shared with the base run."""
 
-    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Variant name.")
+    name: str = Field(..., pattern=NAME_PATTERN, description="Variant name: letters, digits, "
+                      "_ . - (not starting with '.'; not 'base', which is the unvaried run).")
     overrides: dict[str, Any] = Field(..., description="Dotted path -> value, like -o.")
 
 
@@ -359,7 +371,8 @@ class Variant(Strict):
 class Spec(Strict):
     """A drafter pipeline: target, drafter, data, stages, executor and results store."""
 
-    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Run name.")
+    name: str = Field(..., pattern=NAME_PATTERN, description="Run name: letters, digits, _ . - "
+                      "(not starting with '.'); used in work_dir and file names.")
     work_dir: str = Field("runs/${name}", description="Artifacts go here; ${name} is substituted.")
     target: Target = Field(..., description="The target model and its geometry.")
     drafter: Drafter = Field(..., description="The EAGLE-3 draft model.")
@@ -397,6 +410,14 @@ class Spec(Strict):
     def _cross_checks(self):
         t, d = self.target, self.drafter
         problems: list[str] = []
+        names = [v.name for v in self.variants]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            problems.append(f"variants: name(s) {dup} used more than once; give every variant "
+                            "its own name.")
+        if "base" in names:
+            problems.append("variants: 'base' is reserved for the unvaried run; rename that "
+                            "variant.")
         if d.algorithm != "EAGLE3":
             problems.append(
                 f"drafter.algorithm = {d.algorithm!r}: must be exactly 'EAGLE3'. SGLang's "
@@ -553,6 +574,11 @@ def _format_errors(err: ValidationError, data: dict) -> list[tuple[str, str]]:
             problems.append((path, f"required field is missing.{why}"))
             continue
         msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "string_pattern_mismatch":  # say the rule in words, not only the regex
+            model = _model_at(raw)
+            info = model.model_fields.get(str(raw[-1])) if model is not None else None
+            if info is not None and info.description:
+                msg = f"{msg}. {info.description}"
         if e["type"] == "value_error":
             for line in msg.split("\n"):
                 field, _, rest = line.partition(": ")
@@ -561,9 +587,51 @@ def _format_errors(err: ValidationError, data: dict) -> list[tuple[str, str]]:
                 problems.append((full, line))
             continue
         value = e.get("input")
-        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        shown = "" if isinstance(value, dict) else f" (got {_short_repr(value)})"
         problems.append((path, f"{msg}{shown}"))
     return problems
+
+
+def _short_repr(value: Any, limit: int = 120) -> str:
+    r = repr(value)
+    return r if len(r) <= limit else r[:limit] + f"... ({len(r)} characters)"
+
+
+MAX_YAML_NODES = 100_000  # a real spec has a few hundred; aliases count once per use
+
+
+def _check_yaml_size(node, path: Path) -> None:
+    """Refuse alias bombs ("billion laughs") and recursive aliases before constructing: count
+    nodes as if every alias were expanded. Raises SpecError naming the file."""
+    import yaml
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(n) -> int:
+        if id(n) in sizes:
+            return sizes[id(n)]
+        if id(n) in active:
+            raise SpecError([(str(path), "a YAML alias refers to itself (recursive anchor); "
+                                         "write the value out instead")])
+        active.add(id(n))
+        total = 1
+        if isinstance(n, yaml.SequenceNode):
+            kids = n.value
+        elif isinstance(n, yaml.MappingNode):
+            kids = [x for kv in n.value for x in kv]
+        else:
+            kids = []
+        for k in kids:
+            total += size(k)
+            if total > MAX_YAML_NODES:
+                raise SpecError([(str(path), f"YAML expands to more than {MAX_YAML_NODES} values "
+                                             "(nested anchors/aliases?); a spec is a few hundred. "
+                                             "Write the values out instead of nesting aliases")])
+        active.discard(id(n))
+        sizes[id(n)] = total
+        return total
+
+    size(node)
 
 
 def _strict_loader():
@@ -588,6 +656,21 @@ def _strict_loader():
     return StrictSafeLoader
 
 
+def _load_yaml(text: str, where) -> Any:
+    """Safe-load one YAML document, refusing alias bombs and very deep nesting (SpecError
+    naming `where`); YAML syntax errors propagate as yaml.YAMLError."""
+    loader = _strict_loader()(text)  # a SafeLoader subclass: python tags never run
+    try:
+        node = loader.get_single_node()
+        if node is not None:
+            _check_yaml_size(node, where)
+        return loader.construct_document(node) if node is not None else None
+    except RecursionError:
+        raise SpecError([(str(where), "YAML nested too deeply; a spec is a few levels deep")])
+    finally:
+        loader.dispose()
+
+
 def read_yaml(path: Path) -> dict:
     """Read YAML with the safe loader only (a !!python tag is an error and never runs).
     Duplicate keys are an error. Raises SpecError naming the file (and line)."""
@@ -599,15 +682,19 @@ def read_yaml(path: Path) -> dict:
     except UnicodeDecodeError:
         raise SpecError([(str(path), "not a text file (expected a YAML spec)")])
     try:
-        data = yaml.load(text, Loader=_strict_loader())  # noqa: S506 - a SafeLoader subclass
+        data = _load_yaml(text, path)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         what = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise SpecError([(str(path), f"not valid YAML for the safe loader (python tags are "
                                      f"refused): {what}{where}")])
+    if data is None:
+        raise SpecError([(str(path), "the spec file is empty; start from specs/smollm2-sharegpt."
+                                     "yaml (see docs/spec-reference.md)")])
     if not isinstance(data, dict):
-        raise SpecError([(str(path), "the spec must be a YAML mapping")])
+        raise SpecError([(str(path), f"the spec must be a YAML mapping (name: ..., target: ...), "
+                                     f"got a {type(data).__name__}")])
     return data
 
 
@@ -617,8 +704,10 @@ def parse_override(item: str) -> tuple[str, Any]:
     if "=" not in item:
         raise SpecError([(item, "override must look like section.field=value")])
     key, value = item.split("=", 1)
+    if not key.strip() or "" in key.strip().split("."):
+        raise SpecError([(item, "override must look like section.field=value (empty field name)")])
     try:
-        parsed = yaml.safe_load(value) if value != "" else None
+        parsed = _load_yaml(value, item[:60]) if value != "" else None
     except yaml.YAMLError:
         parsed = value
     return key.strip(), parsed
@@ -630,16 +719,23 @@ def apply_override(data: dict, dotted: str, value: Any) -> dict:
     node = data
     for p in parts[:-1]:
         if isinstance(node, list):
-            node = node[int(p)]
+            node = node[_index(p)]
             continue
         if node.get(p) is None:
             node[p] = {}
         node = node[p]
     if isinstance(node, list):
-        node[int(parts[-1])] = value
+        node[_index(parts[-1])] = value
     else:
         node[parts[-1]] = value
     return data
+
+
+def _index(p: str) -> int:
+    """A list index in a dotted override path: 0, 1, ... (no negative or named indices)."""
+    if not p.isdigit():
+        raise ValueError(p)
+    return int(p)
 
 
 def _fill_target_geometry(data: dict) -> list[tuple[str, str]]:
@@ -718,5 +814,6 @@ def variant_spec(spec: Spec, name: str, raw: dict | None = None) -> Spec:
     try:
         out = Spec.model_validate(data)
     except ValidationError as e:
-        raise SpecError([(f"variants.{name}: {p}", m) for p, m in _format_errors(e, data)])
+        raise SpecError([(f"variants.{name}", m) if m.startswith(p) else
+                         (f"variants.{name}: {p}", m) for p, m in _format_errors(e, data)])
     return out.model_copy(update={"variants": spec.variants})

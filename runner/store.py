@@ -62,6 +62,11 @@ class StoreError(Exception):
     pass
 
 
+def _unwritable(db: Path, e: OSError) -> str:
+    return (f"cannot write results next to {db}: {e.strerror or e} ({e.filename or db}). Set "
+            "results.path (or --results) to a file in a writable folder.")
+
+
 class Store:
     """Spool writer + DuckDB ingester for one results file."""
 
@@ -76,11 +81,18 @@ class Store:
             rows = [rows]
         if table not in SCHEMA:
             raise StoreError(f"unknown table {table!r}")
-        self.spool.mkdir(parents=True, exist_ok=True)
         name = f"{dt.datetime.now():%Y%m%dT%H%M%S%f}-{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
         tmp = self.spool / f".{name}.tmp"
-        tmp.write_text(json.dumps({"table": table, "rows": rows}, default=str))
-        os.replace(tmp, self.spool / name)
+        try:
+            self.spool.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps({"table": table, "rows": rows}, default=str))
+            os.replace(tmp, self.spool / name)
+        except OSError as e:
+            try:  # a half-written temp file is never ingested (no .json suffix); drop it
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+            raise StoreError(_unwritable(self.db_path, e))
 
     def metric(self, run_id: str, variant: str, stage: str, name: str, value: float,
                unit: str = "", step: int | None = None) -> None:
@@ -90,8 +102,13 @@ class Store:
     # -- the single writer --
     @contextmanager
     def _lock(self):
-        self.db_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.db_path.with_name(self.db_path.name + ".lock"), "w") as lf:
+        lock = self.db_path.with_name(self.db_path.name + ".lock")
+        try:
+            self.db_path.parent.mkdir(parents=True, exist_ok=True)
+            lf = open(lock, "w")
+        except OSError as e:
+            raise StoreError(_unwritable(self.db_path, e))
+        with lf:
             fcntl.flock(lf, fcntl.LOCK_EX)
             try:
                 yield
@@ -104,11 +121,20 @@ class Store:
         con.execute("CREATE TABLE IF NOT EXISTS _ingested (file VARCHAR PRIMARY KEY, ts TIMESTAMP)")
 
     def ingest(self) -> int:
-        """Move every spooled batch into DuckDB; returns the number of rows inserted."""
+        """Move every spooled batch into DuckDB; returns the number of rows inserted.
+        Raises StoreError when the results path is not a DuckDB file (or cannot be opened)."""
         import duckdb
+        if self.db_path.is_dir():
+            raise StoreError(f"results path {self.db_path} is a folder; point results.path (or "
+                             "--results) at a .duckdb file")
         with self._lock():
             files = sorted(self.spool.glob("*.json")) if self.spool.exists() else []
-            con = duckdb.connect(str(self.db_path))
+            try:
+                con = duckdb.connect(str(self.db_path))
+            except duckdb.Error as e:
+                why = str(e).splitlines()[0].rstrip("!.")
+                raise StoreError(f"cannot open results file {self.db_path}: {why}. Point "
+                                 "results.path (or --results) at a DuckDB file or a new path.")
             try:
                 self._create(con)
                 done = {r[0] for r in con.execute("SELECT file FROM _ingested").fetchall()}
@@ -165,15 +191,41 @@ class Store:
         import duckdb
         self.ingest()
         with self._lock():
-            try:
-                con = duckdb.connect(str(self.db_path), read_only=True)
+            try:  # no file access from SQL: COPY TO, EXPORT, ATTACH, read_csv('/etc/..') fail
+                con = duckdb.connect(str(self.db_path), read_only=True,
+                                     config={"enable_external_access": False})
             except duckdb.Error as e:
                 raise StoreError(str(e).splitlines()[0])
             try:
+                _check_read_only_sql(con, sql)
                 cur = con.execute(sql)
                 cols = [d[0] for d in cur.description] if cur.description else []
                 return cols, cur.fetchall()
             except duckdb.Error as e:
                 raise StoreError(str(e).splitlines()[0])
+            except RuntimeError as e:  # DuckDB turns Ctrl-C during a query into this
+                if "interrupted" in str(e).lower():
+                    raise KeyboardInterrupt from None
+                raise
             finally:
                 con.close()
+
+
+READ_ONLY_STATEMENTS = ("SELECT", "EXPLAIN")
+
+
+def _check_read_only_sql(con, sql: str) -> None:
+    """Refuse anything but exactly one SELECT/EXPLAIN statement (DESCRIBE, SHOW, SUMMARIZE,
+    WITH and VALUES parse as SELECT). The connection is read-only already; this also refuses
+    COPY ... TO, EXPORT DATABASE, SET, LOAD, and a write hidden after a `;`. Raises StoreError."""
+    stmts = con.extract_statements(sql)
+    if not stmts:
+        raise StoreError("empty query: pass one SELECT statement")
+    if len(stmts) > 1:
+        raise StoreError(f"runner query is read-only and runs one statement; got {len(stmts)} "
+                         "(separated by ';'). Run them one at a time.")
+    kind = stmts[0].type.name
+    if kind not in READ_ONLY_STATEMENTS:
+        raise StoreError(f"runner query is read-only: only SELECT (or EXPLAIN, DESCRIBE, SHOW) "
+                         f"is allowed, got {kind}. To save a result, use --csv or --json and "
+                         "redirect stdout (runner query SQL --csv > out.csv).")

@@ -8,6 +8,7 @@ would break the `runner validate` < 2 s budget.
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -43,11 +44,17 @@ def read_target_config(path: Path) -> dict:
 
 def _read_json(p: Path) -> dict:
     try:
-        cfg = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise TargetConfigError(f"{p}: not readable JSON ({e})")
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise TargetConfigError(f"{p}: not readable JSON ({e}). Fix the file or point "
+                                "target.path at the model's HF folder or GGUF file.")
+    if not isinstance(cfg, dict):
+        raise TargetConfigError(f"{p}: a model config must be a JSON object, got a "
+                                f"{type(cfg).__name__}")
     # multimodal / nested configs (e.g. Kimi-K2.5 text_config)
     if "text_config" in cfg and "hidden_size" not in cfg:
+        if not isinstance(cfg["text_config"], dict):
+            raise TargetConfigError(f"{p}: text_config must be a JSON object")
         cfg = {**cfg["text_config"], "model_type": cfg.get("model_type")}
     return cfg
 
@@ -56,13 +63,20 @@ _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?
            11: "<q", 12: "<d"}
 
 
+def _read_bytes(f, n: int) -> bytes:
+    """n bytes, refusing a length past the end of the file (corrupt header) before allocating."""
+    if n > os.fstat(f.fileno()).st_size - f.tell():
+        raise ValueError(f"length {n} runs past the end of the file")
+    return f.read(n)
+
+
 def _read_value(f, vtype: int):
     if vtype in _SCALAR:
         fmt = _SCALAR[vtype]
         return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
     if vtype == 8:
         (n,) = struct.unpack("<Q", f.read(8))
-        return f.read(n).decode("utf-8", errors="replace")
+        return _read_bytes(f, n).decode("utf-8", errors="replace")
     if vtype == 9:
         (itype,) = struct.unpack("<I", f.read(4))
         (count,) = struct.unpack("<Q", f.read(8))
@@ -90,7 +104,7 @@ def read_gguf_metadata(path: Path) -> dict:
         meta = {}
         for _ in range(n_kv):
             (n,) = struct.unpack("<Q", f.read(8))
-            key = f.read(n).decode()
+            key = _read_bytes(f, n).decode()
             (vtype,) = struct.unpack("<I", f.read(4))
             meta[key] = _read_value(f, vtype)
     return meta
@@ -100,8 +114,21 @@ def read_gguf_config(path: Path) -> dict:
     """HF-style config from a GGUF header (llama-family keys)."""
     try:
         meta = read_gguf_metadata(path)
-    except (struct.error, UnicodeDecodeError) as e:
-        raise TargetConfigError(f"{path}: truncated or corrupt GGUF header ({e})")
+    except (struct.error, UnicodeDecodeError, OverflowError, MemoryError, ValueError,
+            RecursionError) as e:  # random bytes give absurd lengths and counts
+        raise TargetConfigError(f"{path}: truncated or corrupt GGUF header ({type(e).__name__}: "
+                                f"{e}). Re-download it (runner fetch) or point target.path at "
+                                "another file.")
+    except OSError as e:
+        raise TargetConfigError(f"{path}: cannot read ({e.strerror})")
+    bad = [k for k in ("block_count", "embedding_length", "attention.head_count",
+                       "attention.head_count_kv", "context_length", "vocab_size")
+           if (v := meta.get(f"{meta.get('general.architecture', 'llama')}.{k}")) is not None
+           and (not isinstance(v, int) or isinstance(v, bool) or v < 1)]
+    if bad or not isinstance(meta.get("general.architecture", "llama"), str):
+        what = ", ".join(bad) or "general.architecture"
+        raise TargetConfigError(f"{path}: corrupt GGUF header (bad value for {what}). "
+                                "Re-download it or point target.path at another file.")
     arch = meta.get("general.architecture", "llama")
     g = lambda k: meta.get(f"{arch}.{k}")  # noqa: E731
     heads = g("attention.head_count")

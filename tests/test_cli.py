@@ -102,3 +102,14 @@ def test_status_and_results_without_db_are_clean(tmp_path):
                  ["results", "--results", str(tmp_path / "x.duckdb")]):
         r = runner(*args)
         assert r.returncode == 1 and r.stderr.startswith("error:") and "Traceback" not in r.stderr
+
+
+def test_ctrl_c_while_starting_is_not_a_traceback(monkeypatch, capsys):
+    import runner.cli as cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["validate", "x.yaml"]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
+

@@ -135,3 +135,18 @@ def test_refuses_existing_destination(tmp_path, capsys):
     (tmp_path / "out").mkdir()
     assert cli_main(["convert", str(src), str(tmp_path / "out")]) == 1
     assert "exists" in capsys.readouterr().err
+
+
+def test_refuses_destination_inside_source_or_under_a_file(tmp_path, capsys):
+    src = make_draft(tmp_path, TINY, tensor_edit=_layers0)
+    assert cli_main(["convert", str(src), str(src / "sub")]) == 1
+    assert "inside the source" in capsys.readouterr().err
+    assert not (src / "sub").exists()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    assert cli_main(["convert", str(src), str(blocker / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot convert") and "writable" in err
+    (src / "config.json").write_bytes(b"\xff\xfe")
+    assert cli_main(["convert", str(src), str(tmp_path / "out")]) == 1
+    assert "config.json" in capsys.readouterr().err and not (tmp_path / "out").exists()

@@ -98,6 +98,8 @@ def test_local_jsonl_both_forms_and_cleaning(tmp_path):
 def test_bad_files_give_clear_errors(tmp_path):
     with pytest.raises(StageError, match="does not exist"):
         load_conversations(Data(source="jsonl", path=str(tmp_path / "nope.jsonl")))
+    with pytest.raises(StageError, match="is a folder, not a file"):
+        load_conversations(Data(source="jsonl", path=str(tmp_path)))
     p = tmp_path / "bad.jsonl"
     good = json.dumps({"messages": [{"role": "user", "content": "a"},
                                     {"role": "assistant", "content": "b"}]})

@@ -281,3 +281,37 @@ def test_inspect_never_imports_torch(tmp_path):
             "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
     r = subprocess.run([sys.executable, "-c", code, str(d)], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _header_file(p: Path, header) -> None:
+    import struct
+    b = json.dumps(header).encode()
+    p.write_bytes(struct.pack("<Q", len(b)) + b + b"\0" * 64)
+
+
+@pytest.mark.parametrize("header,why", [
+    ([12], "not a JSON object"),
+    ({"d2t": {"dtype": "I64", "shape": [8], "data_offsets": [0, "x"]}}, "corrupt"),
+    ({"d2t": {"dtype": "I64", "shape": [-8], "data_offsets": [0, 64]}}, "corrupt"),
+    ({"d2t": {"dtype": "I64", "shape": [8], "data_offsets": [64, 0]}}, "corrupt"),
+    ({"d2t": "x"}, "corrupt")])
+def test_corrupt_safetensors_header_is_a_finding(tmp_path, header, why):
+    d = make_draft(tmp_path, TINY)
+    _header_file(d / "model.safetensors", header)
+    f = run(d)
+    assert "E_SAFETENSORS" in errors(f) and why in msg(f, "E_SAFETENSORS")
+
+
+@pytest.mark.parametrize("content", [b"[1]", b"\xff\xfe", b'"str"'])
+def test_config_json_garbage_is_a_finding(tmp_path, capsys, content):
+    d = make_draft(tmp_path, TINY)
+    (d / "config.json").write_bytes(content)
+    assert errors(run(d)) == ["E_NO_CONFIG"]
+    assert cli_main(["inspect", str(d), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["ok"] is False
+
+
+def test_provenance_not_an_object_is_ignored(tmp_path):
+    d = make_draft(tmp_path, TINY)
+    (d / "provenance.json").write_text("[1, 2]")
+    assert "W_PROVENANCE" in codes(run(d)) and errors(run(d)) == []

@@ -316,3 +316,14 @@ def test_forced_or_selected_shared_stage_runs_once(tmp_path):
     r = reasons(build_plan(spec, only=("extract@v",)))
     assert r["extract"] == ("run", "missing output")
     assert r["extract@v"] == ("skip", "same as extract")
+
+
+def test_work_dir_or_results_in_the_way_is_a_plan_error(tmp_path):
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    for over, field in ((f"work_dir={f}", "work_dir"), (f"work_dir={f}/sub", "work_dir"),
+                        (f"results.path={f}/r.duckdb", "results.path"),
+                        (f"results.path={tmp_path}", "results.path")):
+        with pytest.raises(PlanError, match=field):
+            build_plan(make_spec(tmp_path, [over]))
+    assert not (f.is_dir())  # nothing created in the way

@@ -160,3 +160,15 @@ def test_import_needs_no_matplotlib_or_torch():
             "sys.modules]; assert not bad, bad")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
+
+
+def test_out_in_the_way_is_a_clear_error(tmp_path, capsys):
+    spec = make_spec(tmp_path)
+    fill(tmp_path / "r.duckdb")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    for out in (blocker, blocker / "sub"):
+        assert report_cli(spec, out) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: --out") and "file is in the way" in err, err
+    assert blocker.read_text() == "x"

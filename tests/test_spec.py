@@ -470,3 +470,97 @@ def test_readme_links_the_spec_reference():
     if not readme.exists():
         pytest.skip("README.md not written yet")
     assert "spec-reference.md" in readme.read_text()
+
+
+# -- hostile input (each once gave a traceback, a hang or a silently wrong spec) ---------------
+
+
+def test_yaml_alias_bomb_and_recursive_alias_are_refused_fast(tmp_path):
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines + ["name: *a9"]) + "\n")  # 9^10 strings once expanded
+    assert "aliases" in one(str(bomb), problems(path=bomb))
+    rec = tmp_path / "rec.yaml"
+    rec.write_text("name: &a [*a]\n")
+    assert "itself" in one(str(rec), problems(path=rec))
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("name: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert "deep" in one(str(deep), problems(path=deep))
+    # anchors as a person writes them still work
+    ok = tmp_path / "ok.yaml"
+    t = BASE["target"]
+    ok.write_text(f"""name: t
+target: {{path: x.gguf, num_hidden_layers: {t['num_hidden_layers']}, hidden_size: {t['hidden_size']},
+         vocab_size: {t['vocab_size']}}}
+drafter: {{aux_layer_ids: [1, 14, 26], draft_vocab_size: 4096}}
+stages:
+  bench: {{configs: [&c {{num_steps: 3}}]}}
+variants:
+  - {{name: a, overrides: {{stages.bench.configs: [*c, *c]}}}}
+""")
+    assert load_spec(ok).name == "t"
+
+
+def test_empty_spec_and_names_that_are_paths(tmp_path):
+    empty = tmp_path / "e.yaml"
+    empty.write_text("")
+    assert "empty" in one(str(empty), problems(path=empty))
+    for bad in ("..", ".", "a/b", "a b", ".hidden"):
+        assert "letters, digits" in one("name", problems(spec_dict(name=bad))), bad
+    d = spec_dict(variants=[{"name": "..", "overrides": {}}])
+    assert any(f.startswith("variants.0.name") for f, _ in problems(d))
+
+
+def test_variant_names_unique_and_not_base():
+    d = spec_dict(variants=[{"name": "a", "overrides": {}}, {"name": "a", "overrides": {}}])
+    assert "'a'" in one("variants", problems(d))
+    d = spec_dict(variants=[{"name": "base", "overrides": {}}])
+    assert "reserved" in one("variants", problems(d))
+
+
+def test_bad_override_paths_name_the_override():
+    for item in ("=5", "stages..x=1", ".x=1"):
+        assert "section.field=value" in one(item, problems(overrides=[item]))
+    # list indices are 0, 1, ...: -1 would silently set the last id
+    item = "drafter.aux_layer_ids.-1=9"
+    probs = problems(overrides=["drafter.aux_layer_ids=[1,2,3]", item])
+    assert "does not exist" in one("drafter.aux_layer_ids.-1", probs)
+    bomb = "x=[&a0 [1, 1, 1, 1, 1, 1, 1, 1, 1], " + ", ".join(
+        f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)) + "]"
+    assert "aliases" in one(bomb[:60], problems(overrides=[bomb]))
+
+
+def test_jsonl_source_needs_a_path_at_validate_time():
+    msg = one("data.path", problems(spec_dict(data={"source": "jsonl"})))
+    assert "JSONL" in msg
+    d = spec_dict(data={"source": "jsonl", "path": "x.jsonl"},
+                  variants=[{"name": "v", "overrides": {"data.path": None}}])
+    probs = problems(d)
+    assert any(f == "variants.v" and m.startswith("data.path: required") for f, m in probs), probs
+
+
+def test_huge_values_are_shown_short():
+    probs = problems(spec_dict(name=["x" * 10_000]))
+    assert len(one("name", probs)) < 400
+
+
+@pytest.mark.parametrize("content,why", [
+    (b"[1, 2]", "JSON object"), (b'{"text_config": 5}', "text_config"),
+    (b"\xff\xfe{}", "not readable JSON"), (b'{"hidden_size": 5,', "not readable JSON")])
+def test_target_config_json_garbage_is_a_field_error(tmp_path, content, why):
+    d = tmp_path / "hf"
+    d.mkdir()
+    (d / "config.json").write_bytes(content)
+    data = {"name": "t", "target": {"path": str(d)}, "drafter": {"draft_vocab_size": 10}}
+    assert why in one("target.path", problems(data))
+
+
+def test_corrupt_gguf_header_is_a_field_error(tmp_path):
+    import random
+    rng = random.Random(0)
+    for i in range(8):  # valid magic + version, then random bytes: absurd lengths and counts
+        p = tmp_path / f"r{i}.gguf"
+        p.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(rng.randrange(256) for _ in range(600)))
+        data = {"name": "t", "target": {"path": str(p)}, "drafter": {"draft_vocab_size": 10}}
+        assert "GGUF" in one("target.path", problems(data))

@@ -184,3 +184,54 @@ def test_results_latest_summary_metrics(filled_db):
     assert {m["name"]: m["value"] for m in out["metrics"]}["loss"] == 1.5
     r = runner("results", "--results", str(filled_db))
     assert r.returncode == 0 and "loss" in r.stdout and "mtbench" in r.stdout
+
+
+@pytest.mark.parametrize("sql,why", [
+    ("COPY metrics TO '{out}'", "COPY"), ("SELECT 1; COPY metrics TO '{out}'", "one statement"),
+    ("EXPORT DATABASE '{tmp}/exp'", "EXPORT"), ("SELECT * FROM read_csv('{csv}')", "Permission"),
+    ("  ", "empty")])
+def test_query_never_writes_or_reads_files(filled_db, tmp_path, sql, why):
+    out, csv_file = tmp_path / "out.csv", tmp_path / "in.csv"
+    csv_file.write_text("a\n1\n")
+    r = runner("query", sql.format(out=out, tmp=tmp_path, csv=csv_file), "--results",
+               str(filled_db))
+    assert r.returncode == 1 and r.stderr.startswith("error:") and why in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert not out.exists() and not (tmp_path / "exp").exists()
+    # SHOW / DESCRIBE are SELECTs and stay allowed
+    assert runner("query", "DESCRIBE metrics", "--results", str(filled_db)).returncode == 0
+
+
+def test_results_path_not_a_duckdb_file(tmp_path):
+    junk = tmp_path / "junk.duckdb"
+    junk.write_text("not a database")
+    for path, why in ((junk, "cannot open results file"), (tmp_path, "is a folder")):
+        for args in (["query", "SELECT 1"], ["results"], ["status"]):
+            r = runner(*args, "--results", str(path))
+            assert r.returncode == 1 and why in r.stderr and "Traceback" not in r.stderr, r.stderr
+    with pytest.raises(StoreError, match="writable"):  # results under a file: emit refuses
+        Store(junk / "r.duckdb").emit("metrics", {"name": "x"})
+
+
+def test_ctrl_c_during_a_query_prints_interrupted(filled_db, monkeypatch, capsys):
+    """DuckDB turns SIGINT during execute into RuntimeError('Query interrupted'), noticed when
+    it next checks (for some plans only at the end): `runner query` must say 'interrupted' and
+    exit 130, not print a traceback. The interrupt is injected into a real connection."""
+    import duckdb
+    from runner.cli import main
+    real = duckdb.connect
+
+    class Interrupted:
+        def __init__(self, con):
+            self.con = con
+
+        def __getattr__(self, k):
+            return getattr(self.con, k)
+
+        def execute(self, sql, *a):
+            raise RuntimeError("Query interrupted")
+
+    monkeypatch.setattr(duckdb, "connect", lambda *a, **kw: Interrupted(real(*a, **kw))
+                        if kw.get("read_only") else real(*a, **kw))
+    assert main(["query", "SELECT 1", "--results", str(filled_db)]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
