@@ -86,11 +86,12 @@ def status(db: Path, as_json: bool = False, spec_name: str | None = None) -> int
     run_id = runs[0][0]
     cols, rows = store.query(
         "SELECT variant, stage, status, reason, job_id, host, round(duration_s, 1) AS seconds, "
-        f"error FROM stages WHERE run_id = '{run_id}' ORDER BY started_at")
+        f"error, executor FROM stages WHERE run_id = '{run_id}' ORDER BY started_at")
     rows = [list(r) for r in rows]
+    slurm_ids = [r[4] for r in rows if r[4] and r[8] == "slurm"]  # local job ids are pids
     try:
         from runner.slurm import live_states
-        states = live_states([r[4] for r in rows if r[4]])
+        states = live_states(slurm_ids) if slurm_ids else {}
         for r in rows:
             if r[4] in states:
                 r[2] = f"{r[2]} ({states[r[4]]})"

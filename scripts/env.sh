@@ -12,7 +12,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 python -c "import torch" 2>/dev/null || {
   # Install the CPU build explicitly FIRST: an open range would pull a multi-GB CUDA build.
   # Set TORCH_SPEC to use another build, e.g. TORCH_SPEC="torch==2.11.0" on a GPU box.
-  pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+  # shellcheck disable=SC2086  (TORCH_SPEC may carry pip options)
+  pip install -q ${TORCH_SPEC:-torch==2.13.0}
 }
 python -c "import runner, duckdb, pydantic, transformers, gguf, submitit" 2>/dev/null \
   || pip install -q -e "$ROOT[test]"
