@@ -24,7 +24,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from jobs.draft_model import RMSNorm, apply_rope, rope_cos_sin
+from jobs.draft_model import MLP, RMSNorm, apply_rope, rope_cos_sin
+from runner.draft_files import target_rope
 
 
 @dataclass
@@ -48,13 +49,7 @@ class LlamaConfig:
         if g.get("attention_bias") or g.get("mlp_bias"):
             raise ValueError("target: attention_bias/mlp_bias Llama variants are not supported by "
                              "the embedded engine; use backend: sglang")
-        rs = g.get("rope_scaling")
-        theta = g.get("rope_theta")
-        rp = g.get("rope_parameters")  # transformers >= 5 keeps theta/scaling here
-        if isinstance(rp, dict):
-            theta = theta or rp.get("rope_theta")
-            if rp.get("rope_type") not in (None, "default"):
-                rs = rs or rp
+        theta, rs = target_rope(g)  # top-level or transformers-5 rope_parameters
         heads = g["num_attention_heads"]
         return cls(vocab_size=g["vocab_size"], hidden_size=g["hidden_size"],
                    num_hidden_layers=g["num_hidden_layers"], num_attention_heads=heads,
@@ -89,17 +84,6 @@ class Attention(nn.Module):
         o = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask,
                                            enable_gqa=c.num_attention_heads != c.num_key_value_heads)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
-
-
-class MLP(nn.Module):
-    def __init__(self, c: LlamaConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Block(nn.Module):

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from runner.spec import default_aux_ids  # noqa: F401  (re-exported for runner.inspect)
+
 ARCH = "LlamaForCausalLMEagle3"
 DTYPES = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "I16": np.int16, "I32": np.int32,
           "I64": np.int64, "U16": np.uint16, "U32": np.uint32, "U64": np.uint64,
@@ -132,6 +134,3 @@ def target_rope(cfg: dict) -> tuple:
     return (float(theta) if theta is not None else None), (scaling or None)
 
 
-def default_aux_ids(L: int) -> list[int]:
-    """SGLang's default eagle_config ids (outputs of layers [1, L//2-1, L-4])."""
-    return [1, L // 2 - 1, L - 4]

@@ -27,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from runner.spec import default_aux_ids  # noqa: E402
+
 PROMPT = "Write a short story about a robot who learns to paint. Describe its first painting."
 
 
@@ -115,7 +117,7 @@ def main(argv=None):
             res["rows"][name] = {"error": f"{type(e).__name__}: {e}"[:300]}
 
     L = cfg["num_hidden_layers"]
-    aux = (1, L // 2 - 1, L - 4)  # SGLang's default aux layers (runner.spec.default_aux_ids)
+    aux = tuple(default_aux_ids(L))  # SGLang's default aux layers
     target = from_hf_model(hf, aux)
     draft_dir = a.draft
     if draft_dir is None and a.random_draft:
