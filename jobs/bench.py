@@ -14,11 +14,10 @@ backend: embedded = jobs.engine (chains only, eagle_topk 1); sglang = jobs.sglan
 from __future__ import annotations
 
 import json
-import os
 import statistics
 from pathlib import Path
 
-from runner.stage import StageContext, StageError
+from runner.stage import StageContext, StageError, write_text_atomic
 
 SGLANG_EXTRA = "pip install 'eagle3-runner[sglang]'"
 
@@ -108,9 +107,7 @@ def summarize(rows: list[dict], base: list[dict]) -> dict:
 
 
 def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".tmp-{path.name}")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj, indent=1, default=str))
 
 
 def load_engine_parts(spec, export_dir: Path):

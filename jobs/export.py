@@ -27,7 +27,7 @@ import torch
 
 from jobs.draft_model import DraftConfig
 from runner.inspect import expected_shapes, inspect_draft, target_rope
-from runner.stage import StageContext, StageError, sha256_file
+from runner.stage import StageContext, StageError, sha256_file, write_text_atomic
 
 PROVENANCE_FORMAT = "eagle3-runner-provenance/1"
 
@@ -37,12 +37,6 @@ def _read_json(path: Path, what: str) -> dict:
         return json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise StageError(f"{path}: cannot read the {what} ({e}); re-run the upstream stage.")
-
-
-def _write_atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".tmp-{path.name}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _save_atomic(tensors: dict[str, torch.Tensor], path: Path) -> None:
@@ -124,7 +118,7 @@ def speculators_copy(cfg: dict, tensors: dict[str, torch.Tensor], out: Path,
     ren = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v
            for k, v in tensors.items()}
     _save_atomic(ren, out / "model.safetensors")
-    _write_atomic_text(out / "config.json", json.dumps(scfg, indent=2))
+    write_text_atomic(out / "config.json", json.dumps(scfg, indent=2))
 
 
 def provenance(ctx: StageContext, manifest: dict, feats_sha: str, dc: DraftConfig,
@@ -188,11 +182,11 @@ def run(ctx: StageContext) -> dict:
     tensors = sglang_tensors(sd, cfg)
 
     _save_atomic(tensors, out / "model.safetensors")
-    _write_atomic_text(out / "config.json", json.dumps(cfg, indent=2))
+    write_text_atomic(out / "config.json", json.dumps(cfg, indent=2))
     prov = provenance(ctx, manifest, sha256_file(ex / "features.json"), dc, target_cfg, metrics)
     prov["export"] = {"model_safetensors_sha256": sha256_file(out / "model.safetensors"),
                       "config_sha256": hashlib.sha256((out / "config.json").read_bytes()).hexdigest()}
-    _write_atomic_text(out / "provenance.json", json.dumps(prov, indent=1, default=str))
+    write_text_atomic(out / "provenance.json", json.dumps(prov, indent=1, default=str))
     if ctx.params is not None and ctx.params.speculators:
         steps = bench.configs[0].num_steps if bench and bench.configs else 3
         speculators_copy(cfg, tensors, out / "speculators", ctx.spec.target.path, steps)

@@ -45,7 +45,7 @@ import torch
 
 from jobs import dist as D
 from jobs.features import FORMAT, MANIFEST
-from runner.stage import StageContext, StageError, sha256_file
+from runner.stage import StageContext, StageError, sha256_file, write_text_atomic
 
 SHARD = "shard-{:05d}.safetensors"
 
@@ -400,9 +400,7 @@ def _conversations(ctx: StageContext) -> tuple[list, dict]:
 
 
 def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".tmp-{path.name}")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj, indent=1, sort_keys=True, default=str))
 
 
 def write_target_parts(model, config: dict, out_dir: Path) -> dict[str, str]:

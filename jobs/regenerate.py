@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from runner.stage import StageContext, StageError
+from runner.stage import StageContext, StageError, write_text_atomic
 
 
 @torch.inference_mode()
@@ -125,9 +125,8 @@ def run(ctx: StageContext) -> dict:
         for c in convs:
             f.write(json.dumps({"messages": c}, ensure_ascii=False) + "\n")
     os.replace(tmp, out / "conversations.jsonl")
-    tmp = out / ".tmp-report.json"
-    tmp.write_text(json.dumps({"data": data_report, "regenerate": rep}, indent=1, default=str))
-    os.replace(tmp, out / "report.json")
+    write_text_atomic(out / "report.json",
+                      json.dumps({"data": data_report, "regenerate": rep}, indent=1, default=str))
     secs = max(rep["seconds"], 1e-9)
     return {"conversations": len(convs), "turns": rep["turns"],
             "tokens_generated": (rep["tokens_generated"], "tok"),

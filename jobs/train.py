@@ -44,7 +44,7 @@ from jobs import dist as D
 from jobs import vocab as V
 from jobs.draft_model import DraftConfig, Eagle3Draft
 from jobs.features import open_features
-from runner.stage import StageContext, StageError
+from runner.stage import StageContext, StageError, write_text_atomic
 
 CKPT = "ckpt.pt"
 KEYS = ("input_ids", "loss_mask", "aux_hidden", "last_hidden")
@@ -261,12 +261,6 @@ def _set_rng_state(st: dict) -> None:
 def _atomic_save(obj, path: Path) -> None:
     tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
     torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    tmp.write_text(text)
     os.replace(tmp, path)
 
 
@@ -500,8 +494,8 @@ def train(ctx: StageContext, stop_at: int | None = None) -> dict:
     tmp = out / f".tmp-draft-{os.getpid()}.safetensors"
     save_file(sd, str(tmp), metadata={"format": "eagle3-draft/1", "fingerprint": fp})
     os.replace(tmp, out / "draft.safetensors")
-    _atomic_text(out / "draft_config.json", json.dumps(cfg.as_dict(), indent=1))
-    _atomic_text(out / "train_metrics.json", json.dumps(
+    write_text_atomic(out / "draft_config.json", json.dumps(cfg.as_dict(), indent=1))
+    write_text_atomic(out / "train_metrics.json", json.dumps(
         {"summary": {k: v[0] for k, v in summary.items()},
          "summary_units": {k: v[1] for k, v in summary.items()}, "peak_mem_kind": peak_kind,
          "eval_split": eval_split, "history": history, "vocab": vstats, "device": device.type,

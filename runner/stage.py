@@ -67,6 +67,15 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temporary sibling (`.tmp-<name>-<pid>`, never hashed into a manifest)
+    and rename it over `path`: readers see the old file or the whole new one."""
+    path = Path(path)
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def read_manifest(artifact: Path) -> dict | None:
     """The artifact's manifest, or None when the artifact is not complete."""
     try:
