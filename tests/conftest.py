@@ -8,14 +8,24 @@ import pytest
 # ---- target model (jobs/target.py) -------------------------------------------------------------
 
 
+def _asset_or_skip(name: str):
+    from runner.assets import FetchError, asset_path
+    try:
+        return asset_path(name)
+    except FetchError as e:
+        pytest.skip(str(e))
+
+
 @pytest.fixture(scope="session")
 def smollm2_path():
     """The fetched SmolLM2 GGUF; skips when `runner fetch smollm2` has not run."""
-    from runner.assets import FetchError, asset_path
-    try:
-        return asset_path("smollm2")
-    except FetchError as e:
-        pytest.skip(str(e))
+    return _asset_or_skip("smollm2")
+
+
+@pytest.fixture(scope="session")
+def sharegpt_path():
+    """The fetched ShareGPT JSON; skips when `runner fetch sharegpt` has not run."""
+    return _asset_or_skip("sharegpt")
 
 
 @pytest.fixture(scope="session")

@@ -24,15 +24,6 @@ def mask_spans(mask):
     return spans
 
 
-@pytest.fixture(scope="module")
-def sharegpt_path():
-    from runner.assets import FetchError, asset_path
-    try:
-        return asset_path("sharegpt")
-    except FetchError as e:
-        pytest.skip(str(e))
-
-
 # ---- reading -----------------------------------------------------------------------------------
 
 

@@ -23,6 +23,7 @@ from jobs.train import train
 from runner.executors import StageJob, launch_local, run_stage
 from runner.spec import load_spec
 from runner.stage import StageContext
+from test_slurm import _controller_answers  # the same "is a cluster up?" probe
 from train_helpers import tiny_extract, train_ctx, train_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -318,21 +319,9 @@ def test_nproc_validation():
                   overrides=["executor.stages.export.nproc_per_node=2"])
 
 
-def _cluster() -> str:
-    if shutil.which("sbatch") is None:
-        return "sbatch not on PATH (sudo bash scripts/slurm-up.sh)"
-    try:
-        r = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=5)
-    except subprocess.TimeoutExpired:
-        return "no Slurm controller answers"
-    if r.returncode or not any(s.rstrip("*~#") in ("idle", "mixed") for s in r.stdout.split()):
-        return f"no idle Slurm node ({r.stdout.strip() or r.stderr.strip()})"
-    return ""
-
-
 @pytest.fixture
 def slurm_path():
-    why = _cluster()
+    why = _controller_answers()
     if why:
         pytest.skip(why)
     old = os.environ["PATH"]

@@ -364,17 +364,8 @@ def test_target_geometry_unknown_without_config():
     assert "declare" in msg.lower() and "/nonexistent/model.gguf" in msg
 
 
-@pytest.fixture(scope="module")
-def smollm2_gguf():
-    from runner.assets import FetchError, asset_path
-    try:
-        return asset_path("smollm2")
-    except FetchError as e:
-        pytest.skip(str(e))
-
-
-def test_target_geometry_from_real_gguf_header(smollm2_gguf):
-    data = {"name": "t", "target": {"path": str(smollm2_gguf)},
+def test_target_geometry_from_real_gguf_header(smollm2_path):
+    data = {"name": "t", "target": {"path": str(smollm2_path)},
             "drafter": {"aux_layer_ids": [1, 14, 26], "draft_vocab_size": 4096}}
     s = load_spec(data=data)
     assert (s.num_layers, s.target.hidden_size, s.target.vocab_size) == (30, 576, 49152)
