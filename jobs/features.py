@@ -42,8 +42,12 @@ class Sample:
     last_hidden: torch.Tensor  # [T, Ht]
 
 
+KEYS = ("input_ids", "loss_mask", "aux_hidden", "last_hidden")
+
+
 class Features:
-    """Random access to the samples of an extract artifact."""
+    """Random access to the samples of an extract artifact. Reads one sample by slicing the
+    memory-mapped shard (never loads a whole shard: a 256-sample SmolLM2 shard is ~2.4 GB)."""
 
     def __init__(self, root: Path, manifest: dict):
         self.root = Path(root)
@@ -51,24 +55,23 @@ class Features:
         self._index: list[tuple[int, int]] = []  # sample -> (shard, local index)
         for s, shard in enumerate(manifest["shards"]):
             self._index += [(s, i) for i in range(shard["num_samples"])]
-        self._cache: tuple[int, dict] | None = None
+        self._offsets: dict[int, list[int]] = {}
 
     def __len__(self) -> int:
         return len(self._index)
 
-    def _shard(self, s: int) -> dict:
-        if self._cache is None or self._cache[0] != s:
-            path = self.root / self.manifest["shards"][s]["file"]
-            with safe_open(str(path), framework="pt") as f:
-                self._cache = (s, {k: f.get_tensor(k) for k in f.keys()})
-        return self._cache[1]
+    def get(self, i: int, keys=KEYS) -> dict[str, torch.Tensor]:
+        """Sample i -> {input_ids [T], loss_mask [T], aux_hidden [T, 3*Ht], last_hidden [T, Ht]}
+        (only `keys`)."""
+        s, j = self._index[i]
+        with safe_open(str(self.root / self.manifest["shards"][s]["file"]), framework="pt") as f:
+            if s not in self._offsets:
+                self._offsets[s] = f.get_tensor("offsets").tolist()
+            a, b = self._offsets[s][j], self._offsets[s][j + 1]
+            return {k: f.get_slice(k)[a:b] for k in keys}
 
     def sample(self, i: int) -> Sample:
-        s, j = self._index[i]
-        t = self._shard(s)
-        a, b = int(t["offsets"][j]), int(t["offsets"][j + 1])
-        return Sample(t["input_ids"][a:b], t["loss_mask"][a:b], t["aux_hidden"][a:b],
-                      t["last_hidden"][a:b])
+        return Sample(**self.get(i))
 
     def head(self) -> dict[str, torch.Tensor]:
         """embed_tokens [V, Ht], norm [Ht], lm_head [V, Ht] of the target."""

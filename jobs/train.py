@@ -47,36 +47,10 @@ from jobs.features import open_features
 from runner.stage import StageContext, StageError, write_text_atomic
 
 CKPT = "ckpt.pt"
-KEYS = ("input_ids", "loss_mask", "aux_hidden", "last_hidden")
 
 
 # ---------------------------------------------------------------------------------------------
 # data
-
-
-class SampleReader:
-    """Reads single samples of an extract artifact by slicing the safetensors shards (mmap):
-    never loads a whole shard (a 256-sample SmolLM2 shard is ~2.4 GB)."""
-
-    def __init__(self, feats):
-        from safetensors import safe_open
-        self._open = safe_open
-        self.root = Path(feats.root)
-        self.shards = feats.manifest["shards"]
-        self.index = [(s, i) for s, sh in enumerate(self.shards) for i in range(sh["num_samples"])]
-        self._offsets: dict[int, list[int]] = {}
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    def get(self, i: int, keys=KEYS) -> dict[str, torch.Tensor]:
-        """Sample i -> {input_ids [T], loss_mask [T], aux_hidden [T, 3*Ht], last_hidden [T, Ht]}."""
-        s, j = self.index[i]
-        with self._open(str(self.root / self.shards[s]["file"]), framework="pt") as f:
-            if s not in self._offsets:
-                self._offsets[s] = f.get_tensor("offsets").tolist()
-            a, b = self._offsets[s][j], self._offsets[s][j + 1]
-            return {k: f.get_slice(k)[a:b] for k in keys}
 
 
 def make_batch(samples: list[dict], K: int) -> dict[str, torch.Tensor]:
@@ -299,7 +273,7 @@ def _split(n_total: int, p) -> tuple[list[int], list[int]]:
     return list(range(n)), list(range(n_avail, n_total))
 
 
-def evaluate(model, reader, ids: list[int], head, used, t2d, eps, p, device, autocast,
+def evaluate(model, feats, ids: list[int], head, used, t2d, eps, p, device, autocast,
              rank: int = 0, world: int = 1) -> dict:
     """Loss and per-step top-1 accuracy of the drafter on samples `ids` (no grad).
     Data parallel: batch k (of p.batch_size samples) runs on rank k % world and the sums are
@@ -311,7 +285,7 @@ def evaluate(model, reader, ids: list[int], head, used, t2d, eps, p, device, aut
         for k, a in enumerate(range(0, len(ids), p.batch_size)):
             if k % world != rank:
                 continue
-            batch = _to(make_batch([reader.get(i) for i in ids[a:a + p.batch_size]],
+            batch = _to(make_batch([feats.get(i) for i in ids[a:a + p.batch_size]],
                                    p.ttt_steps), device)
             tgt = target_dist(batch["tgt_hidden"], head, used, t2d, eps)
             with autocast():
@@ -358,14 +332,13 @@ def train(ctx: StageContext, stop_at: int | None = None) -> dict:
     if "extract" not in ctx.inputs:
         raise StageError("stage train needs the extract stage's artifact (stages.extract).")
     feats = open_features(ctx.inputs["extract"], spec.aux_ids, spec.feature_width)
-    reader = SampleReader(feats)
     tcfg = feats.target_config
     cfg = DraftConfig.from_spec(spec, tcfg)
     if cfg.hidden_size != cfg.target_hidden_size:
         raise StageError(f"drafter.hidden_size = {cfg.hidden_size} differs from the target's "
                          f"{cfg.target_hidden_size}: the drafter reuses the target's frozen "
                          "embedding, so this trainer needs equal sizes. Remove drafter.hidden_size.")
-    train_ids, eval_ids = _split(len(reader), p)
+    train_ids, eval_ids = _split(len(feats), p)
     eps = float(tcfg.get("rms_norm_eps") or 1e-5)
     device = _device(ctx)
 
@@ -374,7 +347,7 @@ def train(ctx: StageContext, stop_at: int | None = None) -> dict:
                       cfg.vocab_size)
     d2t, t2d, vstats = D.rank0_first(rank, lambda: V.build_or_load(
         out / "vocab", key, lambda: ((s["input_ids"], s["loss_mask"]) for s in
-                                     (reader.get(i, ("input_ids", "loss_mask")) for i in train_ids)),
+                                     (feats.get(i, ("input_ids", "loss_mask")) for i in train_ids)),
         cfg.draft_vocab_size, cfg.vocab_size))
     if vstats["supervised_tokens"] == 0:
         raise StageError(f"{feats.root}: the loss mask of the {len(train_ids)} training samples "
@@ -426,7 +399,7 @@ def train(ctx: StageContext, stop_at: int | None = None) -> dict:
     eval_on, eval_split = (eval_ids, "eval") if eval_ids else (train_ids, "trainset")
 
     def do_eval(s: int) -> None:
-        r = evaluate(model, reader, eval_on, head, used, t2d_dev, eps, p, device, autocast,
+        r = evaluate(model, feats, eval_on, head, used, t2d_dev, eps, p, device, autocast,
                      rank, world)
         history.append({"step": s, "split": eval_split, **r})
         ctx.metric(f"{eval_split}_loss", r["loss"], "nats", step=s)
@@ -453,7 +426,7 @@ def train(ctx: StageContext, stop_at: int | None = None) -> dict:
         t0 = time.perf_counter()
         idx = batch_indices(step, len(train_ids), p.batch_size, p.seed)
         mine = idx[rank::world]  # this rank's slice of the global batch
-        samples = [reader.get(train_ids[i]) for i in (mine or idx[:1])]
+        samples = [feats.get(train_ids[i]) for i in (mine or idx[:1])]
         loss, gnorm, ntok = train_step(model, opt, samples, head, used, t2d_dev, eps, p, device,
                                        autocast, ddp, world, empty=not mine)
         sched.step()

@@ -120,10 +120,9 @@ def test_target_dist_matches_the_target_model(tmp_path):
     """lm_head(norm(last_hidden)) from the extract artifact == the HF target's own logits."""
     from engine_helpers import tiny_hf_llama
     from jobs.features import open_features
-    from jobs.train import SampleReader
     root = tiny_extract(tmp_path / "x", n_samples=2)
     feats = open_features(root, [0, 1, 2], 96)
-    s = SampleReader(feats).get(1)
+    s = feats.get(1)
     model = tiny_hf_llama(vocab=96, hidden=32, layers=4, heads=4, kv=2, seed=0)
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)  # as tiny_extract does
