@@ -235,3 +235,24 @@ def test_ctrl_c_during_a_query_prints_interrupted(filled_db, monkeypatch, capsys
                         if kw.get("read_only") else real(*a, **kw))
     assert main(["query", "SELECT 1", "--results", str(filled_db)]) == 130
     assert capsys.readouterr().err.strip() == "interrupted"
+
+
+def test_status_asks_slurm_only_about_slurm_jobs(tmp_path, monkeypatch, capsys):
+    """A local stage's job_id is a pid: querying squeue for it cost 10 s with no controller and
+    could match an unrelated Slurm job."""
+    import runner.slurm
+    from runner.results import status
+    db = tmp_path / "r.duckdb"
+    s = Store(db)
+    s.emit("runs", dict(run_id="r1", spec_name="x", status="done", started_at="2026-01-01 00:00:00"))
+    s.emit("stages", [dict(run_id="r1", variant="base", stage="extract", status="done",
+                           job_id="4242", executor="local", started_at="2026-01-01 00:00:01"),
+                      dict(run_id="r1", variant="base", stage="train", status="done",
+                           job_id="17", executor="slurm", started_at="2026-01-01 00:00:02")])
+    s.ingest()
+    asked = []
+    monkeypatch.setattr(runner.slurm, "live_states",
+                        lambda ids: asked.append(list(ids)) or {"17": "COMPLETED"})
+    assert status(db) == 0
+    assert asked == [["17"]]
+    assert "done (COMPLETED)" in capsys.readouterr().out
