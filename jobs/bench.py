@@ -168,7 +168,7 @@ def run(ctx: StageContext) -> dict:
         engines = {}
         for c in p.configs:
             e = Engine(target, drafter, num_steps=c.num_steps, eagle_topk=c.eagle_topk,
-                       max_seq=max_seq, cuda_graph=cg)
+                       max_seq=max_seq, cuda_graph=cg, sampling=p.temperature > 0)
             e.generate(warm, 2 * c.num_steps + 4, stop_ids=stop)  # warm-up
             engines[c] = e
         for set_name, prompts in sets.items():

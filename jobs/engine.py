@@ -15,6 +15,10 @@ root r feeds the previous step's pre-norm output as hidden, the previous draft a
 position r+j, cache slot r+j (it attends to the prefix slots <= r and chain slots r+1..r+j, the
 same keys as TTT step j). Draft ids map to target ids through d2t OFFSETS (target = i + d2t[i]).
 
+Greedy rounds run as two graphs (the drafter's whole round, then the target's verify) and ONE
+device-to-host copy (drafts + the target's argmax): a 135M target on an H200 is launch-bound, so
+host round trips between draft steps, not FLOPs, set the cost of a round.
+
 Static shapes (torch.compile / CUDA graphs): every compiled step sees one input shape AND stride
 per engine whatever the accept length m or the prompt length: verify always runs K+1 tokens, the
 drafter's step 0 after a verify always runs K+1 rows (padded past m, see draft_extend), the root row
@@ -69,14 +73,18 @@ def prefill(target: Llama, ids: torch.Tensor):
 
 
 def decode_one(target: Llama, tok: torch.Tensor, pos: torch.Tensor):
-    """tok [1, 1], pos [1] -> (logits [1, 1, V], aux [1, 1, 3H]). Writes slot pos."""
-    return target(tok, pos)
+    """tok [1, 1], pos [1] -> (logits [1, 1, V], aux [1, 1, 3H], greedy next token [1]).
+    Writes slot pos. The argmax runs inside the compiled graph (no extra launch per token)."""
+    logits, aux = target(tok, pos)
+    return logits, aux, logits[0, -1:].argmax(-1)
 
 
 def verify(target: Llama, toks: torch.Tensor, pos: torch.Tensor):
-    """toks [1, K+1] = [t_n, d_1..d_K], pos [K+1] = n..n+K -> (logits [1, K+1, V], aux [1, K+1, 3H]).
+    """toks [1, K+1] = [t_n, d_1..d_K], pos [K+1] = n..n+K -> (logits [1, K+1, V],
+    aux [1, K+1, 3H], best [K+1] = the target's greedy token after each of toks).
     logits[:, j] is the target's prediction for the token after toks[:, j]."""
-    return target(toks, pos)
+    logits, aux = target(toks, pos)
+    return logits, aux, logits[0].argmax(-1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -108,6 +116,40 @@ def draft_extend(drafter: Eagle3Draft, kc, vc, aux, next_toks, pos, slots_all, s
     out = drafter.cached_step(next_toks, h, pos[None], kc, vc, pos, mask)
     root = out.index_select(1, sel)  # [1, 1, H]
     return root, drafter.logits(root)[:, 0].float()
+
+
+def draft_chain_greedy(drafter: Eagle3Draft, kc, vc, first, root_out, root_logits, root_pos,
+                       slots_all, K: int, vocab: int):
+    """Greedy chain of K drafts from a root, in ONE graph (no host round trip between draft
+    steps). first [1] = t_n (the token the verify starts with), root_out [1, 1, H] and
+    root_logits [1, Vd] = step 0 at position root_pos [1]. Chain step j = 1..K-1 feeds the
+    previous pre-norm output and the previous draft at RoPE position / cache slot root_pos + j
+    (the same keys as TTT step j). Returns the verify input [1, K+1] = [t_n, d_1..d_K] as target
+    ids (SGLang llama_eagle3.py: d2t holds offsets, target = i + d2t[i])."""
+    tid = drafter.to_target_ids(root_logits.argmax(-1)).clamp(0, vocab - 1)  # [1]
+    toks, hidden = [first, tid], root_out
+    for j in range(1, K):
+        pos = root_pos + j  # [1]
+        mask = (slots_all[None, :] <= pos[:, None])[None, None]  # [1, 1, 1, S]
+        hidden = drafter.cached_step(tid.view(1, 1), hidden, pos[None], kc, vc, pos, mask)
+        tid = drafter.to_target_ids(drafter.logits(hidden)[:, -1].argmax(-1)).clamp(0, vocab - 1)
+        toks.append(tid)
+    return torch.cat(toks).view(1, K + 1)
+
+
+def draft_round_greedy(drafter: Eagle3Draft, kc, vc, aux, best, pos, slots_all, sel, K: int,
+                       vocab: int):
+    """Everything the drafter does between two verifies, in ONE graph: step 0 over the verified
+    positions (draft_extend over a fixed K+1 rows), then the greedy chain from the root row.
+    aux [1, K+1, 3Ht] and best [K+1] come from the last verify at positions pos [K+1]; sel [1] =
+    m, the accepted-draft count. Under greedy acceptance the accepted tokens equal the target's
+    own argmax, so the token after position pos[i] is best[i] for every i <= m (rows past m are
+    padding, see draft_extend) and the bonus token t_{n+m+1} is best[m].
+    Returns the next verify input [1, K+1] = [bonus, d_1..d_K]."""
+    root_out, root_logits = draft_extend(drafter, kc, vc, aux, best.view(1, K + 1), pos, slots_all,
+                                         sel)
+    return draft_chain_greedy(drafter, kc, vc, best.index_select(0, sel), root_out, root_logits,
+                              pos.index_select(0, sel), slots_all, K, vocab)
 
 
 def draft_probs_target(drafter: Eagle3Draft, dlogits: torch.Tensor, temperature: float,
@@ -191,12 +233,19 @@ def _private(fn: Callable) -> Callable:
 class Engine:
     """Batch-1 engine over our Llama target and an exported EAGLE-3 drafter (or none = baseline).
 
+    Greedy (temperature 0) rounds cost two graph launches and ONE device-to-host sync: the drafter's
+    whole round (draft_round_greedy: step 0 over the verified rows + the K-step chain) and the
+    target's verify, whose greedy tokens come back together with the drafts in one copy.
+    Sampling rounds (`sampling=True`) draft step by step (multinomial on the host side of each
+    step) through draft_extend / draft_step.
+
     Compiled mode compiles the fixed-shape steps with torch.compile(fullgraph=True,
-    dynamic=False): decode_one [1, 1], verify [1, K+1], draft_extend [1, K+1] (padded, see its
-    docstring) and the chain draft_step [1, 1]. Every call passes tensors of ONE shape and stride
+    dynamic=False): decode_one [1, 1], verify [1, K+1], and for the drafter either
+    draft_round_greedy + draft_chain_greedy (the prompt's first chain) or, with sampling=True,
+    draft_extend [1, K+1] + draft_step [1, 1]. Every call passes tensors of ONE shape and stride
     per step; positions, slots and the accepted-prefix index are device tensors, never Python
-    ints, so nothing varies per round or per prompt (prefill and the prompt's draft extend, the
-    only variable-length steps, run eagerly). `cuda_graph=True` on CUDA uses mode="reduce-overhead"
+    ints, so nothing varies per round or per prompt (prefill and the prompt's step 0, the only
+    variable-length steps, run eagerly). `cuda_graph=True` on CUDA uses mode="reduce-overhead"
     (inductor + CUDA graphs) and is ignored on CPU; `compile_backend` ("eager", "aot_eager",
     "inductor") compiles on any device without CUDA graphs (tests: the dynamo guards are the same).
 
@@ -204,15 +253,17 @@ class Engine:
     under torch.compiler stance "fail_on_recompile", so a new shape raises instead of recompiling
     (or, past dynamo's recompile limit, falling back); a graph break raises (fullgraph); dynamo's
     suppress_errors (compile errors -> eager) is refused.
-    Raises ValueError for eagle_topk > 1 (trees are not implemented here)."""
+    Raises ValueError for eagle_topk > 1 (trees are not implemented here), and from generate for
+    temperature > 0 on a compiled engine built without sampling=True."""
 
     def __init__(self, target: Llama, drafter: Optional[Eagle3Draft] = None, num_steps: int = 3,
                  eagle_topk: int = 1, max_seq: int = 4096, cuda_graph: bool = False,
-                 compile_backend: Optional[str] = None):
+                 compile_backend: Optional[str] = None, sampling: bool = False):
         if eagle_topk != 1:
             raise ValueError(f"eagle_topk = {eagle_topk}: the embedded engine drafts chains only "
                              "(eagle_topk 1); use backend: sglang for tree drafting")
-        self.target, self.drafter, self.K = target, drafter, num_steps
+        self.target, self.drafter, self.K, self.sampling = target, drafter, num_steps, sampling
+        self.V = target.config.vocab_size
         p = target.lm_head.weight
         self.device, self.dtype = p.device, p.dtype
         if target.max_seq != max_seq:  # engines over one target share its cache
@@ -227,8 +278,11 @@ class Engine:
                                   dtype=drafter.fc.weight.dtype)
             self.dv = torch.zeros_like(self.dk)
         self.slots = torch.arange(max_seq, device=self.device)
-        self._decode, self._verify = decode_one, verify
-        self._extend, self._dstep = draft_extend, draft_step
+        self.steps = dict(decode=decode_one, verify=verify, extend=draft_extend, step=draft_step,
+                          chain=draft_chain_greedy, round=draft_round_greedy)
+        # the steps a compiled engine compiles (the others are never called by it)
+        self.hot = ["decode", "verify"] + ([] if drafter is None else
+                                           ["extend", "step"] if sampling else ["chain", "round"])
         if compile_backend is not None:
             kw = dict(backend=compile_backend)
         elif cuda_graph and self.device.type == "cuda":
@@ -244,10 +298,7 @@ class Engine:
                 for t in target.caches() + ([self.dk, self.dv] if drafter is not None else []):
                     torch._dynamo.mark_static_address(t)
             kw.update(fullgraph=True, dynamic=False)
-            self._decode = torch.compile(_private(decode_one), **kw)
-            self._verify = torch.compile(_private(verify), **kw)
-            self._extend = torch.compile(_private(draft_extend), **kw)
-            self._dstep = torch.compile(_private(draft_step), **kw)
+            self.steps.update({k: torch.compile(_private(self.steps[k]), **kw) for k in self.hot})
             self._warm_up()
 
     def _sync(self):
@@ -257,19 +308,30 @@ class Engine:
     @torch.inference_mode()
     def _warm_up(self):
         """Compile each step once, with inputs built exactly as generate builds them. Writes junk
-        into cache rows 1..K+1, which a prefill or a later step rewrites before any query reads."""
-        K, dev, V = self.K, self.device, self.target.config.vocab_size
+        into cache rows 0..2K+2, which a prefill or a later step rewrites before any query reads."""
+        K, dev, V, S = self.K, self.device, self.V, self.steps
         tok = torch.zeros(1, dtype=torch.long, device=dev)
-        self._decode(self.target, tok.view(1, 1), self.slots[1:2])
+        S["decode"](self.target, tok.view(1, 1), self.slots[1:2])
         toks = torch.zeros(1, K + 1, dtype=torch.long, device=dev)
-        _, vaux = self._verify(self.target, toks, self.slots[1:K + 2])
-        if self.drafter is not None:
-            root, rlog = self._extend(self.drafter, self.dk, self.dv, vaux, toks,
-                                      self.slots[1:K + 2], self.slots, self.slots[1:2])
+        _, vaux, best = S["verify"](self.target, toks, self.slots[1:K + 2])
+        d = self.drafter
+        if d is None:
+            return
+        if self.sampling:
+            root, rlog = S["extend"](d, self.dk, self.dv, vaux, toks, self.slots[1:K + 2],
+                                     self.slots, self.slots[1:2])
             if K > 1:
-                tid = self.drafter.to_target_ids(rlog.argmax(-1)).clamp(0, V - 1)
-                self._dstep(self.drafter, self.dk, self.dv, tid.view(1, 1), root.clone(),
-                            self.slots[2:3], self.slots)
+                tid = d.to_target_ids(rlog.argmax(-1)).clamp(0, V - 1)
+                S["step"](d, self.dk, self.dv, tid.view(1, 1), root.clone(), self.slots[2:3],
+                          self.slots)
+            return
+        # the prompt's first chain: its root comes from the eager step 0 over the prompt
+        root, rlog = draft_extend(d, self.dk, self.dv, vaux, toks, self.slots[1:K + 2], self.slots,
+                                  self.slots[K:K + 1])
+        S["chain"](d, self.dk, self.dv, best[:1].clone(), root, rlog, self.slots[K:K + 1],
+                   self.slots, K, V)
+        S["round"](d, self.dk, self.dv, vaux, best, self.slots[1:K + 2], self.slots,
+                   self.slots[1:2], K, V)
 
     @contextlib.contextmanager
     def _sealed(self):
@@ -293,10 +355,8 @@ class Engine:
         if not self.compiled:
             return {}
         from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-        fns = dict(decode=self._decode, verify=self._verify, extend=self._extend,
-                   chain=self._dstep)
-        return {k: len(_debug_get_cache_entry_list(f._torchdynamo_orig_callable.__code__))
-                for k, f in fns.items()}
+        return {k: len(_debug_get_cache_entry_list(self.steps[k]._torchdynamo_orig_callable.__code__))
+                for k in self.hot}
 
     # -- baseline: the same target, no drafter --
     @torch.inference_mode()
@@ -313,8 +373,10 @@ class Engine:
             out = [int(tok)]
             n = ids.shape[1]
             while len(out) < max_new and out[-1] not in stop_ids:
-                logits, _ = self._decode(self.target, tok.view(1, 1), self.slots[n:n + 1])
-                tok = sample(logits[:, -1].clone(), temperature, gen)
+                logits, _, best = self.steps["decode"](self.target, tok.view(1, 1),
+                                                       self.slots[n:n + 1])
+                tok = (best.clone() if temperature <= 0
+                       else sample(logits[:, -1].clone(), temperature, gen))
                 out.append(int(tok))
                 n += 1
         self._sync()
@@ -329,15 +391,23 @@ class Engine:
                  draft_fn: Optional[Callable] = None) -> tuple[list, Stats]:
         """Speculative decoding. ids [1, T] -> (new token ids (at most max_new), Stats).
         `draft_fn(out_tokens, K) -> list of K target ids` forces the drafts (tests only): without
-        a drafter it replaces it; with one, the drafter's chain still runs (same compiled steps
-        and cache traffic) but is fed and returns the forced tokens, as if it had predicted them."""
+        a drafter it replaces it; with one, the drafter still runs (same compiled steps and cache
+        traffic) but its drafts are replaced by the forced ones before the verify.
+        Raises ValueError for temperature > 0 on a compiled engine built without sampling=True."""
         assert self.drafter is not None or draft_fn is not None, "no drafter: use generate_baseline"
+        if temperature > 0 and self.compiled and not self.sampling:
+            raise ValueError("temperature > 0 needs Engine(..., sampling=True): this compiled "
+                             "engine has only the greedy draft graphs")
         self._check_len(ids, max_new)
         st = Stats()
         self._sync()
         t0 = time.perf_counter()
         with self._sealed():
-            out = self._spec_loop(ids, max_new, temperature, gen, stop_ids, draft_fn, st, t0)
+            if temperature <= 0 and not self.sampling:
+                out = self._greedy_loop(ids, max_new, stop_ids, draft_fn, st, t0)
+            else:
+                out = self._sampling_loop(ids, max_new, temperature, gen, stop_ids, draft_fn, st,
+                                          t0)
         if stop_ids:
             for i, t in enumerate(out):
                 if t in stop_ids:
@@ -349,9 +419,52 @@ class Engine:
         st.new_tokens = len(out)
         return out, st
 
-    def _spec_loop(self, ids, max_new, temperature, gen, stop_ids, draft_fn, st, t0) -> list:
-        """The rounds of generate; returns the raw token list (may overrun max_new / stops)."""
-        K, V, dev, d = self.K, self.target.config.vocab_size, self.device, self.drafter
+    def _greedy_loop(self, ids, max_new, stop_ids, draft_fn, st, t0) -> list:
+        """Greedy rounds; returns the raw token list (may overrun max_new / stops). Per round: one
+        verify graph, one host copy of (drafts, target argmax), one drafter graph."""
+        K, V, dev, d, S = self.K, self.V, self.device, self.drafter, self.steps
+        logits, aux = prefill(self.target, ids)
+        first = logits[0, -1:].argmax(-1)  # [1]
+        out = [int(first)]
+        n = ids.shape[1]  # target cache length; out[-1] sits at position n, not yet in the cache
+        self._sync()
+        st.prefill_s = time.perf_counter() - t0
+        toks = None  # the next verify input [1, K+1] = [t_n, d_1..d_K]
+        if d is not None:  # step 0 over the prompt (eager: T varies): (aux_i, token i+1) at i
+            nxt = torch.cat([ids[:, 1:], first.view(1, 1)], dim=1)
+            root, rlog = draft_extend(d, self.dk, self.dv, aux, nxt, self.slots[:n], self.slots,
+                                      self.slots[n - 1:n])
+            toks = S["chain"](d, self.dk, self.dv, first, root, rlog, self.slots[n - 1:n],
+                              self.slots, K, V).clone()
+            self._sync()
+            st.draft_s += time.perf_counter() - t0 - st.prefill_s
+        while len(out) < max_new and out[-1] not in stop_ids:
+            if draft_fn is not None:
+                toks = torch.tensor([[out[-1]] + list(draft_fn(list(out), K))], device=dev)
+            t2 = time.perf_counter()
+            _, vaux, best = S["verify"](self.target, toks, self.slots[n:n + K + 1])
+            host = torch.cat([toks[0, 1:], best]).tolist()  # the round's one device->host sync
+            drafts, target_best = host[:K], host[K:]
+            m = 0
+            while m < K and drafts[m] == target_best[m]:
+                m += 1
+            t3 = time.perf_counter()
+            st.verify_s += t3 - t2
+            st.rounds += 1
+            st.accepted.append(m)
+            out.extend(target_best[:m + 1])  # accepted drafts (= the target's argmax) + bonus
+            if d is not None and len(out) < max_new and out[-1] not in stop_ids:
+                toks = S["round"](d, self.dk, self.dv, vaux, best, self.slots[n:n + K + 1],
+                                  self.slots, self.slots[m:m + 1], K, V).clone()
+                self._sync()
+                st.draft_s += time.perf_counter() - t3
+            n += m + 1
+        return out
+
+    def _sampling_loop(self, ids, max_new, temperature, gen, stop_ids, draft_fn, st, t0) -> list:
+        """Rounds drafted step by step (sampling, or greedy on an engine built with
+        sampling=True); returns the raw token list (may overrun max_new / stops)."""
+        K, V, dev, d, S = self.K, self.V, self.device, self.drafter, self.steps
         logits, aux = prefill(self.target, ids)
         tok = sample(logits[:, -1], temperature, gen)
         out = [int(tok)]
@@ -377,7 +490,7 @@ class Engine:
             t2 = time.perf_counter()
             # verify [t_n, d_1..d_K] in one target forward
             toks = torch.cat([torch.tensor([out[-1]], device=dev), drafts]).view(1, K + 1)
-            vlogits, vaux = self._verify(self.target, toks, self.slots[n:n + K + 1])
+            vlogits, vaux, _ = S["verify"](self.target, toks, self.slots[n:n + K + 1])
             vlogits = vlogits[0].clone()
             if temperature <= 0:
                 m, bonus = accept_greedy(drafts, vlogits)
@@ -398,9 +511,9 @@ class Engine:
             if d is not None:
                 nxt = torch.zeros(1, K + 1, dtype=torch.long, device=dev)
                 nxt[0, :m + 1] = torch.tensor(new, device=dev)
-                root_out, root_logits = self._extend(d, self.dk, self.dv, vaux, nxt,
-                                                     self.slots[n:n + K + 1], self.slots,
-                                                     self.slots[m:m + 1])
+                root_out, root_logits = S["extend"](d, self.dk, self.dv, vaux, nxt,
+                                                    self.slots[n:n + K + 1], self.slots,
+                                                    self.slots[m:m + 1])
                 root_out, root_logits = root_out.clone(), root_logits.clone()
                 st.draft_s += time.perf_counter() - t3
             n += m + 1
@@ -411,7 +524,7 @@ class Engine:
         optional K target ids to use instead of the drafter's choices (tests).
         Returns (drafts [K] target ids, q [K, V] draft distributions over the target vocab or
         None at temperature 0 or when forced)."""
-        d, K, V = self.drafter, self.K, self.target.config.vocab_size
+        d, K, V = self.drafter, self.K, self.V
         hidden, dlog = root_out, root_logits
         drafts, qs = [], []
         for j in range(K):
@@ -428,7 +541,8 @@ class Engine:
                 break
             # chain step j+1 at RoPE position/slot root+j+1, token = the draft just made
             pos = self.slots[root + j + 1:root + j + 2]
-            hidden, lg = self._dstep(d, self.dk, self.dv, tid.view(1, 1), hidden, pos, self.slots)
+            hidden, lg = self.steps["step"](d, self.dk, self.dv, tid.view(1, 1), hidden, pos,
+                                            self.slots)
             hidden, dlog = hidden.clone(), lg[:, -1].clone()
         return torch.cat(drafts), (torch.cat(qs) if qs else None)
 

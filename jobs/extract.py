@@ -17,11 +17,18 @@ Batching: within a shard, samples are sorted by length and packed so that
 batch_size * longest <= params.batch_tokens (right padding; causal attention keeps the padding
 invisible to real tokens). Features are stored in the compute dtype (float32 on CPU).
 
-Atomicity and resume: each shard is serialised in memory, written to `.tmp-<name>`, fsynced and
-renamed; a shard file that exists is complete. A re-run in the same partial dir (ctx.out_dir)
-verifies existing shards (their input_ids must equal the re-tokenised samples) and computes only
-the missing ones, so the final shards are byte-identical to an uninterrupted run. features.json is
-written last. A full disk (ENOSPC) removes the temp file and raises StageError.
+Atomicity, durability and resume: a writer thread serialises each shard, hashes it (sha256,
+in the same pass) while writing it to `.tmp-<name>`, and renames it to its final name, so a
+crashed process never leaves a partial file under a final name. Then it records the sha256 in
+`.<name>.sha256` (sha256sum format). There is no fsync per shard (it made the GPU wait on the
+disk): once all of a rank's shards are written, sync_shards fsyncs each of them and then the
+directory, before features.json (written last) marks the artifact complete. A re-run in the same
+partial dir (ctx.out_dir) reuses a shard under its final name only if its bytes hash to the
+recorded sha256 (a file truncated or zero-filled by a power loss before the final fsync, or one
+without a record, is recomputed) and it holds exactly the re-tokenised samples (shard_ok); only
+the other shards are computed, so the final shards are byte-identical to an uninterrupted run.
+The records are removed once features.json lists the hashes. A full disk (ENOSPC) removes the
+temp file and raises StageError.
 
 Data parallel (ctx.world_size > 1, launched by runner/launch.py): every rank tokenises the same
 samples and cuts the same shards; shard s goes to one rank (assign_shards: balanced by tokens,
@@ -168,8 +175,9 @@ def safetensors_chunks(tensors: dict[str, torch.Tensor], metadata: dict | None =
 
 
 def _write_chunks(path: Path, chunks: list) -> str:
-    """Write, hash (sha256) and fsync; the only place feature bytes hit the disk (tests inject
-    ENOSPC here). Returns the sha256 of what was written."""
+    """Write and hash (sha256) in one pass, no fsync (sync_shards does that once per rank); the
+    only place feature bytes hit the disk (tests inject ENOSPC here). Returns the sha256 of what
+    was written."""
     h = hashlib.sha256()
     step = 1 << 24
     with open(path, "wb") as f:
@@ -178,39 +186,93 @@ def _write_chunks(path: Path, chunks: list) -> str:
                 piece = c[i:i + step]
                 f.write(piece)
                 h.update(piece)
-        f.flush()
-        os.fsync(f.fileno())
     return h.hexdigest()
 
 
-def write_atomic(path: Path, chunks: list) -> str:
-    """Write `chunks` to `.tmp-<name>`, fsync, rename to `path`. Returns the sha256.
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory by path. Linux writes back all of the inode's dirty pages,
+    whichever descriptor wrote them. Raises OSError (e.g. EIO, ENOSPC) as os.fsync does."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_error(path: Path, e: OSError, nbytes: int) -> BaseException:
+    """StageError for a full disk, naming the file and the fix; other OSErrors unchanged."""
+    if e.errno != errno.ENOSPC:
+        return e
+    return StageError(f"disk full while writing {path.name} in {path.parent} "
+                      f"({nbytes / 2**20:.1f} MiB): free space and re-run; completed "
+                      "shards are kept and extraction resumes after them.")
+
+
+def write_atomic(path: Path, chunks: list, sync: bool = True) -> str:
+    """Write `chunks` to `.tmp-<name>` and rename it to `path`; sync=True fsyncs the file before
+    the rename and the directory after it. Returns the sha256 of the bytes.
 
     Raises StageError on ENOSPC (disk full) after removing the temp file."""
     tmp = path.with_name(f".tmp-{path.name}")
     try:
         sha = _write_chunks(tmp, chunks)
+        if sync:
+            fsync_path(tmp)
         os.replace(tmp, path)
+        if sync:
+            fsync_path(path.parent)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        if e.errno == errno.ENOSPC:
-            size = sum(len(c) for c in chunks) / 2**20
-            raise StageError(f"disk full while writing {path.name} in {path.parent} "
-                             f"({size:.1f} MiB): free space and re-run; completed "
-                             "shards are kept and extraction resumes after them.")
-        raise
+        raise _write_error(path, e, sum(len(c) for c in chunks))
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return sha
 
 
+def sha_record(path: Path) -> Path:
+    """Where a shard's sha256 is recorded until features.json lists it: `.<name>.sha256`."""
+    return path.with_name(f".{path.name}.sha256")
+
+
 def write_shard(path: Path, tensors: dict[str, torch.Tensor], ready=None) -> str:
-    """Atomically write one shard (format: jobs/features.py); `ready` is a CUDA event to wait
-    for (the asynchronous device-to-host copies into the tensors). Returns its sha256."""
+    """Atomically write one shard (format: jobs/features.py) without fsync, then record its
+    sha256 (sha_record); `ready` is a CUDA event to wait for (the asynchronous device-to-host
+    copies into the tensors). Returns the sha256. Raises StageError on a full disk."""
     if ready is not None:
         ready.synchronize()
-    return write_atomic(path, safetensors_chunks(tensors, {"format": FORMAT}))
+    chunks = safetensors_chunks(tensors, {"format": FORMAT})
+    sha = write_atomic(path, chunks, sync=False)
+    try:
+        sha_record(path).write_text(f"{sha}  {path.name}\n")
+    except OSError as e:  # no record = not reusable: drop the shard too
+        drop_shard(path)
+        raise _write_error(path, e, sum(len(c) for c in chunks))
+    return sha
+
+
+def drop_shard(path: Path) -> None:
+    """Remove a shard and its sha256 record (it will be recomputed)."""
+    path.unlink(missing_ok=True)
+    sha_record(path).unlink(missing_ok=True)
+
+
+def sync_shards(paths: list[Path], out_dir: Path) -> float:
+    """fsync every shard in `paths`, then `out_dir` once (the renames): after this the shards
+    are as durable as the per-shard fsync used to make them. Returns the seconds spent.
+
+    Raises StageError when the disk reports a deferred write error (e.g. EIO, ENOSPC on
+    writeback), after removing that shard so that a re-run recomputes it."""
+    t0 = time.perf_counter()
+    for p in paths:
+        try:
+            fsync_path(p)
+        except OSError as e:
+            drop_shard(p)
+            raise StageError(f"could not flush {p.name} in {out_dir} to disk ({e}): check the "
+                             "disk and re-run; the other shards are kept.") from e
+    fsync_path(out_dir)
+    return time.perf_counter() - t0
 
 
 def shard_index(samples: list[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
@@ -224,7 +286,8 @@ def shard_index(samples: list[tuple[list[int], list[int]]]) -> dict[str, torch.T
 
 
 def shard_ok(path: Path, samples: list[tuple[list[int], list[int]]], width: int) -> bool:
-    """A complete shard holding exactly these samples (input_ids, mask, offsets, widths)?"""
+    """A complete shard holding exactly these samples (input_ids, mask, offsets, widths)?
+    Checks the structure only; reusable_sha also checks the bytes."""
     from safetensors import safe_open
     try:
         with safe_open(str(path), framework="pt") as f:
@@ -237,11 +300,26 @@ def shard_ok(path: Path, samples: list[tuple[list[int], list[int]]], width: int)
             and list(aux_shape) == [len(want["input_ids"]), width])
 
 
+def reusable_sha(path: Path, samples: list[tuple[list[int], list[int]]],
+                 width: int) -> str | None:
+    """The sha256 of the shard at `path` when a resume may reuse it, else None: its bytes hash
+    to the sha256 recorded when it was written (catches a truncated or zero-filled file, e.g.
+    after a power loss before sync_shards) and it holds exactly `samples` (shard_ok). A shard
+    without a record (a crash between rename and record) is not reused."""
+    try:
+        want = sha_record(path).read_text().split()[0]
+        sha = sha256_file(path)
+    except (OSError, IndexError):
+        return None
+    return sha if sha == want and shard_ok(path, samples, width) else None
+
+
 def default_writers(model) -> int:
     """Shard writer threads: 1 on CPU (the cores compute); on CUDA up to 12, leaving 4 cores to
     the main thread. sha256 and file writes release the GIL, so writers overlap each other and
     the forward passes. Measured on an H200 (SmolLM2, 8x2048 bf16 shards of 75 MB, 16 cores):
-    extract/plain = 0.49 with 4 writers, 0.67 with 8, 0.70-0.75 with 12, 0.65 with 16.
+    extract/plain = 0.49 with 4 writers, 0.67 with 8, 0.70-0.75 with 12, 0.65 with 16 (then
+    with an fsync per shard, since replaced by one sync_shards pass per rank).
     Several ranks on one node (LOCAL_WORLD_SIZE) split the cores unless Slurm already pinned
     this process to its share."""
     if next(model.parameters()).is_cuda:
@@ -291,10 +369,12 @@ def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: 
     """Write shards for `samples` into out_dir, resuming after complete shards.
 
     Per shard: length-bucketed batches -> capture() -> asynchronous copies into one pinned
-    buffer per tensor -> a writer thread serialises, hashes and atomically renames it.
+    buffer per tensor -> a writer thread serialises, hashes and atomically renames it (no
+    fsync); at the end sync_shards fsyncs this rank's shards and out_dir once.
     rank/world: only this rank's shards (assign_shards) are verified and computed.
     Returns {"shards": [{"file", "num_samples", "num_tokens", "sha256"}] (this rank's, in shard
-    order), "shard_ids" (their indices), "resumed_shards", "computed_tokens", "seconds"}.
+    order), "shard_ids" (their indices), "resumed_shards", "computed_tokens", "seconds" (all
+    of it, the final fsync included), "sync_seconds" (the final fsync)}.
     Raises StageError when a write fails (e.g. disk full); shards that completed stay, and a
     re-run resumes after them."""
     from tqdm import tqdm
@@ -314,12 +394,13 @@ def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: 
     for s in mine:
         group = groups[s]
         path = out_dir / SHARD.format(s)
-        if path.exists() and shard_ok(path, group, width):
+        sha = reusable_sha(path, group, width)
+        if sha:
             shards[s] = {"file": path.name, "num_samples": len(group),
-                         "num_tokens": sum(len(x[0]) for x in group), "sha256": sha256_file(path)}
+                         "num_tokens": sum(len(x[0]) for x in group), "sha256": sha}
             resumed += 1
         else:
-            path.unlink(missing_ok=True)
+            drop_shard(path)
             todo.append(s)
     total = sum(len(x[0]) for s in todo for x in groups[s])
     bar = tqdm(total=total, unit="tok", desc="extract", disable=not progress, smoothing=0.1)
@@ -361,17 +442,20 @@ def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: 
                 f.cancel()
             raise
     bar.close()
+    sync_s = sync_shards([out_dir / SHARD.format(s) for s in mine], out_dir)
     shards = [shards[s] for s in mine]
     for sh in shards:
         if not isinstance(sh["sha256"], str):
             sh["sha256"] = sh["sha256"].result()
     return {"shards": shards, "shard_ids": mine, "resumed_shards": resumed,
-            "computed_tokens": total, "seconds": time.perf_counter() - t0}
+            "computed_tokens": total, "seconds": time.perf_counter() - t0,
+            "sync_seconds": sync_s}
 
 
 def gather_shards(res: dict) -> dict:
     """extract_samples results of all ranks merged: every shard in shard order, resumed shards
-    and computed tokens summed, seconds = the slowest rank. One rank: `res` itself."""
+    and computed tokens summed, seconds and sync_seconds = the slowest rank's. One rank: `res`
+    itself."""
     parts = D.all_gather_object(res)
     if len(parts) == 1:
         return res
@@ -380,7 +464,8 @@ def gather_shards(res: dict) -> dict:
     return {"shards": [by_id[s] for s in ids], "shard_ids": ids,
             "resumed_shards": sum(r["resumed_shards"] for r in parts),
             "computed_tokens": sum(r["computed_tokens"] for r in parts),
-            "seconds": max(r["seconds"] for r in parts)}
+            "seconds": max(r["seconds"] for r in parts),
+            "sync_seconds": max(r["sync_seconds"] for r in parts)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -471,6 +556,8 @@ def run(ctx: StageContext) -> dict:
     }
     if rank == 0:
         _write_json(out / MANIFEST, manifest)
+        for sh in res["shards"]:  # features.json now records the hashes
+            sha_record(out / sh["file"]).unlink(missing_ok=True)
     D.barrier()  # the manifest exists before any rank returns
     secs = max(res["seconds"], 1e-9)
     dropped = sum(data_report.get("dropped", {}).values())

@@ -7,9 +7,13 @@
   base          the embedded engine without a drafter (decode_one loop)
   spec          the embedded engine with an EAGLE-3 drafter dir (tau, tok/s, speedup vs base)
 
-Each: warm-up, synchronize, median of --repeats. Writes JSON + a markdown table.
+Each path: one warm-up generation, then --repeats timed passes over the prompts (the built-in
+prompt, or the first --mtbench N MT-bench questions); tok/s = tokens / seconds of the median
+pass. Every path makes exactly --new tokens per prompt (EOS ignored), so the rows compare equal
+work. Writes JSON + a markdown table.
 
   python scripts/bench_engine.py --draft runs/demo/export --new 64 --out bench_engine
+  python scripts/bench_engine.py --draft DIR --mtbench 8 --new 256 --steps 4 --cuda-graph --repeats 1
   python scripts/bench_engine.py --random-draft --new 32 --repeats 2 --cuda-graph   # no drafter dir
 """
 
@@ -32,15 +36,16 @@ from runner.spec import default_aux_ids  # noqa: E402
 PROMPT = "Write a short story about a robot who learns to paint. Describe its first painting."
 
 
-def timed(fn, device, repeats):
-    """Warm-up once, then `repeats` runs; returns (median seconds, last result)."""
-    fn()
+def timed(fn, prompts, device, repeats):
+    """fn(ids) -> result. Warm-up on the first prompt, then `repeats` passes over all prompts;
+    returns (seconds of the median pass, the results of the last pass, one per prompt)."""
+    fn(prompts[0])
     ts, res = [], None
     for _ in range(repeats):
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        res = fn()
+        res = [fn(ids) for ids in prompts]
         if device.type == "cuda":
             torch.cuda.synchronize()
         ts.append(time.perf_counter() - t0)
@@ -69,7 +74,9 @@ def main(argv=None):
                     "geometry (no GGUF/tokenizer needed; speed only, e.g. on a bare GPU box)")
     ap.add_argument("--draft", default=None, help="exported EAGLE-3 drafter dir (SGLang format)")
     ap.add_argument("--random-draft", action="store_true", help="export a random drafter (tau~1)")
-    ap.add_argument("--new", type=int, default=64, help="new tokens")
+    ap.add_argument("--new", type=int, default=64, help="new tokens per prompt")
+    ap.add_argument("--mtbench", type=int, default=0, help="use the first N MT-bench questions "
+                    "(first turns, chat template) instead of the built-in prompt")
     ap.add_argument("--steps", type=int, default=3, help="num_steps (chain)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="auto")
@@ -86,35 +93,46 @@ def main(argv=None):
     if a.random_target:
         hf, cfg = random_smollm2(a.device, a.dtype)
         dev = next(hf.parameters()).device
-        ids = torch.randint(0, cfg["vocab_size"], (1, 48), generator=torch.Generator().manual_seed(0)).to(dev)
+        prompts = [torch.randint(0, cfg["vocab_size"], (1, 48),
+                                 generator=torch.Generator().manual_seed(0)).to(dev)]
     else:
         from jobs.target import load_target
         from runner.assets import asset_path
         hf, tok, cfg = load_target(a.target or asset_path("smollm2"), device=a.device, dtype=a.dtype)
         dev = next(hf.parameters()).device
-        ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
-                                      return_tensors="pt", return_dict=True)["input_ids"].to(dev)
-    T, N = ids.shape[1], a.new
+        if a.mtbench:
+            from jobs.prompts import mtbench
+            msgs = [q["messages"] for q in mtbench(a.mtbench)]
+        else:
+            msgs = [[{"role": "user", "content": PROMPT}]]
+        prompts = [tok.apply_chat_template(m, add_generation_prompt=True, return_tensors="pt",
+                                           return_dict=True)["input_ids"].to(dev) for m in msgs]
+    N = a.new
+    T = max(ids.shape[1] for ids in prompts)
     skip = set(filter(None, a.skip.split(",")))
-    res = {"device": str(dev), "dtype": str(next(hf.parameters()).dtype), "prompt_tokens": T,
-           "new_tokens": N, "steps": a.steps, "cuda_graph": a.cuda_graph, "rows": {}}
-    gen_kw = dict(max_new_tokens=N, min_new_tokens=N, do_sample=False,
-                  attention_mask=torch.ones_like(ids))
+    res = {"device": str(dev), "dtype": str(next(hf.parameters()).dtype), "prompts": len(prompts),
+           "max_prompt_tokens": T, "new_tokens": N, "steps": a.steps, "cuda_graph": a.cuda_graph,
+           "repeats": a.repeats, "rows": {}}
+    total = N * len(prompts)
 
-    def hf_run(**kw):
+    def row(s, outs, **extra):
+        return {"tok_s": total / s, "ms_per_token": 1000 * s / total, "tokens": outs, **extra}
+
+    def hf_run(ids, **kw):
         with torch.inference_mode():
-            return hf.generate(ids, **gen_kw, **kw)[0, T:].tolist()
+            return hf.generate(ids, max_new_tokens=N, min_new_tokens=N, do_sample=False,
+                               attention_mask=torch.ones_like(ids), **kw)[0, ids.shape[1]:].tolist()
 
     for name, kw in (("hf", {}), ("hf_static", {"cache_implementation": "static"}),
                      ("hf_lookup", {"prompt_lookup_num_tokens": 10})):
         if name in skip:
             continue
         try:
-            s, out = timed(lambda: hf_run(**kw), dev, a.repeats)
-            res["rows"][name] = {"tok_s": len(out) / s, "ms_per_token": 1000 * s / len(out),
-                                 "tokens": out}
+            s, outs = timed(lambda ids: hf_run(ids, **kw), prompts, dev, a.repeats)
+            res["rows"][name] = row(s, outs)
         except Exception as e:  # an HF path unsupported here: record why, keep going
             res["rows"][name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+        print(name, {k: v for k, v in res["rows"][name].items() if k != "tokens"}, flush=True)
 
     L = cfg["num_hidden_layers"]
     aux = tuple(default_aux_ids(L))  # SGLang's default aux layers
@@ -126,25 +144,31 @@ def main(argv=None):
         draft_dir = export_drafter(Path(tempfile.mkdtemp()) / "d", hf.config, aux, draft_vocab=2048)
     max_seq = T + N + 2 * a.steps + 8
     base = Engine(target, None, num_steps=a.steps, max_seq=max_seq, cuda_graph=a.cuda_graph)
-    s, (out, _) = timed(lambda: base.generate_baseline(ids, N), dev, a.repeats)
-    res["rows"]["base"] = {"tok_s": len(out) / s, "ms_per_token": 1000 * s / len(out), "tokens": out}
+    s, outs = timed(lambda ids: base.generate_baseline(ids, N)[0], prompts, dev, a.repeats)
+    res["rows"]["base"] = row(s, outs)
     if draft_dir is not None:
         d = load_exported(draft_dir, target.embed_tokens.weight, device=dev,
                           dtype=target.lm_head.weight.dtype)
         eng = Engine(target, d, num_steps=a.steps, max_seq=max_seq, cuda_graph=a.cuda_graph)
-        s, (sout, st) = timed(lambda: eng.generate(ids, N), dev, a.repeats)
-        res["rows"]["spec"] = {"tok_s": len(sout) / s, "ms_per_token": 1000 * s / len(sout),
-                               "tau": st.tau, "accept_per_pos": st.accept_per_pos(a.steps),
-                               "draft_ms_per_round": 1000 * st.draft_s / st.rounds,
-                               "verify_ms_per_round": 1000 * st.verify_s / st.rounds,
-                               "lossless_vs_base": sout == out, "tokens": sout}
+        s, runs = timed(lambda ids: eng.generate(ids, N), prompts, dev, a.repeats)
+        sts = [st for _, st in runs]
+        rounds = sum(st.rounds for st in sts)
+        tau = sum(sum(st.accepted) + st.rounds for st in sts) / rounds
+        res["rows"]["spec"] = row(
+            s, [o for o, _ in runs], tau=tau,
+            accept_per_pos=[sum(st.accept_per_pos(a.steps)[j] * st.rounds for st in sts) / rounds
+                            for j in range(a.steps)],
+            draft_ms_per_round=1000 * sum(st.draft_s for st in sts) / rounds,
+            verify_ms_per_round=1000 * sum(st.verify_s for st in sts) / rounds)
         res["rows"]["spec"]["speedup_vs_base"] = res["rows"]["spec"]["tok_s"] / res["rows"]["base"]["tok_s"]
+    out = res["rows"]["base"]["tokens"]
     b = res["rows"]["base"]["tok_s"]
     for r in res["rows"].values():
         if "tok_s" in r:
             r["vs_base"] = r["tok_s"] / b
-    lines = [f"device {res['device']} {res['dtype']}, prompt {T} tokens, {N} new, greedy, batch 1, "
-             f"median of {a.repeats}, cuda_graph={a.cuda_graph}", "",
+    lines = [f"device {res['device']} {res['dtype']}, {len(prompts)} prompt(s) of <= {T} tokens, "
+             f"{N} new tokens each, greedy, batch 1, median of {a.repeats} pass(es), "
+             f"cuda_graph={a.cuda_graph}", "",
              "| path | tok/s | ms/token | vs engine baseline | tau | same tokens as base |",
              "|---|---|---|---|---|---|"]
     for name, r in res["rows"].items():

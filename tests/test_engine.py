@@ -248,7 +248,8 @@ def test_compiled_steps_stay_static_under_varying_accept_lengths(tmp_path, mode)
     eager = Engine(t, d, num_steps=K, max_seq=128)
     kw = dict(cuda_graph=True) if mode == "cuda_graph" else dict(compile_backend=mode)
     e = Engine(t, d, num_steps=K, max_seq=128, **kw)
-    assert e.compiled and e.graph_counts() == dict(decode=1, verify=1, extend=1, chain=1)
+    greedy_graphs = dict(decode=1, verify=1, chain=1, round=1)
+    assert e.compiled and e.graph_counts() == greedy_graphs
     accepted, g = set(), torch.Generator().manual_seed(0)
     for p in range(10):
         ids = torch.randint(0, 64, (1, 4 + p), generator=g).to(dev)
@@ -268,13 +269,22 @@ def test_compiled_steps_stay_static_under_varying_accept_lengths(tmp_path, mode)
         assert spec == own == base, p
         assert e.generate_baseline(ids, 30)[0] == base
         accepted |= set(st.accepted)
-    e.generate(ids, 12, temperature=1.0, gen=torch.Generator(dev).manual_seed(0))  # same shapes
     assert accepted == set(range(K + 1))  # every accept length occurred
-    assert e.graph_counts() == dict(decode=1, verify=1, extend=1, chain=1)
+    assert e.graph_counts() == greedy_graphs
+    with pytest.raises(ValueError, match="sampling=True"):
+        e.generate(ids, 12, temperature=1.0)
+    # the sampling engine's step-by-step graphs: greedy and sampled rounds through one graph each
+    es = Engine(t, d, num_steps=K, max_seq=128, sampling=True, **kw)
+    for p in range(3):
+        ids = torch.randint(0, 64, (1, 5 + p), generator=g).to(dev)
+        assert es.generate(ids, 30)[0] == eager.generate_baseline(ids, 30)[0]
+        es.generate(ids, 12, temperature=1.0, gen=torch.Generator(dev).manual_seed(p))
+    assert es.graph_counts() == dict(decode=1, verify=1, extend=1, step=1)
     # a new shape after warm-up raises instead of silently recompiling or falling back
     with pytest.raises(RuntimeError, match="new input shape"), torch.inference_mode():
         with e._sealed():
-            e._verify(t, torch.zeros(1, K + 2, dtype=torch.long, device=dev), e.slots[:K + 2])
+            e.steps["verify"](t, torch.zeros(1, K + 2, dtype=torch.long, device=dev),
+                              e.slots[:K + 2])
     with torch._dynamo.config.patch(suppress_errors=True), pytest.raises(ValueError,
                                                                          match="suppress_errors"):
         Engine(t, d, num_steps=K, max_seq=128, compile_backend="eager")

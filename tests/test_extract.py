@@ -129,7 +129,7 @@ def test_stage_writes_documented_format(extracted, smollm2):
         from runner.stage import sha256_file
         assert sha256_file(out / s["file"]) == s["sha256"]
     assert m["data_report"]["records_read"] > 17000
-    assert not list(out.glob(".tmp-*"))
+    assert not list(out.glob(".tmp-*")) and not list(out.glob(".*.sha256"))
     feats = open_features(out, spec.aux_ids, spec.feature_width)
     head = feats.head()
     assert torch.equal(head["embed_tokens"], model.model.embed_tokens.weight)
@@ -158,9 +158,8 @@ def test_mismatched_drafter_is_refused(extracted):
         open_features(out, AUX, 576)
 
 
-def test_interrupted_run_resumes_byte_identical(extracted, smollm2, tmp_path, monkeypatch):
-    spec, clean, _, _ = extracted
-    out = tmp_path / "partial"
+def kill_at_second_shard(spec, out, smollm2, monkeypatch) -> None:
+    """Run the stage into `out`, killed while shard 1 is pending: shard 0 alone is written."""
     real, calls = ex.write_shard, []
 
     def dies_on_second(path, tensors, ready=None):
@@ -173,6 +172,12 @@ def test_interrupted_run_resumes_byte_identical(extracted, smollm2, tmp_path, mo
     with pytest.raises(KeyboardInterrupt):
         run_extract(spec, out, smollm2)
     monkeypatch.setattr(ex, "write_shard", real)
+
+
+def test_interrupted_run_resumes_byte_identical(extracted, smollm2, tmp_path, monkeypatch):
+    spec, clean, _, _ = extracted
+    out = tmp_path / "partial"
+    kill_at_second_shard(spec, out, smollm2, monkeypatch)
     assert (out / "shard-00000.safetensors").exists()
     assert not (out / "shard-00001.safetensors").exists() and not (out / "features.json").exists()
     _, metrics = run_extract(spec, out, smollm2)
@@ -198,12 +203,90 @@ def test_disk_full_leaves_no_partial_shard(extracted, smollm2, tmp_path, monkeyp
     monkeypatch.setattr(ex, "_write_chunks", enospc_on_second)
     with pytest.raises(StageError, match="disk full while writing shard-00001"):
         run_extract(spec, out, smollm2)
-    assert sorted(p.name for p in out.iterdir()) == ["shard-00000.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == [".shard-00000.safetensors.sha256",
+                                                      "shard-00000.safetensors"]
     monkeypatch.setattr(ex, "_write_chunks", real)
     _, metrics = run_extract(spec, out, smollm2)
     assert metrics["resumed_shards"] == 1
     for p in clean.glob("shard-*"):
         assert (out / p.name).read_bytes() == p.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A tiny random Llama and 6 samples (3 shards of 2): the shard I/O paths in milliseconds."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)).eval()
+    g = torch.Generator().manual_seed(0)
+    samples = [(torch.randint(1, 97, (n,), generator=g).tolist(), [0] * 8 + [1] * (n - 8))
+               for n in (64, 40, 72, 33, 50, 64)]
+    return model, samples
+
+
+def tiny_extract(tiny, out, **kw) -> dict:
+    """extract_samples of the tiny model: aux ids [0, 1], 2 samples per shard."""
+    out.mkdir(parents=True, exist_ok=True)
+    model, samples = tiny
+    return ex.extract_samples(model, samples, [0, 1], out, 2, 256, progress=False, **kw)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "zero-filled"])
+def test_damaged_shard_is_rewritten_on_resume(tiny, tmp_path, damage):
+    """A shard under its final name whose bytes were lost (e.g. a power loss before the final
+    fsync: cut short, or full length with a zero-filled page) is recomputed, not reused. The
+    zero-filled page lies inside aux_hidden, where the index tensors (shard_ok) look fine."""
+    clean = tmp_path / "clean"
+    ref = tiny_extract(tiny, clean)
+    out = tmp_path / damage
+    out.mkdir()
+    name = "shard-00001.safetensors"
+    for f in (name, f".{name}.sha256"):  # left by an earlier run, record included
+        (out / f).write_bytes((clean / f).read_bytes())
+    data = (out / name).read_bytes()
+    mid = len(data) // 2
+    (out / name).write_bytes(data[:mid] if damage == "truncated"
+                             else data[:mid] + bytes(4096) + data[mid + 4096:])
+    if damage == "zero-filled":
+        assert ex.shard_ok(out / name, tiny[1][2:4], 128)  # only the sha256 catches it
+    res = tiny_extract(tiny, out)
+    assert res["resumed_shards"] == 0 and res["shards"] == ref["shards"]
+    for p in clean.glob("shard-*"):
+        assert (out / p.name).read_bytes() == p.read_bytes()
+    (out / name).unlink()  # an intact shard with its record is reused
+    tiny_extract(tiny, out)
+    assert tiny_extract(tiny, out)["resumed_shards"] == 3
+
+
+def test_shards_are_fsynced_once_at_the_end(tiny, tmp_path, monkeypatch):
+    """No fsync while shards are written; every shard, then the directory, once at the end. A
+    deferred write error there drops that shard (StageError) and a re-run recomputes it."""
+    clean = tmp_path / "clean"
+    tiny_extract(tiny, clean)
+    out = tmp_path / "sync"
+    real, synced, fail = ex.fsync_path, [], ["shard-00001.safetensors"]
+
+    def record(path):
+        synced.append(path.name)
+        if path.name in fail:
+            fail.remove(path.name)
+            raise OSError(errno.EIO, "Input/output error")
+        return real(path)
+
+    monkeypatch.setattr(ex, "fsync_path", record)
+    with pytest.raises(StageError, match="could not flush shard-00001"):
+        tiny_extract(tiny, out)
+    assert synced == ["shard-00000.safetensors", "shard-00001.safetensors"]
+    assert sorted(p.name for p in out.glob("*shard-00001*")) == []
+    synced.clear()
+    res = tiny_extract(tiny, out)
+    assert res["resumed_shards"] == 2 and res["sync_seconds"] <= res["seconds"]
+    shards = sorted(p.name for p in clean.glob("shard-*"))
+    assert synced == shards + [out.name]
+    for n in shards:
+        assert (out / n).read_bytes() == (clean / n).read_bytes()
 
 
 def test_target_loader_caches_gguf_as_hf_folder(smollm2, smollm2_path, tmp_path):
