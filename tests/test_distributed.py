@@ -253,9 +253,11 @@ def test_sharded_extraction_equals_one_rank_and_resumes(smollm2, smollm2_path, t
     from jobs.extract import assign_shards
     mine = assign_shards([s["num_tokens"] for s in m1["shards"]], 2)
     keep = [mine[0][0], mine[1][0]]  # one complete shard of each rank
-    for s in keep:
-        shutil.copy2(one / m1["shards"][s]["file"], part / m1["shards"][s]["file"])
     assert len(mine[1]) >= 2
+    for s in keep + [mine[1][-1]]:  # each written shard has its sha256 record (jobs/extract.py)
+        sh = m1["shards"][s]
+        shutil.copy2(one / sh["file"], part / sh["file"])
+        ex.sha_record(part / sh["file"]).write_text(f"{sh['sha256']}  {sh['file']}\n")
     bad = m1["shards"][mine[1][-1]]["file"]  # truncated: must be recomputed
     (part / bad).write_bytes((one / bad).read_bytes()[:100])
     (part / f".tmp-{m1['shards'][mine[0][-1]]['file']}").write_bytes(b"junk")
@@ -268,6 +270,7 @@ def test_sharded_extraction_equals_one_rank_and_resumes(smollm2, smollm2_path, t
         assert (two / m1["shards"][s]["file"]).stat().st_mtime_ns == kept[s]
     m2 = json.loads((two / "features.json").read_text())
     assert not list(two.glob(".tmp-*")) and len(list(two.glob("features*.json"))) == 1
+    assert not list(two.glob(".*.sha256"))
     strip = lambda m: {k: v for k, v in m.items() if k != "shards"}  # noqa: E731
     assert strip(m1) == strip(m2)
     assert [(s["file"], s["num_samples"], s["num_tokens"]) for s in m1["shards"]] == \

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the device machine, right after issue7.sh (same warm machine): finish the spec if the time box
-# cut it (apply resumes), then the one-run decode table with the trained drafter, the GPU tests and
-# the extraction benchmark. Results go to $OUT/r.
-#   bash scripts/gpu/after7.sh SECONDS_FOR_APPLY
+# cut it (apply resumes), then any of: the GPU tests, the one-run decode table with the trained
+# drafter, the extraction benchmark. Results go to $OUT/r.
+#   bash scripts/gpu/after7.sh APPLY_SECONDS [tests] [engine] [extract]
 source scripts/gpu/setup.sh
 mkdir -p "$OUT/r"
 trap 'cp runs/results-gpu.duckdb "$OUT/r/" 2>/dev/null; tar czf "$OUT/r/state.tgz" runs/results-gpu.duckdb.spool runs/smollm2-sharegpt-gpu/logs runs/smollm2-sharegpt-gpu/bench runs/smollm2-sharegpt-gpu/train/*/train_metrics.json 2>/dev/null' EXIT
@@ -11,12 +11,18 @@ SPEC=specs/smollm2-sharegpt-gpu.yaml
 W=runs/smollm2-sharegpt-gpu
 if [ "${1:-0}" -gt 0 ]; then
   timeout --signal=INT "$1" python3 -m runner apply $SPEC 2>&1 | tr '\r' '\n' | grep -v "it/s\]$\|tok/s\]$\|prompt/s\]$" | tail -30
+  python3 -m runner query "SELECT variant, prompt_set, num_steps, round(tau,3) tau, round(spec_tok_s,1) spec, round(base_tok_s,1) base, round(speedup,3) x, lossless, flags FROM bench_summary ORDER BY 1,2,3" --results runs/results-gpu.duckdb
 fi
-python3 -m runner query "SELECT variant, prompt_set, num_steps, round(tau,3) tau, round(spec_tok_s,1) spec, round(base_tok_s,1) base, round(speedup,3) x, lossless, flags FROM bench_summary ORDER BY 1,2,3" --results runs/results-gpu.duckdb
-KEY=$(python3 -c "import json; print(json.load(open('$W/state/base.export.json'))['key'][:16])")
-git rev-parse HEAD 2>/dev/null | tee "$OUT/r/commit"
-python3 -m pytest tests/test_engine.py -m gpu -q -p no:cacheprovider 2>&1 | tail -5
-python3 scripts/bench_engine.py --draft "$W/export/$KEY" --mtbench 8 --new 256 --steps 4 \
-  --cuda-graph --repeats 1 --out "$OUT/r/bench_engine" 2>&1 | grep -v Warning | tail -20
-python3 scripts/bench_extract.py --device cuda --batch 8 --seq 2048 --batches 32 --random-init \
-  --out "$OUT/r/bex" 2>&1 | tail -15
+shift
+for part in "$@"; do
+  case $part in
+    tests) timeout 150 python3 -m pytest tests/test_engine.py -m gpu -q -p no:cacheprovider 2>&1 | tail -5 ;;
+    engine)
+      KEY=$(python3 -c "import json; print(json.load(open('$W/state/base.export.json'))['key'][:16])")
+      timeout 330 python3 scripts/bench_engine.py --draft "$W/export/$KEY" --mtbench 8 --new 256 \
+        --steps 4 --cuda-graph --repeats 1 --out "$OUT/r/bench_engine" 2>&1 | grep -v Warning | tail -20 ;;
+    extract)
+      timeout 150 python3 scripts/bench_extract.py --device cuda --batch 8 --seq 2048 --batches 32 \
+        --random-init --out "$OUT/r/bex" 2>&1 | tail -15 ;;
+  esac
+done
