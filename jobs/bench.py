@@ -158,17 +158,21 @@ def run(ctx: StageContext) -> dict:
                 for q in load_prompt_set(s, spec, p.num_prompts)] for s in p.prompt_sets}
     Kmax = max(c.num_steps for c in p.configs)
     longest = max(ids.shape[1] for v in sets.values() for _, ids in v)
-    max_seq = longest + max(p.max_new_tokens) + 2 * Kmax + 8
+    max_seq = longest + max(p.max_new_tokens) + 3 * Kmax + 8
     train_samples = _train_samples(export_dir, spec)
     all_rows, summaries = [], []
+    # bf16/fp16: every target forward runs Kmax+1 rows, baseline included, so that greedy outputs
+    # are comparable bit for bit (jobs/engine.py, Engine `width`); float32 decodes 1 row
+    width = Kmax + 1 if target.lm_head.weight.dtype in (torch.bfloat16, torch.float16) else None
     for cg in p.cuda_graph:
-        base_engine = Engine(target, None, num_steps=Kmax, max_seq=max_seq, cuda_graph=cg)
+        base_engine = Engine(target, None, num_steps=Kmax, max_seq=max_seq, cuda_graph=cg,
+                             width=width)
         warm = next(iter(sets.values()))[0][1]
         base_engine.generate_baseline(warm, 4, stop_ids=stop)  # warm-up (compiles when cg)
         engines = {}
         for c in p.configs:
             e = Engine(target, drafter, num_steps=c.num_steps, eagle_topk=c.eagle_topk,
-                       max_seq=max_seq, cuda_graph=cg, sampling=p.temperature > 0)
+                       max_seq=max_seq, cuda_graph=cg, sampling=p.temperature > 0, width=width)
             e.generate(warm, 2 * c.num_steps + 4, stop_ids=stop)  # warm-up
             engines[c] = e
         for set_name, prompts in sets.items():

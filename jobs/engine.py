@@ -80,11 +80,25 @@ def decode_one(target: Llama, tok: torch.Tensor, pos: torch.Tensor):
 
 
 def verify(target: Llama, toks: torch.Tensor, pos: torch.Tensor):
-    """toks [1, K+1] = [t_n, d_1..d_K], pos [K+1] = n..n+K -> (logits [1, K+1, V],
-    aux [1, K+1, 3H], best [K+1] = the target's greedy token after each of toks).
-    logits[:, j] is the target's prediction for the token after toks[:, j]."""
-    logits, aux = target(toks, pos)
-    return logits, aux, logits[0].argmax(-1)
+    """toks [1, k] = [t_n, d_1..d_K] (k = K+1), pos [W] = n..n+W-1 with W >= k: the target runs
+    W rows, toks right-padded with token 0 (padding rows write cache slots past n+K, which are
+    rewritten before any query attends them). Returns (logits [1, k, V], aux [1, k, 3H],
+    best [k] = the target's greedy token after each of toks); logits[:, j] is the target's
+    prediction for the token after toks[:, j].
+
+    A fixed W makes every row's numerics independent of how many rows are real: a bf16 matmul
+    over 1 row and over K+1 rows can round differently (another kernel), which flips near-tied
+    argmaxes, so a greedy decode over W-row forwards is the reference that speculative rounds
+    of the same W reproduce bit for bit (see Engine, `width`)."""
+    k = toks.shape[1]
+    logits, aux = target(torch.nn.functional.pad(toks, (0, pos.shape[0] - k)), pos)
+    return logits[:, :k], aux[:, :k], logits[0, :k].argmax(-1)
+
+
+def decode_wide(target: Llama, tok: torch.Tensor, pos: torch.Tensor):
+    """Greedy/sampled decode through the verify-shaped forward: tok [1, 1], pos [W] ->
+    (logits [1, 1, V], aux [1, 1, 3H], best [1]). The baseline of an Engine with `width`."""
+    return verify(target, tok, pos)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -253,16 +267,28 @@ class Engine:
     under torch.compiler stance "fail_on_recompile", so a new shape raises instead of recompiling
     (or, past dynamo's recompile limit, falling back); a graph break raises (fullgraph); dynamo's
     suppress_errors (compile errors -> eager) is refused.
-    Raises ValueError for eagle_topk > 1 (trees are not implemented here), and from generate for
-    temperature > 0 on a compiled engine built without sampling=True."""
+    `width` W (>= K+1): every target forward after the prefill runs W rows, the verify and the
+    baseline's decode alike (decode_wide). In bf16 a 1-row and a (K+1)-row forward round
+    differently, so a plain decode baseline and the speculative output drift apart after a few
+    dozen tokens (measured on the H200: 24 of 80 MT-bench prompts identical over 256 tokens);
+    with one W for both, every row is computed by the same kernels and the greedy outputs are
+    identical (tests/test_engine.py, bf16 on CPU). None: verify runs K+1 rows, decode 1.
+    Raises ValueError for eagle_topk > 1 (trees are not implemented here), for width < K+1, and
+    from generate for temperature > 0 on a compiled engine built without sampling=True."""
 
     def __init__(self, target: Llama, drafter: Optional[Eagle3Draft] = None, num_steps: int = 3,
                  eagle_topk: int = 1, max_seq: int = 4096, cuda_graph: bool = False,
-                 compile_backend: Optional[str] = None, sampling: bool = False):
+                 compile_backend: Optional[str] = None, sampling: bool = False,
+                 width: Optional[int] = None):
         if eagle_topk != 1:
             raise ValueError(f"eagle_topk = {eagle_topk}: the embedded engine drafts chains only "
                              "(eagle_topk 1); use backend: sglang for tree drafting")
+        if width is not None and width < num_steps + 1:
+            raise ValueError(f"width = {width}: the verify forward needs at least num_steps + 1 = "
+                             f"{num_steps + 1} rows")
         self.target, self.drafter, self.K, self.sampling = target, drafter, num_steps, sampling
+        self.W = width or num_steps + 1  # rows of every verify forward
+        self.wide = width is not None  # the baseline decodes through W-row forwards too
         self.V = target.config.vocab_size
         p = target.lm_head.weight
         self.device, self.dtype = p.device, p.dtype
@@ -278,7 +304,8 @@ class Engine:
                                   dtype=drafter.fc.weight.dtype)
             self.dv = torch.zeros_like(self.dk)
         self.slots = torch.arange(max_seq, device=self.device)
-        self.steps = dict(decode=decode_one, verify=verify, extend=draft_extend, step=draft_step,
+        self.steps = dict(decode=decode_wide if width else decode_one, verify=verify,
+                          extend=draft_extend, step=draft_step,
                           chain=draft_chain_greedy, round=draft_round_greedy)
         # the steps a compiled engine compiles (the others are never called by it)
         self.hot = ["decode", "verify"] + ([] if drafter is None else
@@ -301,6 +328,11 @@ class Engine:
             self.steps.update({k: torch.compile(_private(self.steps[k]), **kw) for k in self.hot})
             self._warm_up()
 
+    @property
+    def _decode_rows(self) -> int:
+        """Rows of the baseline's decode forward: W with `width`, else 1."""
+        return self.W if self.wide else 1
+
     def _sync(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -311,9 +343,10 @@ class Engine:
         into cache rows 0..2K+2, which a prefill or a later step rewrites before any query reads."""
         K, dev, V, S = self.K, self.device, self.V, self.steps
         tok = torch.zeros(1, dtype=torch.long, device=dev)
-        S["decode"](self.target, tok.view(1, 1), self.slots[1:2])
+        S["decode"](self.target, tok.view(1, 1), self.slots[1:1 + self._decode_rows])
         toks = torch.zeros(1, K + 1, dtype=torch.long, device=dev)
-        _, vaux, best = S["verify"](self.target, toks, self.slots[1:K + 2])
+        _, vaux, best = S["verify"](self.target, toks, self.slots[1:1 + self.W])
+        vaux, best = vaux.clone(), best.clone()  # CUDA graphs: the next replay reuses the buffers
         d = self.drafter
         if d is None:
             return
@@ -374,7 +407,7 @@ class Engine:
             n = ids.shape[1]
             while len(out) < max_new and out[-1] not in stop_ids:
                 logits, _, best = self.steps["decode"](self.target, tok.view(1, 1),
-                                                       self.slots[n:n + 1])
+                                                       self.slots[n:n + self._decode_rows])
                 tok = (best.clone() if temperature <= 0
                        else sample(logits[:, -1].clone(), temperature, gen))
                 out.append(int(tok))
@@ -442,7 +475,8 @@ class Engine:
             if draft_fn is not None:
                 toks = torch.tensor([[out[-1]] + list(draft_fn(list(out), K))], device=dev)
             t2 = time.perf_counter()
-            _, vaux, best = S["verify"](self.target, toks, self.slots[n:n + K + 1])
+            _, vaux, best = S["verify"](self.target, toks, self.slots[n:n + self.W])
+            vaux, best = vaux.clone(), best.clone()  # CUDA graphs: outputs are reused buffers
             host = torch.cat([toks[0, 1:], best]).tolist()  # the round's one device->host sync
             drafts, target_best = host[:K], host[K:]
             m = 0
@@ -490,8 +524,8 @@ class Engine:
             t2 = time.perf_counter()
             # verify [t_n, d_1..d_K] in one target forward
             toks = torch.cat([torch.tensor([out[-1]], device=dev), drafts]).view(1, K + 1)
-            vlogits, vaux, _ = S["verify"](self.target, toks, self.slots[n:n + K + 1])
-            vlogits = vlogits[0].clone()
+            vlogits, vaux, _ = S["verify"](self.target, toks, self.slots[n:n + self.W])
+            vlogits, vaux = vlogits[0].clone(), vaux.clone()  # CUDA graphs reuse output buffers
             if temperature <= 0:
                 m, bonus = accept_greedy(drafts, vlogits)
             else:
@@ -547,7 +581,7 @@ class Engine:
         return torch.cat(drafts), (torch.cat(qs) if qs else None)
 
     def _check_len(self, ids, max_new):
-        need = ids.shape[1] + max_new + 2 * self.K + 2
+        need = ids.shape[1] + max_new + 2 * self.K + 2 + self.W
         if need > self.max_seq:
             raise ValueError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new}) needs "
                              f"{need} cache slots; the engine has max_seq = {self.max_seq}")

@@ -82,6 +82,9 @@ def main(argv=None):
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--cuda-graph", action="store_true", help="compile the engine's steps")
+    ap.add_argument("--width", default="auto", help="rows of every engine target forward "
+                    "(jobs/engine.py Engine width): auto = steps+1 in bf16/fp16 (then a 1-row "
+                    "decode baseline is timed too, as base_1row), none = plain 1-row decode, or N")
     ap.add_argument("--skip", default="", help="comma list of rows to skip (hf,hf_static,hf_lookup)")
     ap.add_argument("--out", default="bench_engine", help="output prefix (.json, .md)")
     a = ap.parse_args(argv)
@@ -142,14 +145,24 @@ def main(argv=None):
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
         from engine_helpers import export_drafter
         draft_dir = export_drafter(Path(tempfile.mkdtemp()) / "d", hf.config, aux, draft_vocab=2048)
-    max_seq = T + N + 2 * a.steps + 8
-    base = Engine(target, None, num_steps=a.steps, max_seq=max_seq, cuda_graph=a.cuda_graph)
+    low = target.lm_head.weight.dtype in (torch.bfloat16, torch.float16)
+    width = {"auto": a.steps + 1 if low else None, "none": None}.get(a.width) \
+        if a.width in ("auto", "none") else int(a.width)
+    res["width"] = width
+    max_seq = T + N + 3 * a.steps + 8 + (width or 0)
+    if width is not None:  # the plain 1-row decode, for reference
+        b1 = Engine(target, None, num_steps=a.steps, max_seq=max_seq, cuda_graph=a.cuda_graph)
+        s, outs = timed(lambda ids: b1.generate_baseline(ids, N)[0], prompts, dev, a.repeats)
+        res["rows"]["base_1row"] = row(s, outs)
+    base = Engine(target, None, num_steps=a.steps, max_seq=max_seq, cuda_graph=a.cuda_graph,
+                  width=width)
     s, outs = timed(lambda ids: base.generate_baseline(ids, N)[0], prompts, dev, a.repeats)
     res["rows"]["base"] = row(s, outs)
     if draft_dir is not None:
         d = load_exported(draft_dir, target.embed_tokens.weight, device=dev,
                           dtype=target.lm_head.weight.dtype)
-        eng = Engine(target, d, num_steps=a.steps, max_seq=max_seq, cuda_graph=a.cuda_graph)
+        eng = Engine(target, d, num_steps=a.steps, max_seq=max_seq, cuda_graph=a.cuda_graph,
+                     width=width)
         s, runs = timed(lambda ids: eng.generate(ids, N), prompts, dev, a.repeats)
         sts = [st for _, st in runs]
         rounds = sum(st.rounds for st in sts)
@@ -168,7 +181,7 @@ def main(argv=None):
             r["vs_base"] = r["tok_s"] / b
     lines = [f"device {res['device']} {res['dtype']}, {len(prompts)} prompt(s) of <= {T} tokens, "
              f"{N} new tokens each, greedy, batch 1, median of {a.repeats} pass(es), "
-             f"cuda_graph={a.cuda_graph}", "",
+             f"cuda_graph={a.cuda_graph}, engine width={width}", "",
              "| path | tok/s | ms/token | vs engine baseline | tau | same tokens as base |",
              "|---|---|---|---|---|---|"]
     for name, r in res["rows"].items():

@@ -245,8 +245,9 @@ def test_compiled_steps_stay_static_under_varying_accept_lengths(tmp_path, mode)
     t = from_hf_model(hf, AUX, device=dev)
     d = load_exported(export_drafter(tmp_path / "d", hf.config, AUX), t.embed_tokens.weight, dev)
     K = 3
-    eager = Engine(t, d, num_steps=K, max_seq=128)
+    eager = Engine(t, d, num_steps=K, max_seq=128, width=K + 2)  # padded verify rows too
     kw = dict(cuda_graph=True) if mode == "cuda_graph" else dict(compile_backend=mode)
+    kw["width"] = K + 2
     e = Engine(t, d, num_steps=K, max_seq=128, **kw)
     greedy_graphs = dict(decode=1, verify=1, chain=1, round=1)
     assert e.compiled and e.graph_counts() == greedy_graphs
@@ -284,7 +285,45 @@ def test_compiled_steps_stay_static_under_varying_accept_lengths(tmp_path, mode)
     with pytest.raises(RuntimeError, match="new input shape"), torch.inference_mode():
         with e._sealed():
             e.steps["verify"](t, torch.zeros(1, K + 2, dtype=torch.long, device=dev),
-                              e.slots[:K + 2])
+                              e.slots[:K + 3])
     with torch._dynamo.config.patch(suppress_errors=True), pytest.raises(ValueError,
                                                                          match="suppress_errors"):
         Engine(t, d, num_steps=K, max_seq=128, compile_backend="eager")
+
+
+@pytest.mark.slow
+def test_smollm2_bf16_lossless_with_a_shared_width(smollm2, tmp_path):
+    """bf16 (the H200 bench dtype) on CPU: a 1-row decode and a (K+1)-row verify round
+    differently, so a plain greedy decode and speculative rounds drift apart (the H200 bench:
+    24 of 80 MT-bench prompts identical over 256 tokens). With one `width` for every target
+    forward, the baseline and engines of different K give identical tokens, with the drafter's
+    own drafts, with all-wrong drafts, and with oracle drafts that are accepted 0..K at a time."""
+    import copy
+    hf, tok, cfg = smollm2
+    aux = (1, 14, 26)
+    t = from_hf_model(copy.deepcopy(hf).to(torch.bfloat16), aux)
+    d = load_exported(export_drafter(tmp_path / "d", hf.config, aux, draft_vocab=2048),
+                      t.embed_tokens.weight, dtype=torch.bfloat16)
+    W = 6
+    base_engine = Engine(t, None, num_steps=5, max_seq=256, width=W)
+    engines = [Engine(t, d, num_steps=K, max_seq=256, width=W) for K in (3, 5)]
+    with pytest.raises(ValueError, match="width"):
+        Engine(t, d, num_steps=6, max_seq=256, width=W)
+    for p in ["Describe a sunset over the ocean in detail.", "Explain how a bicycle works."]:
+        ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                      return_tensors="pt", return_dict=True)["input_ids"]
+        base, _ = base_engine.generate_baseline(ids, 48)
+        for e in engines:
+            calls = [0]
+
+            def oracle(out, k):
+                calls[0] += 1
+                dr = [base[len(out) + j] if len(out) + j < len(base) else 0 for j in range(k)]
+                if calls[0] % (k + 2) < k:
+                    dr[calls[0] % (k + 2)] = 0
+                return dr
+            own, _ = e.generate(ids, 48)
+            wrong, _ = e.generate(ids, 48, draft_fn=lambda out, k: [0] * k)
+            orc, st = e.generate(ids, 48, draft_fn=oracle)
+            assert own == wrong == orc == base, (p, e.K)
+            assert st.tau > 1.5
