@@ -61,15 +61,20 @@ def regenerate(model, tok, convs: list[list[dict]], params, max_length: int,
     """Regenerate every assistant turn of `convs` (batched across conversations per turn).
 
     Returns (new conversations, report {"turns", "tokens_generated", "cut_prompt_too_long",
-    "cut_empty_reply", "dropped_conversations", "seconds"})."""
+    "cut_empty_reply", "cut_max_turns" (user turns dropped by params.max_turns),
+    "dropped_conversations", "seconds"})."""
     from tqdm import tqdm
     if not getattr(tok, "chat_template", None):
         raise StageError("the target tokenizer has no chat template; regenerate needs one")
     torch.manual_seed(params.seed)
     out = [[t for t in c if t["role"] == "system"][:1] for c in convs]
     user_turns = [[t for t in c if t["role"] == "user"] for c in convs]
+    rep = {"turns": 0, "tokens_generated": 0, "cut_prompt_too_long": 0, "cut_empty_reply": 0,
+           "cut_max_turns": 0}
+    if params.max_turns is not None:
+        rep["cut_max_turns"] = sum(max(0, len(u) - params.max_turns) for u in user_turns)
+        user_turns = [u[:params.max_turns] for u in user_turns]
     alive = [True] * len(convs)
-    rep = {"turns": 0, "tokens_generated": 0, "cut_prompt_too_long": 0, "cut_empty_reply": 0}
     bar = tqdm(total=sum(len(u) for u in user_turns), unit="turn", desc="regenerate",
                disable=not progress)
     t0 = time.perf_counter()
@@ -132,4 +137,4 @@ def run(ctx: StageContext) -> dict:
             "tokens_generated": (rep["tokens_generated"], "tok"),
             "tokens_per_s": (rep["tokens_generated"] / secs, "tok/s"),
             "cut_prompt_too_long": rep["cut_prompt_too_long"],
-            "cut_empty_reply": rep["cut_empty_reply"]}
+            "cut_empty_reply": rep["cut_empty_reply"], "cut_max_turns": rep["cut_max_turns"]}

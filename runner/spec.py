@@ -143,6 +143,9 @@ class RegenerateStage(Strict):
     temperature: float = Field(0.0, ge=0, description="0 = greedy.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling when temperature > 0.")
     batch_size: int = Field(8, ge=1, description="Conversations per generate call.")
+    max_turns: Optional[int] = Field(None, ge=1, description="Regenerate only the first N user "
+                                     "turns of each conversation and drop the rest (counted); "
+                                     "null = all turns.")
     seed: int = Field(0, description="Sampling seed.")
 
 

@@ -353,3 +353,21 @@ def test_regenerate_then_extract_reads_it(smollm2, tmp_path):
     s = feats.sample(1)
     ids = s.input_ids[s.loss_mask.bool()].tolist()
     assert tok.decode(ids) == got[1][1]["content"] + "<|im_end|>"
+
+
+def test_regenerate_max_turns_keeps_first_turns(smollm2):
+    """max_turns 1: one regenerated exchange per conversation, later user turns dropped and
+    counted (first-turn regeneration is EAGLE-3's cheap variant of the recipe)."""
+    from jobs.regenerate import regenerate
+    from runner.spec import RegenerateStage
+    model, tok, _ = smollm2
+    convs = [[{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "5"},
+              {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "7"}],
+             [{"role": "user", "content": "Name a color."}, {"role": "assistant", "content": "x"}]]
+    p = RegenerateStage(max_new_tokens=4, batch_size=2, max_turns=1)
+    out, rep = regenerate(model, tok, convs, p, max_length=128, progress=False)
+    assert [[t["role"] for t in c] for c in out] == [["user", "assistant"]] * 2
+    assert [c[0]["content"] for c in out] == ["What is 2+2?", "Name a color."]
+    assert rep["cut_max_turns"] == 1 and rep["turns"] == 2
+    with pytest.raises(ValueError, match="max_turns"):
+        RegenerateStage(max_turns=0)
