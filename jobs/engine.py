@@ -20,7 +20,7 @@ device-to-host copy (drafts + the target's argmax): a 135M target on an H200 is 
 host round trips between draft steps, not FLOPs, set the cost of a round.
 
 Static shapes (torch.compile / CUDA graphs): every compiled step sees one input shape AND stride
-per engine whatever the accept length m or the prompt length: verify always runs K+1 tokens, the
+per engine whatever the accept length m or the prompt length: verify always runs W >= K+1 rows, the
 drafter's step 0 after a verify always runs K+1 rows (padded past m, see draft_extend), the root row
 m is picked inside the graph by a tensor index, and positions/slots are views of a device arange.
 Only prefill and the prompt's step 0 (length = prompt) run eagerly. See Engine for the guarantees.
@@ -91,6 +91,7 @@ def verify(target: Llama, toks: torch.Tensor, pos: torch.Tensor):
     argmaxes, so a greedy decode over W-row forwards is the reference that speculative rounds
     of the same W reproduce bit for bit (see Engine, `width`)."""
     k = toks.shape[1]
+    assert k <= pos.shape[0], "verify: more tokens than rows"
     logits, aux = target(torch.nn.functional.pad(toks, (0, pos.shape[0] - k)), pos)
     return logits[:, :k], aux[:, :k], logits[0, :k].argmax(-1)
 
@@ -340,7 +341,7 @@ class Engine:
     @torch.inference_mode()
     def _warm_up(self):
         """Compile each step once, with inputs built exactly as generate builds them. Writes junk
-        into cache rows 0..2K+2, which a prefill or a later step rewrites before any query reads."""
+        into cache rows 1..W+K, which a prefill or a later step rewrites before any query reads."""
         K, dev, V, S = self.K, self.device, self.V, self.steps
         tok = torch.zeros(1, dtype=torch.long, device=dev)
         S["decode"](self.target, tok.view(1, 1), self.slots[1:1 + self._decode_rows])
@@ -473,7 +474,7 @@ class Engine:
             st.draft_s += time.perf_counter() - t0 - st.prefill_s
         while len(out) < max_new and out[-1] not in stop_ids:
             if draft_fn is not None:
-                toks = torch.tensor([[out[-1]] + list(draft_fn(list(out), K))], device=dev)
+                toks = torch.tensor([[out[-1]] + self._forced(draft_fn, out)], device=dev)
             t2 = time.perf_counter()
             _, vaux, best = S["verify"](self.target, toks, self.slots[n:n + self.W])
             vaux, best = vaux.clone(), best.clone()  # CUDA graphs: outputs are reused buffers
@@ -486,8 +487,11 @@ class Engine:
             st.verify_s += t3 - t2
             st.rounds += 1
             st.accepted.append(m)
-            out.extend(target_best[:m + 1])  # accepted drafts (= the target's argmax) + bonus
-            if d is not None and len(out) < max_new and out[-1] not in stop_ids:
+            new = target_best[:m + 1]  # accepted drafts (= the target's argmax) + bonus
+            out.extend(new)
+            if any(t in stop_ids for t in new):  # a stop token, possibly mid-round: done
+                break
+            if d is not None and len(out) < max_new:
                 toks = S["round"](d, self.dk, self.dv, vaux, best, self.slots[n:n + K + 1],
                                   self.slots, self.slots[m:m + 1], K, V).clone()
                 self._sync()
@@ -514,7 +518,7 @@ class Engine:
             # draft K tokens
             self._sync()
             t1 = time.perf_counter()
-            forced = draft_fn(list(out), K) if draft_fn is not None else None
+            forced = self._forced(draft_fn, out) if draft_fn is not None else None
             if d is None:
                 drafts, q = torch.tensor(forced, device=dev), None
             else:
@@ -540,6 +544,8 @@ class Engine:
             st.accepted.append(m)
             new = [int(x) for x in drafts[:m]] + [bonus]
             out.extend(new)
+            if any(t in stop_ids for t in new):  # a stop token, possibly mid-round: done
+                break
             # rollback = the new length; aux at accepted positions n..n+m feed the drafter, over
             # a fixed K+1 rows (padding past m); the root row m is selected by a tensor index
             if d is not None:
@@ -579,6 +585,13 @@ class Engine:
                                             self.slots)
             hidden, dlog = hidden.clone(), lg[:, -1].clone()
         return torch.cat(drafts), (torch.cat(qs) if qs else None)
+
+    def _forced(self, draft_fn, out) -> list:
+        """draft_fn(out, K) -> exactly K target ids (tests); ValueError otherwise."""
+        forced = list(draft_fn(list(out), self.K))
+        if len(forced) != self.K:
+            raise ValueError(f"draft_fn returned {len(forced)} drafts; num_steps is {self.K}")
+        return forced
 
     def _check_len(self, ids, max_new):
         need = ids.shape[1] + max_new + 2 * self.K + 2 + self.W

@@ -303,15 +303,33 @@ def shard_ok(path: Path, samples: list[tuple[list[int], list[int]]], width: int)
 def reusable_sha(path: Path, samples: list[tuple[list[int], list[int]]],
                  width: int) -> str | None:
     """The sha256 of the shard at `path` when a resume may reuse it, else None: its bytes hash
-    to the sha256 recorded when it was written (catches a truncated or zero-filled file, e.g.
-    after a power loss before sync_shards) and it holds exactly `samples` (shard_ok). A shard
-    without a record (a crash between rename and record) is not reused."""
+    to the sha256 recorded when it was written (recorded_sha; catches a truncated or zero-filled
+    file, e.g. after a power loss before sync_shards) and it holds exactly `samples` (shard_ok).
+    A shard with no recorded sha256 (a crash between rename and record) is not reused."""
+    want = recorded_sha(path)
+    if want is None:
+        return None
     try:
-        want = sha_record(path).read_text().split()[0]
         sha = sha256_file(path)
-    except (OSError, IndexError):
+    except OSError:
         return None
     return sha if sha == want and shard_ok(path, samples, width) else None
+
+
+def recorded_sha(path: Path) -> str | None:
+    """The sha256 recorded for a shard: its `.<name>.sha256` record, or else the entry of an
+    existing features.json in the same dir (written only after the final fsync pass, and the
+    records are removed after it: a crash between the manifest and the runner's rename must not
+    force a full recompute). None when neither has it."""
+    try:
+        return sha_record(path).read_text().split()[0]
+    except (OSError, IndexError):
+        pass
+    try:
+        shards = json.loads((path.parent / MANIFEST).read_text())["shards"]
+        return next((sh["sha256"] for sh in shards if sh["file"] == path.name), None)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def default_writers(model) -> int:

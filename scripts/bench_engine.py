@@ -88,6 +88,14 @@ def main(argv=None):
     ap.add_argument("--skip", default="", help="comma list of rows to skip (hf,hf_static,hf_lookup)")
     ap.add_argument("--out", default="bench_engine", help="output prefix (.json, .md)")
     a = ap.parse_args(argv)
+    if a.steps < 1 or a.new < 2 or a.repeats < 1:
+        ap.error("--steps >= 1, --new >= 2 (one verify round at least) and --repeats >= 1")
+    if not 0 <= a.mtbench <= 80 or (a.mtbench and a.random_target):
+        ap.error("--mtbench takes 0..80 (MT-bench has 80 questions) and needs the real target "
+                 "(not --random-target: random weights have no tokenizer)")
+    if a.width not in ("auto", "none") and not (a.width.isdigit() and int(a.width) > a.steps):
+        ap.error(f"--width: auto, none, or an integer >= --steps + 1 = {a.steps + 1} "
+                 f"(got {a.width!r})")
     torch.set_num_threads(min(torch.get_num_threads(), 16))
 
     from jobs.draft_model import load_exported

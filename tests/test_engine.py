@@ -327,3 +327,24 @@ def test_smollm2_bf16_lossless_with_a_shared_width(smollm2, tmp_path):
             orc, st = e.generate(ids, 48, draft_fn=oracle)
             assert own == wrong == orc == base, (p, e.K)
             assert st.tau > 1.5
+
+
+def test_stop_token_mid_round_ends_generation(tmp_path):
+    """A stop token among the accepted drafts (not the round's last token) ends generation at
+    once: the rounds past it were once timed and counted (tau, tok/s) though their tokens were
+    cut. Forced drafts: a wrong count is refused."""
+    hf = tiny_hf_llama(seed=2)
+    e = _engine(hf, None, K=3)
+    ids = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(3))
+    base, _ = e.generate_baseline(ids, 40)
+    i = next(j for j in range(2, 30) if base[j] not in base[:j])  # first occurrence at j >= 2
+    stop = (base[i],)
+    want, _ = e.generate_baseline(ids, 40, stop_ids=stop)
+    assert want == base[:i + 1]
+    oracle = lambda out, k: [base[len(out) + j] if len(out) + j < len(base) else 0
+                             for j in range(k)]
+    out, st = e.generate(ids, 40, stop_ids=stop, draft_fn=oracle)
+    assert out == want
+    assert st.rounds == -(-i // 4) and st.new_tokens == i + 1  # every round accepts all 3
+    with pytest.raises(ValueError, match="draft_fn returned 4 drafts"):
+        e.generate(ids, 10, draft_fn=lambda out, k: [0] * (k + 1))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import jobs.extract as ex
-from jobs.features import open_features
+from jobs.features import MANIFEST, open_features
 from runner.stage import StageContext, StageError
 
 AUX = [1, 14, 26]  # SGLang ids = HF hidden_states [2, 15, 27]
@@ -258,6 +258,25 @@ def test_damaged_shard_is_rewritten_on_resume(tiny, tmp_path, damage):
     (out / name).unlink()  # an intact shard with its record is reused
     tiny_extract(tiny, out)
     assert tiny_extract(tiny, out)["resumed_shards"] == 3
+
+
+def test_resume_after_the_manifest_reuses_shards_by_its_hashes(tiny, tmp_path):
+    """A retry after features.json was written (its records are then gone, e.g. a crash before
+    the runner's rename) reuses the shards whose bytes match the manifest's sha256, and
+    recomputes one that does not."""
+    out = tmp_path / "m"
+    ref = tiny_extract(tiny, out)
+    (out / MANIFEST).write_text(json.dumps({"shards": ref["shards"]}))
+    for rec in out.glob(".*.sha256"):
+        rec.unlink()
+    assert tiny_extract(tiny, out)["resumed_shards"] == 3
+    for rec in out.glob(".*.sha256"):
+        rec.unlink()
+    bad = [dict(sh, sha256="0" * 64) if sh["file"] == "shard-00001.safetensors" else sh
+           for sh in ref["shards"]]
+    (out / MANIFEST).write_text(json.dumps({"shards": bad}))
+    res = tiny_extract(tiny, out)
+    assert res["resumed_shards"] == 2 and res["shards"] == ref["shards"]
 
 
 def test_shards_are_fsynced_once_at_the_end(tiny, tmp_path, monkeypatch):
