@@ -158,7 +158,8 @@ def run(ctx: StageContext) -> dict:
                 for q in load_prompt_set(s, spec, p.num_prompts)] for s in p.prompt_sets}
     Kmax = max(c.num_steps for c in p.configs)
     longest = max(ids.shape[1] for v in sets.values() for _, ids in v)
-    max_seq = longest + max(p.max_new_tokens) + 3 * Kmax + 8
+    # Engine._check_len needs T + max_new + 2K + 2 + W (W <= K+1); the warm-ups make 2K+4 tokens
+    max_seq = longest + max(max(p.max_new_tokens), 2 * Kmax + 4) + 3 * Kmax + 8
     train_samples = _train_samples(export_dir, spec)
     all_rows, summaries = [], []
     # bf16/fp16: every target forward runs Kmax+1 rows, baseline included, so that greedy outputs

@@ -83,3 +83,19 @@ def test_bench_stage_on_smollm2_stores_all_metrics(smollm2, smollm2_path, tmp_pa
     if s["speedup"] < 1:
         assert "slower than baseline" in s["flags"]
     assert (out / "bench.json").exists()
+
+
+@pytest.mark.slow
+def test_bench_cache_fits_warm_up_longer_than_max_new(smollm2, smollm2_path, tmp_path):
+    """Regression: max_new_tokens shorter than the warm-up's 2K+4 tokens (here 4 < 18 at K=7)
+    ran out of cache slots ("needs 95 cache slots; the engine has max_seq = 94")."""
+    from jobs import bench
+    from runner.stage import StageContext
+    hf, _, _ = smollm2
+    spec = _spec(smollm2_path, num_prompts=1, max_new_tokens=[4], configs=[{"num_steps": 7}])
+    export = export_drafter(tmp_path / "export", hf.config, spec.aux_ids, draft_vocab=2048)
+    (tmp_path / "out").mkdir()
+    ctx = StageContext(spec=spec, stage="bench", variant="base", run_id="r1",
+                       inputs={"export": export}, out_dir=tmp_path / "out",
+                       db_path=tmp_path / "r.duckdb")
+    assert bench.run(ctx)["summaries"] == 1
