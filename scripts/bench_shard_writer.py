@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Shard-writer benchmark (CPU only, no model): 12 shards of 8 x 2048 tokens in the H200's bf16
-layout (75.6 MB each) written by jobs.extract.write_shard, with a 30 ms pause between shards
+layout (75.6 MB each) written by jobs.shards.write_shard, with a 30 ms pause between shards
 standing in for the GPU forward, then the final fsync pass (sync_shards); with and without
 start_writeback (asynchronous writeback right after each shard), alternating, same run.
 
@@ -16,7 +16,7 @@ import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import jobs.extract as ex  # noqa: E402
+import jobs.shards as shards  # noqa: E402
 
 T, N = 8 * 2048, 12  # tokens per shard, shards per pass
 
@@ -39,19 +39,19 @@ def one_pass(out: str, t: dict) -> tuple[list, float, float]:
         t0 = time.perf_counter()
         for i in range(N):
             a = time.perf_counter()
-            ex.write_shard(d / f"shard-{i:05d}.safetensors", t)
+            shards.write_shard(d / f"shard-{i:05d}.safetensors", t)
             per.append(time.perf_counter() - a)
             time.sleep(0.03)  # the GPU's forward between shards
-        s = ex.sync_shards([d / f"shard-{i:05d}.safetensors" for i in range(N)], d)
+        s = shards.sync_shards([d / f"shard-{i:05d}.safetensors" for i in range(N)], d)
         return per, s, time.perf_counter() - t0
 
 
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else str(ROOT / "runs")
     os.makedirs(out, exist_ok=True)
-    t, real = shard_tensors(), ex.start_writeback
+    t, real = shard_tensors(), shards.start_writeback
     for name in ("no-writeback", "writeback", "no-writeback", "writeback"):
-        ex.start_writeback = real if name == "writeback" else (lambda fd: None)
+        shards.start_writeback = real if name == "writeback" else (lambda fd: None)
         per, s, tot = one_pass(out, t)
         print(f"{name}: write_shard median {statistics.median(per) * 1e3:.0f} ms (max "
               f"{max(per) * 1e3:.0f}); final sync {s * 1e3:.0f} ms; total {tot * 1e3:.0f} ms",

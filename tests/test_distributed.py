@@ -236,6 +236,7 @@ def test_sharded_extraction_equals_one_rank_and_resumes(smollm2, smollm2_path, t
     except FetchError as e:
         pytest.skip(str(e))
     import jobs.extract as ex
+    import jobs.shards as shards
     from jobs.features import open_features
     spec = _extract_spec(smollm2_path, tmp_path)
     one = tmp_path / "one"
@@ -257,7 +258,7 @@ def test_sharded_extraction_equals_one_rank_and_resumes(smollm2, smollm2_path, t
     for s in keep + [mine[1][-1]]:  # each written shard has its sha256 record (jobs/extract.py)
         sh = m1["shards"][s]
         shutil.copy2(one / sh["file"], part / sh["file"])
-        ex.sha_record(part / sh["file"]).write_text(f"{sh['sha256']}  {sh['file']}\n")
+        shards.sha_record(part / sh["file"]).write_text(f"{sh['sha256']}  {sh['file']}\n")
     bad = m1["shards"][mine[1][-1]]["file"]  # truncated: must be recomputed
     (part / bad).write_bytes((one / bad).read_bytes()[:100])
     (part / f".tmp-{m1['shards'][mine[0][-1]]['file']}").write_bytes(b"junk")

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import jobs.extract as ex
+import jobs.shards as shards
 from jobs.features import MANIFEST, open_features
 from runner.stage import StageContext, StageError
 
@@ -191,7 +192,7 @@ def test_interrupted_run_resumes_byte_identical(extracted, smollm2, tmp_path, mo
 def test_disk_full_leaves_no_partial_shard(extracted, smollm2, tmp_path, monkeypatch):
     spec, clean, _, _ = extracted
     out = tmp_path / "full"
-    real, calls = ex._write_chunks, []
+    real, calls = shards._write_chunks, []
 
     def enospc_on_second(path, chunks):
         calls.append(path.name)
@@ -200,12 +201,12 @@ def test_disk_full_leaves_no_partial_shard(extracted, smollm2, tmp_path, monkeyp
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(path, chunks)
 
-    monkeypatch.setattr(ex, "_write_chunks", enospc_on_second)
+    monkeypatch.setattr(shards, "_write_chunks", enospc_on_second)
     with pytest.raises(StageError, match="disk full while writing shard-00001"):
         run_extract(spec, out, smollm2)
     assert sorted(p.name for p in out.iterdir()) == [".shard-00000.safetensors.sha256",
                                                       "shard-00000.safetensors"]
-    monkeypatch.setattr(ex, "_write_chunks", real)
+    monkeypatch.setattr(shards, "_write_chunks", real)
     _, metrics = run_extract(spec, out, smollm2)
     assert metrics["resumed_shards"] == 1
     for p in clean.glob("shard-*"):
@@ -250,7 +251,7 @@ def test_damaged_shard_is_rewritten_on_resume(tiny, tmp_path, damage):
     (out / name).write_bytes(data[:mid] if damage == "truncated"
                              else data[:mid] + bytes(4096) + data[mid + 4096:])
     if damage == "zero-filled":
-        assert ex.shard_ok(out / name, tiny[1][2:4], 128)  # only the sha256 catches it
+        assert shards.shard_ok(out / name, tiny[1][2:4], 128)  # only the sha256 catches it
     res = tiny_extract(tiny, out)
     assert res["resumed_shards"] == 0 and res["shards"] == ref["shards"]
     for p in clean.glob("shard-*"):
@@ -285,7 +286,7 @@ def test_shards_are_fsynced_once_at_the_end(tiny, tmp_path, monkeypatch):
     clean = tmp_path / "clean"
     tiny_extract(tiny, clean)
     out = tmp_path / "sync"
-    real, synced, fail = ex.fsync_path, [], ["shard-00001.safetensors"]
+    real, synced, fail = shards.fsync_path, [], ["shard-00001.safetensors"]
 
     def record(path):
         synced.append(path.name)
@@ -294,7 +295,7 @@ def test_shards_are_fsynced_once_at_the_end(tiny, tmp_path, monkeypatch):
             raise OSError(errno.EIO, "Input/output error")
         return real(path)
 
-    monkeypatch.setattr(ex, "fsync_path", record)
+    monkeypatch.setattr(shards, "fsync_path", record)
     with pytest.raises(StageError, match="could not flush shard-00001"):
         tiny_extract(tiny, out)
     assert synced == ["shard-00000.safetensors", "shard-00001.safetensors"]
@@ -302,9 +303,9 @@ def test_shards_are_fsynced_once_at_the_end(tiny, tmp_path, monkeypatch):
     synced.clear()
     res = tiny_extract(tiny, out)
     assert res["resumed_shards"] == 2 and res["sync_seconds"] <= res["seconds"]
-    shards = sorted(p.name for p in clean.glob("shard-*"))
-    assert synced == shards + [out.name]
-    for n in shards:
+    names = sorted(p.name for p in clean.glob("shard-*"))
+    assert synced == names + [out.name]
+    for n in names:
         assert (out / n).read_bytes() == (clean / n).read_bytes()
 
 
