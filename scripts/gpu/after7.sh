@@ -5,13 +5,13 @@
 #   bash scripts/gpu/after7.sh APPLY_SECONDS [tests] [engine] [extract]
 source scripts/gpu/setup.sh
 mkdir -p "$OUT/r"
-trap 'cp runs/results-gpu.duckdb "$OUT/r/" 2>/dev/null; tar czf "$OUT/r/state.tgz" runs/results-gpu.duckdb.spool runs/smollm2-sharegpt-gpu/logs runs/smollm2-sharegpt-gpu/bench runs/smollm2-sharegpt-gpu/train/*/train_metrics.json 2>/dev/null' EXIT
+SPEC=${SPEC:-specs/smollm2-sharegpt-gpu.yaml}   # any GPU spec; work_dir runs/<name>
+W=runs/$(basename "$SPEC" .yaml)
+trap 'cp runs/*.duckdb "$OUT/r/" 2>/dev/null; tar czf "$OUT/r/state.tgz" runs/*.duckdb.spool $W/logs $W/bench $W/train/*/train_metrics.json 2>/dev/null' EXIT
 export PYTHONUNBUFFERED=1
-SPEC=specs/smollm2-sharegpt-gpu.yaml
-W=runs/smollm2-sharegpt-gpu
 if [ "${1:-0}" -gt 0 ]; then
   timeout --signal=INT "$1" python3 -m runner apply $SPEC 2>&1 | tr '\r' '\n' | grep -v "it/s\]$\|tok/s\]$\|prompt/s\]$" | tail -30
-  python3 -m runner query "SELECT variant, prompt_set, num_steps, round(tau,3) tau, round(spec_tok_s,1) spec, round(base_tok_s,1) base, round(speedup,3) x, lossless, flags FROM bench_summary ORDER BY 1,2,3" --results runs/results-gpu.duckdb
+  python3 -m runner query "SELECT variant, prompt_set, num_steps, round(tau,3) tau, round(spec_tok_s,1) spec, round(base_tok_s,1) base, round(speedup,3) x, lossless, flags FROM bench_summary ORDER BY 1,2,3" --results $(python3 -c "import yaml,sys; print(yaml.safe_load(open('$SPEC'))['results']['path'])")
 fi
 shift
 for part in "$@"; do

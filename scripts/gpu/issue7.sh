@@ -6,10 +6,11 @@
 source scripts/gpu/setup.sh
 mkdir -p "$OUT/r"
 # copy whatever exists to $OUT even when a stage fails or the time box ends
-trap 'cp runs/results-gpu.duckdb "$OUT/r/" 2>/dev/null; tar czf "$OUT/r/state.tgz" runs/results-gpu.duckdb.spool runs/smollm2-sharegpt-gpu/logs runs/smollm2-sharegpt-gpu/bench runs/smollm2-sharegpt-gpu/train/*/train_metrics.json 2>/dev/null' EXIT
+SPEC=${SPEC:-specs/smollm2-sharegpt-gpu.yaml}   # any GPU spec; work_dir runs/<name>
+W=runs/$(basename "$SPEC" .yaml)
+trap 'cp runs/*.duckdb "$OUT/r/" 2>/dev/null; tar czf "$OUT/r/state.tgz" runs/*.duckdb.spool $W/logs $W/bench $W/train/*/train_metrics.json 2>/dev/null' EXIT
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-SPEC=specs/smollm2-sharegpt-gpu.yaml
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 timeout --signal=INT "${1:-500}" python3 -m runner apply $SPEC 2>&1 | tr '\r' '\n' | grep -v "it/s\]$\|tok/s\]$" | tail -60
-python3 -m runner query "SELECT variant, prompt_set, num_steps, round(tau,3) tau, round(spec_tok_s,1) spec, round(base_tok_s,1) base, round(speedup,3) x, lossless, flags FROM bench_summary ORDER BY 1,2,3" --results runs/results-gpu.duckdb
+python3 -m runner query "SELECT variant, prompt_set, num_steps, round(tau,3) tau, round(spec_tok_s,1) spec, round(base_tok_s,1) base, round(speedup,3) x, lossless, flags FROM bench_summary ORDER BY 1,2,3" --results $(python3 -c "import yaml,sys; print(yaml.safe_load(open('$SPEC'))['results']['path'])")
