@@ -5,7 +5,8 @@ one trained on another model's answers. For every training conversation (jobs.da
 is never touched), turn by turn, the prompt is the conversation so far (with the already
 regenerated replies) rendered by the tokenizer's chat template with the generation prompt; the
 target's reply (greedy when temperature is 0, else temperature/top-p sampling, seeded) replaces
-the original assistant turn. Conversations at the same turn are batched (left padding).
+the original assistant turn. Conversations at the same turn are batched (left padding), sorted
+by prompt length so that a batch pads little.
 
 A conversation stops at the turn where its prompt alone exceeds data.max_length (extraction
 would truncate everything after it anyway) or where the target answers with nothing; the
@@ -91,7 +92,8 @@ def regenerate(model, tok, convs: list[list[dict]], params, max_length: int,
                 rep["cut_prompt_too_long"] += 1
                 bar.update(len(u) - turn)
                 continue
-            todo.append(i)
+            todo.append((n, i))
+        todo = [i for _n, i in sorted(todo)]  # batch similar prompt lengths: less left padding
         for b in range(0, len(todo), params.batch_size):
             idx = todo[b:b + params.batch_size]
             replies, n = generate_batch(model, tok, [out[i] + [user_turns[i][turn]] for i in idx],
