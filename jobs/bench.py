@@ -149,7 +149,7 @@ def run(ctx: StageContext) -> dict:
     import torch
     from tqdm import tqdm
 
-    from jobs.engine import Engine
+    from jobs.engine import Engine, default_width
     from jobs.prompts import load_prompt_set, render
 
     target, drafter, tok, device = load_engine_parts(spec, export_dir)
@@ -162,9 +162,7 @@ def run(ctx: StageContext) -> dict:
     max_seq = longest + max(max(p.max_new_tokens), 2 * Kmax + 4) + 3 * Kmax + 8
     train_samples = _train_samples(export_dir, spec)
     all_rows, summaries = [], []
-    # bf16/fp16: every target forward runs Kmax+1 rows, baseline included, so that greedy outputs
-    # are comparable bit for bit (jobs/engine.py, Engine `width`); float32 decodes 1 row
-    width = Kmax + 1 if target.lm_head.weight.dtype in (torch.bfloat16, torch.float16) else None
+    width = default_width(target, Kmax)  # bf16: one row count for all, so outputs match exactly
     for cg in p.cuda_graph:
         base_engine = Engine(target, None, num_steps=Kmax, max_seq=max_seq, cuda_graph=cg,
                              width=width)

@@ -43,7 +43,7 @@ from typing import Callable, Optional
 import torch
 
 from jobs.draft_model import Eagle3Draft
-from jobs.engine_steps import (accept_greedy, accept_sample, decode_one, decode_wide,
+from jobs.engine_steps import (accept_greedy, accept_sample, decode,
                                draft_chain_greedy, draft_extend, draft_probs_target,
                                draft_round_greedy, draft_step, prefill, probs, sample, verify)
 from jobs.llama import Llama
@@ -73,6 +73,14 @@ class Stats:
         return [sum(a > j for a in self.accepted) / max(self.rounds, 1) for j in range(K)]
 
 
+def default_width(target: Llama, num_steps: int) -> Optional[int]:
+    """The Engine `width` to share between a baseline and engines of up to `num_steps`:
+    num_steps + 1 for a bf16/fp16 target (its 1-row and (K+1)-row forwards round differently),
+    None (1-row decode) for float32."""
+    low = target.lm_head.weight.dtype in (torch.bfloat16, torch.float16)
+    return num_steps + 1 if low else None
+
+
 def _private(fn: Callable) -> Callable:
     """A copy of `fn` with its own code object. Dynamo keys its graph cache and its recompile
     limit (8) on the code object, so without this every Engine of a bench sweep (each num_steps
@@ -93,7 +101,7 @@ class Engine:
     step) through draft_extend / draft_step.
 
     Compiled mode compiles the fixed-shape steps with torch.compile(fullgraph=True,
-    dynamic=False): decode_one [1, 1], verify [1, K+1], and for the drafter either
+    dynamic=False): decode [1, 1], verify [1, K+1], and for the drafter either
     draft_round_greedy + draft_chain_greedy (the prompt's first chain) or, with sampling=True,
     draft_extend [1, K+1] + draft_step [1, 1]. Every call passes tensors of ONE shape and stride
     per step; positions, slots and the accepted-prefix index are device tensors, never Python
@@ -107,7 +115,7 @@ class Engine:
     (or, past dynamo's recompile limit, falling back); a graph break raises (fullgraph); dynamo's
     suppress_errors (compile errors -> eager) is refused.
     `width` W (>= K+1): every target forward after the prefill runs W rows, the verify and the
-    baseline's decode alike (decode_wide). In bf16 a 1-row and a (K+1)-row forward round
+    baseline's decode alike. In bf16 a 1-row and a (K+1)-row forward round
     differently, so a plain decode baseline and the speculative output drift apart after a few
     dozen tokens (measured on the H200: 24 of 80 MT-bench prompts identical over 256 tokens);
     with one W for both, every row is computed by the same kernels and the greedy outputs are
@@ -127,7 +135,7 @@ class Engine:
                              f"{num_steps + 1} rows")
         self.target, self.drafter, self.K, self.sampling = target, drafter, num_steps, sampling
         self.W = width or num_steps + 1  # rows of every verify forward
-        self.wide = width is not None  # the baseline decodes through W-row forwards too
+        self.decode_rows = width or 1  # rows of every baseline decode forward
         self.V = target.config.vocab_size
         p = target.lm_head.weight
         self.device, self.dtype = p.device, p.dtype
@@ -143,7 +151,7 @@ class Engine:
                                   dtype=drafter.fc.weight.dtype)
             self.dv = torch.zeros_like(self.dk)
         self.slots = torch.arange(max_seq, device=self.device)
-        self.steps = dict(decode=decode_wide if width else decode_one, verify=verify,
+        self.steps = dict(decode=decode, verify=verify,
                           extend=draft_extend, step=draft_step,
                           chain=draft_chain_greedy, round=draft_round_greedy)
         # the steps a compiled engine compiles (the others are never called by it)
@@ -167,11 +175,6 @@ class Engine:
             self.steps.update({k: torch.compile(_private(self.steps[k]), **kw) for k in self.hot})
             self._warm_up()
 
-    @property
-    def _decode_rows(self) -> int:
-        """Rows of the baseline's decode forward: W with `width`, else 1."""
-        return self.W if self.wide else 1
-
     def _sync(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -182,7 +185,7 @@ class Engine:
         into cache rows 1..W+K, which a prefill or a later step rewrites before any query reads."""
         K, dev, V, S = self.K, self.device, self.V, self.steps
         tok = torch.zeros(1, dtype=torch.long, device=dev)
-        S["decode"](self.target, tok.view(1, 1), self.slots[1:1 + self._decode_rows])
+        S["decode"](self.target, tok.view(1, 1), self.slots[1:1 + self.decode_rows])
         toks = torch.zeros(1, K + 1, dtype=torch.long, device=dev)
         _, vaux, best = S["verify"](self.target, toks, self.slots[1:1 + self.W])
         vaux, best = vaux.clone(), best.clone()  # CUDA graphs: the next replay reuses the buffers
@@ -234,7 +237,7 @@ class Engine:
     @torch.inference_mode()
     def generate_baseline(self, ids: torch.Tensor, max_new: int, temperature: float = 0.0,
                           gen: Optional[torch.Generator] = None, stop_ids=()) -> tuple[list, Stats]:
-        """ids [1, T] -> (new token ids, Stats). One decode_one per token."""
+        """ids [1, T] -> (new token ids, Stats). One decode step per token."""
         self._check_len(ids, max_new)
         st = Stats()
         self._sync()
@@ -246,7 +249,7 @@ class Engine:
             n = ids.shape[1]
             while len(out) < max_new and out[-1] not in stop_ids:
                 logits, _, best = self.steps["decode"](self.target, tok.view(1, 1),
-                                                       self.slots[n:n + self._decode_rows])
+                                                       self.slots[n:n + self.decode_rows])
                 tok = (best.clone() if temperature <= 0
                        else sample(logits[:, -1].clone(), temperature, gen))
                 out.append(int(tok))

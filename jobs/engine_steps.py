@@ -40,13 +40,6 @@ def prefill(target: Llama, ids: torch.Tensor):
     return target(ids, pos, last_only=True)
 
 
-def decode_one(target: Llama, tok: torch.Tensor, pos: torch.Tensor):
-    """tok [1, 1], pos [1] -> (logits [1, 1, V], aux [1, 1, 3H], greedy next token [1]).
-    Writes slot pos. The argmax runs inside the compiled graph (no extra launch per token)."""
-    logits, aux = target(tok, pos)
-    return logits, aux, logits[0, -1:].argmax(-1)
-
-
 def verify(target: Llama, toks: torch.Tensor, pos: torch.Tensor):
     """toks [1, k] = [t_n, d_1..d_K] (k = K+1), pos [W] = n..n+W-1 with W >= k: the target runs
     W rows, toks right-padded with token 0 (padding rows write cache slots past n+K, which are
@@ -64,9 +57,10 @@ def verify(target: Llama, toks: torch.Tensor, pos: torch.Tensor):
     return logits[:, :k], aux[:, :k], logits[0, :k].argmax(-1)
 
 
-def decode_wide(target: Llama, tok: torch.Tensor, pos: torch.Tensor):
-    """Greedy/sampled decode through the verify-shaped forward: tok [1, 1], pos [W] ->
-    (logits [1, 1, V], aux [1, 1, 3H], best [1]). The baseline of an Engine with `width`."""
+def decode(target: Llama, tok: torch.Tensor, pos: torch.Tensor):
+    """One decode step through the verify-shaped forward: tok [1, 1], pos [R] (R = 1, or the
+    engine's `width`) -> (logits [1, 1, V], aux [1, 1, 3H], greedy next token [1]). Writes slot
+    pos[0] (and padding slots after it). The argmax runs inside the compiled graph."""
     return verify(target, tok, pos)
 
 

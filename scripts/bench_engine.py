@@ -4,7 +4,7 @@
   hf            HF generate (dynamic cache)
   hf_static     HF generate(cache_implementation="static") (transformers compiles its forward)
   hf_lookup     HF generate(prompt_lookup_num_tokens=10)
-  base          the embedded engine without a drafter (decode_one loop)
+  base          the embedded engine without a drafter (one decode step per token; W rows with --width)
   spec          the embedded engine with an EAGLE-3 drafter dir (tau, tok/s, speedup vs base)
 
 Each path: one warm-up generation, then --repeats timed passes over the prompts (the built-in
@@ -99,7 +99,7 @@ def main(argv=None):
     torch.set_num_threads(min(torch.get_num_threads(), 16))
 
     from jobs.draft_model import load_exported
-    from jobs.engine import Engine
+    from jobs.engine import Engine, default_width
     from jobs.llama import from_hf_model
     if a.random_target:
         hf, cfg = random_smollm2(a.device, a.dtype)
@@ -153,9 +153,8 @@ def main(argv=None):
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
         from engine_helpers import export_drafter
         draft_dir = export_drafter(Path(tempfile.mkdtemp()) / "d", hf.config, aux, draft_vocab=2048)
-    low = target.lm_head.weight.dtype in (torch.bfloat16, torch.float16)
-    width = {"auto": a.steps + 1 if low else None, "none": None}.get(a.width) \
-        if a.width in ("auto", "none") else int(a.width)
+    width = (default_width(target, a.steps) if a.width == "auto" else
+             None if a.width == "none" else int(a.width))
     res["width"] = width
     max_seq = T + N + 3 * a.steps + 8 + (width or 0)
     if width is not None:  # the plain 1-row decode, for reference
