@@ -95,7 +95,7 @@ def _skip_ws(text: str, i: int) -> int:
 def read_jsonl_records(path: Path) -> tuple[list[Any], dict]:
     """One JSON record per line. A broken LAST line (a truncated file) is skipped and reported;
     a broken line elsewhere is a StageError naming the line."""
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")  # not splitlines (U+2028)
     records, truncated = [], False
     for n, line in enumerate(lines, 1):
         if not line.strip():

@@ -32,12 +32,14 @@ def generate_batch(model, tok, prompts: list[list[dict]], max_new_tokens: int,
     """One reply per prompt conversation. Returns (texts, generated token count)."""
     texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
              for p in prompts]
-    side = tok.padding_side
+    side, pad = tok.padding_side, tok.pad_token
     tok.padding_side = "left"
+    if pad is None:  # e.g. a GGUF tokenizer: pad with EOS (masked out by the attention mask)
+        tok.pad_token = tok.eos_token
     try:
         enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     finally:
-        tok.padding_side = side
+        tok.padding_side, tok.pad_token = side, pad
     dev = next(model.parameters()).device
     enc = {k: v.to(dev) for k, v in enc.items()}
     kw = dict(do_sample=temperature > 0, max_new_tokens=max_new_tokens,

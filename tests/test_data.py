@@ -169,3 +169,14 @@ def test_other_templates(smollm2_tokenizer, name, template, end):
     assert [tok.decode(ids[a:b]) for a, b in mask_spans(mask)] == \
         ["Hello! How can I help?" + end, "4." + end]
     assert set(TEMPLATES) == {"chatml", "qwen", "llama3", "kimi"}
+
+
+def test_jsonl_records_may_hold_unicode_line_separators(tmp_path):
+    """Only \\n ends a JSONL record: a reply with U+2028 or \\x1c written with ensure_ascii=False
+    (as the regenerate stage writes them) is one record, not a 'broken line' (H200 run, line 3379)."""
+    recs = [{"messages": [{"role": "user", "content": "a\u2028b\x1cc\x85d"},
+                          {"role": "assistant", "content": "e\u2029f"}]},
+            {"messages": [{"role": "user", "content": "g"}, {"role": "assistant", "content": "h"}]}]
+    p = tmp_path / "c.jsonl"
+    p.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs), encoding="utf-8")
+    assert read_records(p)[0] == recs

@@ -391,3 +391,19 @@ def test_regenerate_max_turns_keeps_first_turns(smollm2):
     assert rep["cut_max_turns"] == 1 and rep["turns"] == 2
     with pytest.raises(ValueError, match="max_turns"):
         RegenerateStage(max_turns=0)
+
+
+def test_regenerate_pads_without_a_pad_token(smollm2):
+    """transformers 5.17 (the H200's) loads the GGUF tokenizer with no pad token; batched
+    regeneration must still pad (with EOS, masked out), give each prompt the reply it gets alone,
+    and leave the tokenizer as it was."""
+    import copy
+    from jobs.regenerate import generate_batch
+    model, tok, _ = smollm2
+    tok = copy.deepcopy(tok)
+    tok.pad_token = None
+    prompts = [[{"role": "user", "content": "Hi"}],
+               [{"role": "user", "content": "Name three colours of the rainbow, please."}]]
+    texts, _ = generate_batch(model, tok, prompts, 4, 0.0, 1.0)
+    assert tok.pad_token is None
+    assert texts == [generate_batch(model, tok, [p], 4, 0.0, 1.0)[0][0] for p in prompts]
