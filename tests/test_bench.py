@@ -99,3 +99,38 @@ def test_bench_cache_fits_warm_up_longer_than_max_new(smollm2, smollm2_path, tmp
                        inputs={"export": export}, out_dir=tmp_path / "out",
                        db_path=tmp_path / "r.duckdb")
     assert bench.run(ctx)["summaries"] == 1
+
+
+@pytest.mark.slow
+def test_bench_times_the_plain_decode_and_checks_tokens_against_the_wide_one(
+        smollm2, smollm2_path, tmp_path, monkeypatch):
+    """With a width (bf16 on the GPU; forced here on float32), the speed baseline is the plain
+    1-row decode and "lossless" compares against the W-row decode: timing the W-row pass made
+    every H200 speedup ~24% too high (8 rows: 2.53 ms/token, 1 row: 2.05 ms)."""
+    from jobs import bench, engine
+    from runner.stage import StageContext
+    from runner.store import Store
+    hf, _, _ = smollm2
+    spec = _spec(smollm2_path, num_prompts=1, max_new_tokens=[10])
+    export = export_drafter(tmp_path / "export", hf.config, spec.aux_ids, draft_vocab=2048)
+    monkeypatch.setattr(engine, "default_width", lambda target, k: k + 1)
+    timed = {}  # width -> [(new_tokens, total_s)] of the timed (10-token) baseline calls
+    real = engine.Engine.generate_baseline
+
+    def spy(self, ids, max_new, *a, **kw):
+        toks, st = real(self, ids, max_new, *a, **kw)
+        if max_new == 10:
+            timed.setdefault(self.decode_rows, []).append((st.new_tokens, st.total_s))
+        return toks, st
+    monkeypatch.setattr(engine.Engine, "generate_baseline", spy)
+    (tmp_path / "out").mkdir()
+    ctx = StageContext(spec=spec, stage="bench", variant="base", run_id="r1",
+                       inputs={"export": export}, out_dir=tmp_path / "out",
+                       db_path=tmp_path / "r.duckdb")
+    assert bench.run(ctx)["lossless"] is True
+    assert sorted(timed) == [1, 3] and all(len(v) == 1 for v in timed.values())
+    cols, rows = Store(tmp_path / "r.duckdb").query("SELECT * FROM bench_summary")
+    s = dict(zip(cols, rows[0]))
+    plain = timed[1]
+    assert s["base_tok_s"] == pytest.approx(sum(n for n, _ in plain) / sum(t for _, t in plain))
+    assert "plain 1-row decode" in s["explanation"] and "3-row decode" in s["explanation"]
