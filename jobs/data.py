@@ -29,11 +29,13 @@ The holdout does not depend on max_samples, so data-scaling variants share it.
 
 from __future__ import annotations
 
+import codecs
 import copy
 import hashlib
 import json
 import random
 import re
+import sys
 from collections import Counter
 from functools import lru_cache
 from pathlib import Path
@@ -63,7 +65,7 @@ TEMPLATES = {
 def read_json_records(path: Path) -> tuple[list[Any], dict]:
     """Records of a JSON array that may be truncated: decode one record at a time and stop at
     the first error. Returns (records, {"records_read", "truncated", "stopped_at_byte"})."""
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = path.read_text(encoding="utf-8-sig", errors="replace")
     dec = json.JSONDecoder()
     i = _skip_ws(text, 0)
     if i >= len(text) or text[i] != "[":
@@ -95,7 +97,10 @@ def _skip_ws(text: str, i: int) -> int:
 def read_jsonl_records(path: Path) -> tuple[list[Any], dict]:
     """One JSON record per line. A broken LAST line (a truncated file) is skipped and reported;
     a broken line elsewhere is a StageError naming the line."""
-    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")  # not splitlines (U+2028)
+    # only \n ends a record (str.splitlines also splits at U+2028, \x1c, ... inside strings);
+    # utf-8-sig drops a byte-order mark
+    lines = path.read_text(encoding="utf-8-sig", errors="replace").split("\n")
+    last = max((n for n, line in enumerate(lines, 1) if line.strip()), default=0)
     records, truncated = [], False
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -103,8 +108,10 @@ def read_jsonl_records(path: Path) -> tuple[list[Any], dict]:
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError as e:
-            if n == len(lines):
+            if n == last:
                 truncated = True
+                print(f"data: {path}:{n}: the last line is not valid JSON ({e.msg}); skipped as "
+                      "a truncated record", file=sys.stderr)
                 break
             raise StageError(f"{path}:{n}: not valid JSON ({e.msg}). Fix or remove the line.")
     return records, {"records_read": len(records), "truncated": truncated,
@@ -120,7 +127,7 @@ def read_records(path: Path) -> tuple[list[Any], dict]:
         raise StageError(f"data.path: {path} {what}. Run `runner fetch sharegpt` for "
                          "ShareGPT, or point data.path at a JSONL file.")
     with open(path, "rb") as f:
-        head = f.read(64).lstrip()
+        head = f.read(64).removeprefix(codecs.BOM_UTF8).lstrip()
     return read_json_records(path) if head.startswith(b"[") else read_jsonl_records(path)
 
 
@@ -237,9 +244,10 @@ def load_conversations(data) -> tuple[list[list[dict]], list[list[dict]], dict]:
     convs, info, rep = _load_clean(path)
     info, rep = copy.deepcopy(info), copy.deepcopy(rep)
     if not convs:
+        skipped = "; its last record was not valid JSON and was skipped" if info["truncated"] else ""
         raise StageError(f"data: {path} has no usable conversation ({info['records_read']} "
-                         f"records read; dropped {rep['dropped']}). Records need user and "
-                         "assistant turns (from/value or role/content).")
+                         f"records read{skipped}; dropped {rep['dropped']}). Records need user "
+                         "and assistant turns (from/value or role/content).")
     order = list(range(len(convs)))
     random.Random(data.seed).shuffle(order)
     hold = copy.deepcopy([convs[i] for i in order[:data.holdout]])

@@ -180,3 +180,22 @@ def test_jsonl_records_may_hold_unicode_line_separators(tmp_path):
     p = tmp_path / "c.jsonl"
     p.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs), encoding="utf-8")
     assert read_records(p)[0] == recs
+
+
+def test_jsonl_edge_files(tmp_path, capsys):
+    """A truncated last line is skipped (with a message) also when a newline follows it; a UTF-8
+    byte-order mark is dropped for JSONL and JSON arrays; a file whose only line is broken says
+    so in the 'no usable conversation' error."""
+    good = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}
+    p = tmp_path / "d.jsonl"
+    p.write_text(json.dumps(good) + '\n{"messages": [{"role": "us\n\n')
+    recs, info = read_records(p)
+    assert recs == [good] and info["truncated"]
+    assert "d.jsonl:2: the last line is not valid JSON" in capsys.readouterr().err
+    p.write_bytes(b"\xef\xbb\xbf" + (json.dumps(good) + "\n").encode())
+    assert read_records(p)[0] == [good]
+    p.write_bytes(b"\xef\xbb\xbf" + json.dumps([good, good]).encode())
+    assert read_records(p)[0] == [good, good]
+    p.write_text('{"messages": [{"role": "us')
+    with pytest.raises(StageError, match="last record was not valid JSON"):
+        load_conversations(Data(source="jsonl", path=str(p)))
