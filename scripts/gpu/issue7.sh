@@ -8,7 +8,7 @@ mkdir -p "$OUT/r"
 # copy whatever exists to $OUT even when a stage fails or the time box ends
 SPEC=${SPEC:-specs/smollm2-sharegpt-gpu.yaml}   # any GPU spec; work_dir runs/<name>
 W=runs/$(basename "$SPEC" .yaml)
-trap 'cp runs/*.duckdb "$OUT/r/" 2>/dev/null; tar czf "$OUT/r/state.tgz" runs/*.duckdb.spool $W/logs $W/bench $W/train/*/train_metrics.json 2>/dev/null' EXIT
+trap 'cp runs/*.duckdb "$OUT/r/" 2>/dev/null; tar czf "$OUT/r/state.tgz" runs/*.duckdb.spool $W/logs $W/bench $W/train/*/train_metrics.json 2>/dev/null; for c in $W/regenerate/*/conversations.jsonl; do [ -f "$c" ] && gzip -c "$c" > "$OUT/r/regenerated.jsonl.gz"; done' EXIT
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
