@@ -38,12 +38,12 @@ def generate_batch(model, tok, prompts: list[list[dict]], max_new_tokens: int,
         tok.pad_token = tok.eos_token
     try:
         enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        pad_id = tok.pad_token_id
     finally:
         tok.padding_side, tok.pad_token = side, pad
     dev = next(model.parameters()).device
     enc = {k: v.to(dev) for k, v in enc.items()}
-    kw = dict(do_sample=temperature > 0, max_new_tokens=max_new_tokens,
-              pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+    kw = dict(do_sample=temperature > 0, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
               eos_token_id=tok.eos_token_id)
     if temperature > 0:
         kw.update(temperature=temperature, top_p=top_p)
