@@ -19,7 +19,8 @@ EXAMPLES = {
             "  runner plan specs/smollm2-sharegpt.yaml -o stages.train.lr=3e-4",
     "apply": "examples:\n  runner apply specs/smollm2-sharegpt.yaml\n"
              "  runner apply specs/smollm2-sharegpt.yaml --force train\n"
-             "  runner apply specs/smollm2-sharegpt.yaml --only bench -o stages.bench.num_prompts=4",
+             "  runner apply specs/smollm2-sharegpt.yaml --only bench -o stages.bench.num_prompts=4\n"
+             "  runner apply specs/smollm2-regen-gpu.yaml --variant humaneval   # + what it needs",
     "status": "examples:\n  runner status specs/smollm2-sharegpt.yaml\n  runner status --json",
     "results": "examples:\n  runner results\n  runner results --json --results runs/results.duckdb",
     "query": "examples:\n  runner query \"SELECT run_id, name, value FROM metrics WHERE stage='train'\"\n"
@@ -72,7 +73,8 @@ def _render_plan(plan) -> str:
 def cmd_plan(args) -> int:
     from runner.plan import build_plan
     spec = _load(args)
-    plan = build_plan(spec, tuple(args.force or ()), tuple(args.only or ()))
+    plan = build_plan(spec, tuple(args.force or ()), tuple(args.only or ()),
+                      tuple(args.variant or ()))
     print(plan.to_json() if args.json else _render_plan(plan))
     return 0
 
@@ -81,7 +83,8 @@ def cmd_apply(args) -> int:
     from runner.apply import apply
     from runner.plan import build_plan
     spec = _load(args)
-    plan = build_plan(spec, tuple(args.force or ()), tuple(args.only or ()))
+    plan = build_plan(spec, tuple(args.force or ()), tuple(args.only or ()),
+                      tuple(args.variant or ()))
     print(_render_plan(plan), file=sys.stderr)
     run_id, outcomes = apply(spec, plan)
     from runner.results import print_results
@@ -162,9 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable plan")
     p.add_argument("--force", action="append", metavar="STAGE", help="rerun STAGE")
     p.add_argument("--only", action="append", metavar="STAGE", help="run only STAGE")
+    p.add_argument("--variant", action="append", metavar="NAME",
+                   help="run only variant NAME ('base' = the spec itself) and what it needs")
     p = add("apply", cmd_apply, "execute the plan and print a results table")
     p.add_argument("--force", action="append", metavar="STAGE", help="rerun STAGE")
     p.add_argument("--only", action="append", metavar="STAGE", help="run only STAGE")
+    p.add_argument("--variant", action="append", metavar="NAME",
+                   help="run only variant NAME ('base' = the spec itself) and what it needs")
     p = add("status", cmd_status, "stages of the latest run (and Slurm job states)",
             spec_optional=True)
     p.add_argument("--json", action="store_true")

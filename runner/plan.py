@@ -201,14 +201,22 @@ def _explain(old: dict, parts: dict) -> str:
 # planning
 
 
-def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = ()) -> Plan:
+def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = (),
+               variants: tuple[str, ...] = ()) -> Plan:
     """Plan every enabled stage of the base spec and of each variant.
 
-    force/only take stage names (or stage@variant ids). Raises PlanError."""
+    force/only take stage names (or stage@variant ids). variants (names; "base" is the spec
+    itself) restricts the run to those variants' stages, including the shared stages they need,
+    which still run under the variant that computes them first. Raises PlanError."""
     for s in (*force, *only):
         if s.split("@")[0] not in STAGE_ORDER:
             raise PlanError(f"--force/--only {s!r}: unknown stage; stages are "
                             f"{', '.join(STAGE_ORDER)}")
+    names = ["base"] + [v.name for v in spec.variants]
+    for v in variants:
+        if v not in names:
+            raise PlanError(f"--variant {v!r}: no such variant; this spec has {', '.join(names)}")
+    picked = set(variants or names)
     work = spec.resolved_work_dir()
     variants = [("base", spec)] + [(v.name, variant_spec(spec, v.name)) for v in spec.variants]
     planned: list[PlannedStage] = []
@@ -227,7 +235,7 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
             keys[(vname, stage)] = key
             sid = stage if vname == "base" else f"{stage}@{vname}"
             entries.append((vname, stage, key, parts, needs, stage in force or sid in force,
-                            not only or stage in only or sid in only))
+                            (not only or stage in only or sid in only) and vname in picked))
     ids = {e[1] for e in entries} | {e[1] if e[0] == "base" else f"{e[1]}@{e[0]}" for e in entries}
     for s in (*force, *only):
         if s not in ids:
@@ -251,7 +259,8 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
         elif complete:
             action, reason = "skip", "up to date"
         elif (stage, key) not in selected_keys:
-            action, reason = "skip", "not selected (--only)"
+            action, reason = "skip", ("not selected (--variant)" if vname not in picked and not only
+                                      else "not selected (--only)")
         elif Path(partial).exists():
             action, reason = "run", "incomplete: resuming partial output"
         else:

@@ -327,3 +327,23 @@ def test_work_dir_or_results_in_the_way_is_a_plan_error(tmp_path):
         with pytest.raises(PlanError, match=field):
             build_plan(make_spec(tmp_path, [over]))
     assert not (f.is_dir())  # nothing created in the way
+
+
+def test_variant_selection_runs_that_variant_and_the_shared_stages_it_needs(tmp_path, fake_stages):
+    spec = make_spec(tmp_path, variants=[
+        {"name": "small", "overrides": {"stages.train.num_samples": 10}},
+        {"name": "he", "overrides": {"stages.bench.num_prompts": 3}}])
+    plan = build_plan(spec, variants=("small",))
+    act = {p.id: (p.action, p.reason) for p in plan.stages}
+    # extract is computed by base (shared key) and must run, because "small" needs it
+    assert act["extract"][0] == "run"
+    assert [act[f"{s}@small"][0] for s in ("train", "export", "bench")] == ["run"] * 3
+    assert act["train"] == ("skip", "not selected (--variant)")
+    assert act["bench@he"] == ("skip", "not selected (--variant)")
+    apply(spec, plan, quiet=True)
+    act = {p.id: p.action for p in build_plan(spec, variants=("he",)).stages}
+    # he shares base's train/export: those run (under base), and he's own bench
+    assert act["extract"] == "skip" and act["train"] == "run" and act["bench@he"] == "run"
+    assert act["bench"] == "skip" and act["bench@small"] == "skip"
+    with pytest.raises(PlanError, match="no such variant; this spec has base, small, he"):
+        build_plan(spec, variants=("smal",))
