@@ -9,8 +9,8 @@
 #   ... x2.sh bench SECONDS
 #       GPU0: whatever base and $SCALE still miss (their benches); GPU1: the humaneval variant
 #   ... x2.sh extras SECONDS
-#       GPU0: scripts/bench_engine.py table with the trained drafter; GPU1: the GPU tests, then
-#       the extraction benchmark
+#       GPU0: scripts/bench_engine.py table with the trained drafter; GPU1: the GPU tests, the
+#       root-selection diagnostic (scripts/diag_roots.py), then the extraction benchmark
 # Each time box is per process; the call ends when both are done.
 source scripts/gpu/setup.sh
 mkdir -p "$OUT/r"
@@ -18,7 +18,8 @@ SPEC=${SPEC:-specs/smollm2-regen-gpu.yaml}
 SCALE=${SCALE:-n500 n2000}
 W=runs/$(basename "$SPEC" .yaml)
 DB=$(python3 -c "import yaml; print(yaml.safe_load(open('$SPEC'))['results']['path'])")
-trap 'cp runs/*.duckdb "$OUT/r/" 2>/dev/null; cp /tmp/gpu*.log "$OUT/r/" 2>/dev/null; tar czf "$OUT/r/state.tgz" runs/*.duckdb.spool $W/logs $W/bench $W/train/*/train_metrics.json 2>/dev/null; for c in $W/regenerate/*/conversations.jsonl; do [ -f "$c" ] && gzip -c "$c" > "$OUT/r/regenerated.jsonl.gz"; done' EXIT
+X=/tmp/xr; mkdir -p $X   # script outputs and logs: they come back inside state.tgz (8 files at most)
+trap 'cp runs/*.duckdb "$OUT/r/" 2>/dev/null; cp /tmp/gpu*.log $X/ 2>/dev/null; tar czf "$OUT/r/state.tgz" runs/*.duckdb.spool $W/logs $W/bench $W/train/*/train_metrics.json $X 2>/dev/null; [ "$1" = train ] && for c in $W/regenerate/*/conversations.jsonl; do [ -f "$c" ] && gzip -c "$c" > "$OUT/r/regenerated.jsonl.gz"; done' EXIT
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
@@ -49,13 +50,18 @@ case $1 in
   extras)
     KEY=$(python3 -c "import json; print(json.load(open('$W/state/base.export.json'))['key'][:16])")
     CUDA_VISIBLE_DEVICES=0 timeout "$T" python3 scripts/bench_engine.py --draft "$W/export/$KEY" \
-      --mtbench 8 --new 256 --steps 4 --cuda-graph --repeats 1 --out "$OUT/r/bench_engine" \
+      --mtbench 4 --new 256 --steps 4 --cuda-graph --repeats 1 --out $X/bench_engine \
       > /tmp/gpu0.log 2>&1 &
     ( export CUDA_VISIBLE_DEVICES=1
-      timeout 200 python3 -m pytest tests/test_engine.py tests/test_bench_engine.py -m gpu -q \
+      timeout 150 python3 -m pytest tests/test_engine.py tests/test_bench_engine.py -m gpu -q \
         -p no:cacheprovider > /tmp/gpu1.log 2>&1
-      timeout $(( T - 210 )) python3 scripts/bench_extract.py --device cuda --batch 8 --seq 2048 \
-        --batches 64 --random-init --out "$OUT/r/bex" >> /tmp/gpu1.log 2>&1 ) &
+      [ -f scripts/diag_roots.py ] && timeout 100 python3 scripts/diag_roots.py \
+        --draft "$W/export/$KEY" --prompts 8 --new 256 --steps 4 --device cuda \
+        --out $X/diag_roots.json >> /tmp/gpu1.log 2>&1
+      left=$(( T - ($(date +%s) - START) - 10 ))
+      [ $left -gt 40 ] && timeout $left python3 scripts/bench_extract.py --device cuda --batch 8 \
+        --seq 2048 --batches 64 --random-init --out /tmp/bex >> /tmp/gpu1.log 2>&1
+      cp /tmp/bex/*.json /tmp/bex/*.md $X/ 2>/dev/null ) &
     wait ;;
   *) echo "usage: x2.sh train|bench|extras SECONDS" >&2; exit 2 ;;
 esac
