@@ -5,10 +5,12 @@ Three plots, from `bench_summary` rows (one per bench configuration, written by 
                               data-scaling sweep gives one point (its latest row, by
                               runs.started_at, over all runs of the spec).
   <name>_accept_per_pos.png   acceptance rate at draft position 1..num_steps, one line per
-                              num_steps config (latest run of the spec that has bench rows).
+                              variant x bench config.
   <name>_tok_s.png            spec tok/s against num_steps, with the target-only baseline tok/s as
                               a dashed horizontal reference (same run), speedup written at each
                               point.
+Every plot takes the latest row of each variant x bench config over all runs of the spec, so a
+sweep split over several applies (`runner apply --variant ...`, one per GPU) plots as one.
 Metric terms follow ../shared/notes/eagle3-format.md: tau = tokens per target verify pass
 INCLUDING the bonus token; accept_per_pos[j] = fraction of rounds in which draft j+1 was
 accepted (sums to tau - 1).
@@ -63,12 +65,6 @@ def bench_rows(spec: Spec) -> list[dict]:
     return [dict(zip(cols, r)) for r in rows]
 
 
-def latest_run(rows: list[dict]) -> list[dict]:
-    """The rows of the most recently started run that has bench rows (rows sorted oldest first)."""
-    last = rows[-1]["run_id"]
-    return [r for r in rows if r["run_id"] == last]
-
-
 def latest_per_config(rows: list[dict]) -> list[dict]:
     """The latest row (by run start, rows sorted oldest first) of each variant x bench config."""
     out: dict[tuple, dict] = {}
@@ -112,6 +108,12 @@ def _per_pos(r: dict) -> list[float] | None:
         return [float(x) for x in v] if isinstance(v, list) and v else None
     except (ValueError, TypeError):
         return None
+
+
+def _runs(rows: list[dict]) -> str:
+    """Title part naming the run(s) the rows come from."""
+    ids = list(dict.fromkeys(r["run_id"] for r in rows))
+    return f"run {ids[0]}" if len(ids) == 1 else f"latest row per config from {len(ids)} runs"
 
 
 def _ok(x) -> bool:
@@ -192,12 +194,12 @@ def plot_tau_vs_samples(rows: list[dict], spec_name: str, path: Path) -> Path | 
 
 
 def plot_accept_per_pos(rows: list[dict], spec_name: str, path: Path) -> Path | None:
-    """Acceptance rate at draft position 1..num_steps, one line per num_steps config of one run.
-    None when no row has accept_per_pos."""
+    """Acceptance rate at draft position 1..num_steps, one line per num_steps config (and per
+    whatever else differs between the rows). None when no row has accept_per_pos."""
     rows = [r for r in rows if _per_pos(r)]
     if not rows:
         return None
-    fig, ax = _figure(f"{spec_name}: acceptance per draft position\n(run {rows[0]['run_id']})",
+    fig, ax = _figure(f"{spec_name}: acceptance per draft position\n({_runs(rows)})",
                       "draft position", "acceptance rate (fraction of rounds)")
     kmax = 1
     for label, rs in group(rows, ("num_steps",), ()).items():
@@ -213,12 +215,13 @@ def plot_accept_per_pos(rows: list[dict], spec_name: str, path: Path) -> Path | 
 
 
 def plot_tok_s(rows: list[dict], spec_name: str, path: Path) -> Path | None:
-    """Speculative tok/s against num_steps, one line per config group of one run; each group's
-    baseline (target-only) tok/s is a dashed horizontal line. None when no row has spec_tok_s."""
+    """Speculative tok/s against num_steps, one line per config group; each group's baseline
+    (target-only, measured in the same run as its row) tok/s is a dashed horizontal line. None
+    when no row has spec_tok_s."""
     rows = [r for r in rows if _ok(r.get("spec_tok_s")) and r.get("num_steps") is not None]
     if not rows:
         return None
-    fig, ax = _figure(f"{spec_name}: decode speed vs num_steps\n(run {rows[0]['run_id']}; "
+    fig, ax = _figure(f"{spec_name}: decode speed vs num_steps\n({_runs(rows)}; "
                       "label = speedup over the baseline)", "num_steps", "tokens / s")
     groups = group(rows, (), ("num_steps", "num_draft_tokens"))
     bases = {label: [r["base_tok_s"] for r in rs if _ok(r.get("base_tok_s"))]
@@ -261,10 +264,10 @@ def write_report(spec: Spec, out_dir) -> tuple[list[Path], list[str]]:
     for name, fn, what in (
             ("tau_vs_samples", lambda p: plot_tau_vs_samples(latest_per_config(rows), spec.name, p),
              "no bench_summary row has train_samples and tau"),
-            ("accept_per_pos", lambda p: plot_accept_per_pos(latest_run(rows), spec.name, p),
-             "no row of the latest run has accept_per_pos"),
-            ("tok_s", lambda p: plot_tok_s(latest_run(rows), spec.name, p),
-             "no row of the latest run has spec_tok_s")):
+            ("accept_per_pos", lambda p: plot_accept_per_pos(latest_per_config(rows), spec.name, p),
+             "no bench_summary row has accept_per_pos"),
+            ("tok_s", lambda p: plot_tok_s(latest_per_config(rows), spec.name, p),
+             "no bench_summary row has spec_tok_s")):
         p = fn(out / f"{spec.name}_{name}.png")
         if p is None:
             notes.append(f"skipped {name}: {what}")
