@@ -190,10 +190,10 @@ def run(ctx: StageContext) -> dict:
     width = default_width(target, Kmax)  # bf16: one row count for all, so outputs match exactly
     for cg in p.cuda_graph:
         warm = next(iter(sets.values()))[0][1]
+        t0 = time.perf_counter()
         plain = Engine(target, None, num_steps=Kmax, max_seq=max_seq, cuda_graph=cg)  # speed
         ref = plain if width is None else Engine(target, None, num_steps=Kmax, max_seq=max_seq,
                                                  cuda_graph=cg, width=width)  # tokens
-        t0 = time.perf_counter()
         for b in [plain] if ref is plain else [plain, ref]:
             b.generate_baseline(warm, 4, stop_ids=stop)  # warm-up (compiles when cg)
         print(f"bench: baseline engine(s) built and warmed in {time.perf_counter() - t0:.1f} s "

@@ -9,6 +9,7 @@ runs `run_stage(job, rank, world)` in every rank: locally through `python -m run
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import json
 import os
@@ -80,6 +81,25 @@ def stage_nproc(spec: Spec, stage: str) -> int:
     return ex.nproc_per_node
 
 
+def lock_stage(job: StageJob):
+    """Take the stage's lock file (work_dir/<stage>/.lock-<key[:16]>, beside its partial dir) for
+    as long as the returned file object stays open. Two runner processes (say two
+    `runner apply --variant ...`, one per GPU) must never write one partial dir at once. Raises
+    StageError naming the lock when another process holds it (POSIX flock: local disks; on NFS
+    it depends on the mount)."""
+    path = Path(job.partial).with_name(f".lock-{job.key[:16]}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise StageError(f"{job.id}: another runner process is computing this stage right now "
+                         f"(lock {path}). Wait for it to finish, or apply a --variant that does "
+                         "not need it.") from None
+    return f
+
+
 def run_stage(job: StageJob, rank: int = 0, world_size: int = 1) -> dict:
     """Run one stage to completion and finalize its artifact. Returns its summary metrics.
 
@@ -98,7 +118,9 @@ def run_stage(job: StageJob, rank: int = 0, world_size: int = 1) -> dict:
     row = dict(run_id=job.run_id, variant=job.variant, stage=job.stage, cache_key=job.key,
                reason=job.reason, started_at=started, host=host(), job_id=job_id,
                executor=job.executor, artifact=job.artifact, log_path=job.log_path)
+    lock = None
     try:
+        lock = lock_stage(job)  # before any write: a second process fails here, untouched
         ctx = make_context(job, rank, world_size)
         mod = importlib.import_module(f"jobs.{job.stage}")
         metrics = mod.run(ctx) or {}
@@ -122,6 +144,9 @@ def run_stage(job: StageJob, rank: int = 0, world_size: int = 1) -> dict:
                               "error": ("timed out or preempted; requeued" if requeued
                                         else msg[:4000])})
         raise
+    finally:
+        if lock is not None:
+            lock.close()
     store.emit("stages", {**row, "status": "done", "finished_at": now(),
                           "duration_s": time.time() - t0})
     return {k: (v[0] if isinstance(v, (tuple, list)) else v) for k, v in metrics.items()}

@@ -347,3 +347,24 @@ def test_variant_selection_runs_that_variant_and_the_shared_stages_it_needs(tmp_
     assert act["bench"] == "skip" and act["bench@small"] == "skip"
     with pytest.raises(PlanError, match="no such variant; this spec has base, small, he"):
         build_plan(spec, variants=("smal",))
+
+
+def test_a_stage_another_process_is_computing_fails_clearly_and_untouched(tmp_path, fake_stages):
+    """Two applies (say one per GPU, --variant) must never write one partial dir at once."""
+    import fcntl
+    spec = make_spec(tmp_path)
+    plan = build_plan(spec)
+    train = next(p for p in plan.stages if p.stage == "train")
+    lock = Path(train.partial).with_name(f".lock-{train.key[:16]}")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as held:  # what the other runner process holds
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _, outcomes = apply(spec, plan, quiet=True)
+    st = {o.job.stage: (o.status, o.error) for o in outcomes}
+    assert st["extract"][0] == "done" and st["train"][0] == "failed"
+    assert "another runner process is computing this stage" in st["train"][1]
+    assert str(lock) in st["train"][1]
+    assert not Path(train.partial).exists() and not Path(train.artifact).exists()
+    # once the other process is gone, the stage runs
+    _, outcomes = apply(spec, build_plan(spec), quiet=True)
+    assert {o.job.stage: o.status for o in outcomes}["train"] == "done"
