@@ -82,12 +82,12 @@ def stage_nproc(spec: Spec, stage: str) -> int:
 
 
 def lock_stage(job: StageJob):
-    """Take the stage's lock file (work_dir/<stage>/.lock-<key[:16]>, beside its partial dir) for
-    as long as the returned file object stays open. Two runner processes (say two
+    """Take the stage's lock file (work_dir/.locks/<stage>-<key[:16]>.lock, out of the stage
+    folders, which hold artifacts only) for as long as the returned file object stays open. Two runner processes (say two
     `runner apply --variant ...`, one per GPU) must never write one partial dir at once. Raises
     StageError naming the lock when another process holds it (POSIX flock: local disks; on NFS
     it depends on the mount)."""
-    path = Path(job.partial).with_name(f".lock-{job.key[:16]}")
+    path = Path(job.partial).parent.parent / ".locks" / f"{job.stage}-{job.key[:16]}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     f = open(path, "a")
     try:

@@ -355,7 +355,7 @@ def test_a_stage_another_process_is_computing_fails_clearly_and_untouched(tmp_pa
     spec = make_spec(tmp_path)
     plan = build_plan(spec)
     train = next(p for p in plan.stages if p.stage == "train")
-    lock = Path(train.partial).with_name(f".lock-{train.key[:16]}")
+    lock = Path(spec.resolved_work_dir()) / ".locks" / f"train-{train.key[:16]}.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a") as held:  # what the other runner process holds
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -365,6 +365,7 @@ def test_a_stage_another_process_is_computing_fails_clearly_and_untouched(tmp_pa
     assert "another runner process is computing this stage" in st["train"][1]
     assert str(lock) in st["train"][1]
     assert not Path(train.partial).exists() and not Path(train.artifact).exists()
-    # once the other process is gone, the stage runs
+    # once the other process is gone, the stage runs; stage folders hold artifacts only
     _, outcomes = apply(spec, build_plan(spec), quiet=True)
     assert {o.job.stage: o.status for o in outcomes}["train"] == "done"
+    assert [p.name for p in Path(train.artifact).parent.iterdir()] == [Path(train.artifact).name]
