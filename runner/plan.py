@@ -217,6 +217,11 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
         if v not in names:
             raise PlanError(f"--variant {v!r}: no such variant; this spec has {', '.join(names)}")
     picked = set(variants or names)
+    for s in (*force, *only):  # stage@variant ids must lie inside the --variant selection
+        v = s.split("@")[1] if "@" in s else None
+        if variants and v is not None and v not in picked:
+            raise PlanError(f"--force/--only {s!r}: variant {v!r} is not selected by --variant "
+                            f"{' '.join(variants)}; add --variant {v} or drop {s!r}")
     work = spec.resolved_work_dir()
     variants = [("base", spec)] + [(v.name, variant_spec(spec, v.name)) for v in spec.variants]
     planned: list[PlannedStage] = []
@@ -234,7 +239,8 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
             key = _h(parts)
             keys[(vname, stage)] = key
             sid = stage if vname == "base" else f"{stage}@{vname}"
-            entries.append((vname, stage, key, parts, needs, stage in force or sid in force,
+            entries.append((vname, stage, key, parts, needs,
+                            (stage in force or sid in force) and vname in picked,
                             (not only or stage in only or sid in only) and vname in picked))
     ids = {e[1] for e in entries} | {e[1] if e[0] == "base" else f"{e[1]}@{e[0]}" for e in entries}
     for s in (*force, *only):

@@ -78,6 +78,11 @@ def main(argv=None):
     ap.add_argument("--dtype", default=None, help="default: float32 on cpu, bfloat16 on cuda")
     ap.add_argument("--out", default=None, help="write the per-prompt rows + summary as JSON")
     a = ap.parse_args(argv)
+    from runner.inspect import inspect_draft  # the drafter checks of `runner inspect`, first
+    errors = [f for f in inspect_draft(a.draft) if f.severity == "error"]
+    if errors:
+        sys.exit("diag_roots: --draft " + a.draft + " is not a usable drafter:\n" +
+                 "\n".join(f"  {f.code}: {f.message}" for f in errors))
     dev = resolve_device(a.device)
     dt = resolve_dtype(a.dtype, dev)
     if dev == "cpu":

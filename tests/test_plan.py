@@ -347,6 +347,12 @@ def test_variant_selection_runs_that_variant_and_the_shared_stages_it_needs(tmp_
     assert act["bench"] == "skip" and act["bench@small"] == "skip"
     with pytest.raises(PlanError, match="no such variant; this spec has base, small, he"):
         build_plan(spec, variants=("smal",))
+    # --force follows --variant: forcing train under --variant he reruns the train he uses
+    # (base's, shared) and not small's
+    act = {p.id: p.action for p in build_plan(spec, force=("train",), variants=("he",)).stages}
+    assert act["train"] == "run" and act["train@small"] == "skip"
+    with pytest.raises(PlanError, match="'bench@small': variant 'small' is not selected"):
+        build_plan(spec, force=("bench@small",), variants=("he",))
 
 
 def test_a_stage_another_process_is_computing_fails_clearly_and_untouched(tmp_path, fake_stages):
