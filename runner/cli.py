@@ -70,21 +70,31 @@ def _render_plan(plan) -> str:
     return "\n".join(lines)
 
 
-def cmd_plan(args) -> int:
+def _selection_args(p) -> None:
+    """--force / --only / --variant, shared by plan and apply (runner.plan.build_plan)."""
+    p.add_argument("--force", action="append", metavar="STAGE", help="rerun STAGE")
+    p.add_argument("--only", action="append", metavar="STAGE", help="run only STAGE")
+    p.add_argument("--variant", action="append", metavar="NAME",
+                   help="run only variant NAME ('base' = the spec itself) and what it needs")
+
+
+def _plan(args, spec):
     from runner.plan import build_plan
-    spec = _load(args)
-    plan = build_plan(spec, tuple(args.force or ()), tuple(args.only or ()),
+    return build_plan(spec, tuple(args.force or ()), tuple(args.only or ()),
                       tuple(args.variant or ()))
+
+
+def cmd_plan(args) -> int:
+    spec = _load(args)
+    plan = _plan(args, spec)
     print(plan.to_json() if args.json else _render_plan(plan))
     return 0
 
 
 def cmd_apply(args) -> int:
     from runner.apply import apply
-    from runner.plan import build_plan
     spec = _load(args)
-    plan = build_plan(spec, tuple(args.force or ()), tuple(args.only or ()),
-                      tuple(args.variant or ()))
+    plan = _plan(args, spec)
     print(_render_plan(plan), file=sys.stderr)
     run_id, outcomes = apply(spec, plan)
     from runner.results import print_results
@@ -163,15 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("validate", cmd_validate, "check a spec; exit 0 if valid, 1 with errors on stderr")
     p = add("plan", cmd_plan, "show the stages that apply would run, with cache keys and reasons")
     p.add_argument("--json", action="store_true", help="machine-readable plan")
-    p.add_argument("--force", action="append", metavar="STAGE", help="rerun STAGE")
-    p.add_argument("--only", action="append", metavar="STAGE", help="run only STAGE")
-    p.add_argument("--variant", action="append", metavar="NAME",
-                   help="run only variant NAME ('base' = the spec itself) and what it needs")
-    p = add("apply", cmd_apply, "execute the plan and print a results table")
-    p.add_argument("--force", action="append", metavar="STAGE", help="rerun STAGE")
-    p.add_argument("--only", action="append", metavar="STAGE", help="run only STAGE")
-    p.add_argument("--variant", action="append", metavar="NAME",
-                   help="run only variant NAME ('base' = the spec itself) and what it needs")
+    _selection_args(p)
+    _selection_args(add("apply", cmd_apply, "execute the plan and print a results table"))
     p = add("status", cmd_status, "stages of the latest run (and Slurm job states)",
             spec_optional=True)
     p.add_argument("--json", action="store_true")

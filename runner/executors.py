@@ -83,8 +83,9 @@ def stage_nproc(spec: Spec, stage: str) -> int:
 
 def lock_stage(job: StageJob):
     """Take the stage's lock file (work_dir/.locks/<stage>-<key[:16]>.lock, out of the stage
-    folders, which hold artifacts only) for as long as the returned file object stays open. Two runner processes (say two
-    `runner apply --variant ...`, one per GPU) must never write one partial dir at once. Raises
+    folders, which hold artifacts only) for as long as the returned file object stays open. Two
+    runner processes (say two `runner apply --variant ...`, one per GPU) must never write one
+    partial dir at once. Raises
     StageError naming the lock when another process holds it (POSIX flock: local disks; on NFS
     it depends on the mount)."""
     path = Path(job.partial).parent.parent / ".locks" / f"{job.stage}-{job.key[:16]}.lock"

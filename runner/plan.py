@@ -223,12 +223,12 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
             raise PlanError(f"--force/--only {s!r}: variant {v!r} is not selected by --variant "
                             f"{' '.join(variants)}; add --variant {v} or drop {s!r}")
     work = spec.resolved_work_dir()
-    variants = [("base", spec)] + [(v.name, variant_spec(spec, v.name)) for v in spec.variants]
+    vspecs = [("base", spec)] + [(v.name, variant_spec(spec, v.name)) for v in spec.variants]
     planned: list[PlannedStage] = []
     by_key: dict[tuple[str, str], PlannedStage] = {}
     keys: dict[tuple[str, str], str] = {}
     entries = []  # (vname, stage, key, parts, needs, forced, selected) in plan order
-    for vname, vspec in variants:
+    for vname, vspec in vspecs:
         enabled = [s for s in STAGE_ORDER if getattr(vspec.stages, s) is not None]
         for stage in enabled:
             needs = tuple((vname, n) for n in STAGE_NEEDS[stage] if n in enabled)
