@@ -16,6 +16,8 @@
 # Idempotent: when the cluster started by this script already answers, it exits 0 at once.
 # Every probe has a timeout (sinfo/squeue hang for minutes when no controller answers).
 set -euo pipefail
+# the daemons live in /usr/sbin, which a minimal PATH (env -i, some CI images) lacks
+export PATH="$PATH:/usr/sbin:/sbin"
 
 RUN=/run/eagle3-slurm
 CONF=/etc/slurm/slurm.conf
