@@ -2,7 +2,8 @@
 """Extraction throughput vs the plain forward-with-hidden-states of the same model, same run.
 
     python scripts/bench_extract.py --device cpu --batch 2 --seq 256 --batches 3 --out runs/bench-extract
-    python scripts/bench_extract.py --device cuda --batch 8 --seq 2048 --out runs/bench-extract
+    python scripts/bench_extract.py --device cuda --batch 8 --seq 2048 --batches 128 --rounds 3 \
+        --random-init --out runs/bench-extract
 
 Measures (tokens/s, median over batches after one warm-up batch, CUDA synchronised):
 - plain:   model(input_ids, output_hidden_states=True) on [batch, seq] (HF default: all hidden
@@ -12,6 +13,12 @@ Measures (tokens/s, median over batches after one warm-up batch, CUDA synchronis
 - extract: jobs.extract.extract_samples end to end: forward, shard assembly, safetensors
            serialisation, sha256 and the atomic write of every shard (one shard per batch), and
            the one fsync pass over all shards at the end (reported alone as sync_s).
+- extract_no_wb: the same without jobs.shards.start_writeback (the shards stay in the page
+           cache until the final fsync pass), the A/B for that choice; the two alternate in order.
+- write_only: the same bytes written by the same writer threads with no GPU work (the disk's
+           ceiling on this machine).
+Each of --rounds rounds runs plain, capture, both extracts, write-only, then plain again; plain =
+the mean of its two timings, and the summary row is the median over rounds.
 ratio = extract / plain; the target is >= 0.70. Writes bench_extract.json and bench_extract.md
 into --out. Inputs are random token ids (throughput does not depend on content). The weights are
 the fetched SmolLM2 (jobs.target.load_target) or, with --random-init or when it is not fetched,
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -61,6 +69,92 @@ def load_model(args):
     return model, "random-init SmolLM2-135M geometry", dev, dt
 
 
+def write_only(out: Path, n: int, tokens: int, model, aux: list[int], writers: int | None) -> float:
+    """Seconds to write n shards of `tokens` tokens each through the extract stage's own writer
+    (jobs.shards.write_shard on the same number of threads, then sync_shards), no GPU work: the
+    disk's ceiling for extraction on this machine, measured in the same run."""
+    import torch
+    from concurrent.futures import ThreadPoolExecutor
+    import jobs.extract as ex
+    from jobs.shards import shard_index, sync_shards, write_shard
+    out.mkdir()
+    H, dt = model.config.hidden_size, next(model.parameters()).dtype
+    pin = next(model.parameters()).is_cuda
+    idx = shard_index([([0] * tokens, [1] * tokens)])
+    tensors = {**idx, "aux_hidden": torch.randn(tokens, len(aux) * H).to(dt),
+               "last_hidden": torch.randn(tokens, H).to(dt)}
+    if pin:
+        tensors = {k: v.pin_memory() for k, v in tensors.items()}
+    paths = [out / ex.SHARD.format(i) for i in range(n)]
+    t = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=writers or ex.default_writers(model)) as pool:
+        list(pool.map(lambda p: write_shard(p, tensors), paths))
+    sync_shards(paths, out)
+    return time.perf_counter() - t
+
+
+HEADER = ("| round | plain tok/s (before / after) | capture tok/s | extract tok/s | extract, "
+          "no writeback, tok/s | write-only tok/s | final fsync s (extract / no writeback) | "
+          "**extract / plain** | no writeback / plain | write-only / plain |\n"
+          "|---|---|---|---|---|---|---|---|---|---|\n")
+
+
+def row_md(r: dict) -> str:
+    """One markdown row of HEADER."""
+    return (f"| {r['round']} | {r['plain_tok_s']:,.0f} ({r['plain_before_tok_s']:,.0f} / "
+            f"{r['plain_after_tok_s']:,.0f}) | {r['capture_tok_s']:,.0f} | "
+            f"{r['extract_tok_s']:,.0f} | {r['extract_no_wb_tok_s']:,.0f} | "
+            f"{r['write_only_tok_s']:,.0f} | {r['extract_sync_s']:.3f} / "
+            f"{r['extract_no_wb_sync_s']:.3f} | "
+            f"**{r['ratio_extract_vs_plain']:.2f}** | {r['ratio_extract_no_wb_vs_plain']:.2f} | "
+            f"{r['ratio_write_only_vs_plain']:.2f} |\n")
+
+
+def time_plain(model, batches, dev) -> float:
+    """Median seconds per batch of model(x, output_hidden_states=True), the first batch a
+    warm-up."""
+    import torch
+    ts = []
+    with torch.inference_mode():
+        for i, x in enumerate(batches):
+            x = x.to(dev)
+            sync(dev)
+            t = time.perf_counter()
+            out = model(input_ids=x, output_hidden_states=True)
+            sync(dev)
+            if i:
+                ts.append(time.perf_counter() - t)
+            del out
+    return statistics.median(ts)
+
+
+def time_capture(model, batches, aux, dev) -> float:
+    """Median seconds per batch of jobs.extract.forward_features (hooks + copy to the CPU), the
+    first batch a warm-up."""
+    import jobs.extract as ex
+    ts = []
+    for i, x in enumerate(batches):
+        sync(dev)
+        t = time.perf_counter()
+        ex.forward_features(model, x.tolist(), aux)
+        sync(dev)
+        if i:
+            ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def time_extract(model, samples, aux, out: Path, B: int, S: int, writers):
+    """(seconds, final fsync seconds, shard bytes) of jobs.extract.extract_samples over
+    `samples` into `out` (one shard per batch), out removed after."""
+    import jobs.extract as ex
+    out.mkdir()
+    res = ex.extract_samples(model, samples, aux, out, B, B * S, progress=False,
+                             writers=writers)
+    nbytes = sum(f.stat().st_size for f in out.glob("shard-*"))
+    shutil.rmtree(out)
+    return res["seconds"], res["sync_seconds"], nbytes
+
+
 def sync(dev):
     import torch
     if str(dev).startswith("cuda"):
@@ -83,11 +177,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--threads", type=int, default=2, help="CPU threads")
     ap.add_argument("--writers", type=int, default=None,
                     help="shard writer threads (default: jobs.extract.default_writers)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat plain/capture/extract/write-only this many times; medians")
     ap.add_argument("--out", default="runs/bench-extract")
     args = ap.parse_args(argv)
 
     import torch
     import jobs.extract as ex
+    import jobs.shards as shards
     torch.set_num_threads(args.threads)
     model, source, dev, dt = load_model(args)
     aux = [int(x) for x in args.aux.split(",")]
@@ -98,65 +195,61 @@ def main(argv=None) -> dict:
     batches = [torch.randint(0, V, (B, S), generator=g) for _ in range(n + 1)]
     tok_per_batch = B * S
 
-    # plain forward with hidden states (the reference)
-    plain = []
-    with torch.inference_mode():
-        for i, x in enumerate(batches):
-            x = x.to(dev)
-            sync(dev)
-            t = time.perf_counter()
-            out = model(input_ids=x, output_hidden_states=True)
-            sync(dev)
-            if i:
-                plain.append(time.perf_counter() - t)
-            del out
-    # capture only (hooks + copy to CPU)
-    capture = []
-    for i, x in enumerate(batches):
-        sync(dev)
-        t = time.perf_counter()
-        ex.forward_features(model, x.tolist(), aux)
-        sync(dev)
-        if i:
-            capture.append(time.perf_counter() - t)
-    # full extraction with shard writing: one shard per batch
     samples = [(row, [1] * S) for x in batches for row in x.tolist()]
+    variants = {"extract": shards.start_writeback, "extract_no_wb": lambda fd: None}
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    rounds = []
     with tempfile.TemporaryDirectory(dir=args.out) as d:  # shards go to the --out filesystem
-        for sub in ("warm", "run"):
-            (Path(d) / sub).mkdir()
-        ex.extract_samples(model, samples[:B], aux, Path(d) / "warm", B, B * S, progress=False,
+        d = Path(d)
+        (d / "warm").mkdir()
+        ex.extract_samples(model, samples[:B], aux, d / "warm", B, B * S, progress=False,
                            writers=args.writers)
-        sync(dev)
-        res = ex.extract_samples(model, samples[B:], aux, Path(d) / "run", B, B * S,
-                                 progress=False, writers=args.writers)
-        sync(dev)
-        shard_bytes = sum(f.stat().st_size for f in (Path(d) / "run").glob("shard-*"))
-    t_plain, t_cap = statistics.median(plain), statistics.median(capture)
+        for k in range(args.rounds):
+            rd = {"plain_before": time_plain(model, batches, dev),
+                  "capture": time_capture(model, batches, aux, dev)}
+            order = list(variants) if k % 2 == 0 else list(variants)[::-1]
+            for name in order:
+                shards.start_writeback = variants[name]
+                try:
+                    rd[name], rd[f"{name}_sync"], shard_bytes = time_extract(
+                        model, samples[B:], aux, d / name, B, S, args.writers)
+                finally:
+                    shards.start_writeback = variants["extract"]
+            rd["write_only"] = write_only(d / "write", n, B * S, model, aux, args.writers)
+            shutil.rmtree(d / "write")
+            rd["plain_after"] = time_plain(model, batches, dev)
+            tok = n * B * S
+            row = {"round": k + 1, "order": order,
+                   "plain_tok_s": B * S / statistics.mean([rd["plain_before"], rd["plain_after"]]),
+                   "plain_before_tok_s": B * S / rd["plain_before"],
+                   "plain_after_tok_s": B * S / rd["plain_after"],
+                   "capture_tok_s": B * S / rd["capture"],
+                   "write_only_tok_s": tok / rd["write_only"]}
+            for name in variants:
+                row[f"{name}_tok_s"] = tok / rd[name]
+                row[f"{name}_sync_s"] = rd[f"{name}_sync"]
+            for key in ("capture", "write_only", *variants):
+                row[f"ratio_{key}_vs_plain"] = row[f"{key}_tok_s"] / row["plain_tok_s"]
+            rounds.append(row)
+            print(row_md(row), end="", flush=True)
+    med = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]
+           if key not in ("round", "order")}
     r = {
         "device": str(dev), "device_name": (torch.cuda.get_device_name() if str(dev).startswith(
             "cuda") else platform.processor() or platform.machine()),
         "dtype": str(dt).removeprefix("torch."), "model": source, "batch": B, "seq": S,
-        "timed_batches": n, "aux_layer_ids": aux, "threads": args.threads,
-        "writers": args.writers or ex.default_writers(model),
-        "plain_tok_s": tok_per_batch / t_plain, "capture_tok_s": tok_per_batch / t_cap,
-        "extract_tok_s": n * tok_per_batch / res["seconds"],
-        "sync_s": res["sync_seconds"], "shard_mib": shard_bytes / 2**20,
-        "bytes_per_token": shard_bytes / (n * tok_per_batch),
+        "timed_batches": n, "rounds": rounds, "median": med, "aux_layer_ids": aux,
+        "threads": args.threads, "writers": args.writers or ex.default_writers(model),
+"shard_mib": shard_bytes / 2**20,
+        "bytes_per_token": shard_bytes / (n * B * S),
         "torch": torch.__version__,
+        "ratio_extract_vs_plain": med["ratio_extract_vs_plain"],
     }
-    r["ratio_extract_vs_plain"] = r["extract_tok_s"] / r["plain_tok_s"]
-    r["ratio_capture_vs_plain"] = r["capture_tok_s"] / r["plain_tok_s"]
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "bench_extract.json").write_text(json.dumps(r, indent=1))
-    md = ("| device | dtype | batch x seq | plain fwd+hidden tok/s | capture tok/s | extract "
-          "(+shards) tok/s | extract/plain | bytes/token | writers | final fsync s |\n"
-          "|---|---|---|---|---|---|---|---|---|---|\n"
-          f"| {r['device_name']} ({r['device']}) | {r['dtype']} | {B}x{S} | "
-          f"{r['plain_tok_s']:,.0f} | {r['capture_tok_s']:,.0f} | {r['extract_tok_s']:,.0f} | "
-          f"{r['ratio_extract_vs_plain']:.2f} | {r['bytes_per_token']:,.0f} | {r['writers']} | "
-          f"{r['sync_s']:.3f} |\n")
+    md = (f"{r['device_name']} ({r['device']}), {r['dtype']}, {B}x{S}, {n} timed batches, "
+          f"{r['bytes_per_token']:,.0f} bytes/token, {r['writers']} writers\n\n" + HEADER
+          + "".join(row_md(x) for x in rounds) + row_md({"round": "median", **med}))
     (out / "bench_extract.md").write_text(md)
     print(md)
     return r
