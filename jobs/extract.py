@@ -13,9 +13,15 @@ What is captured (SGLang convention, sglang/srt/models/llama.py + llama_eagle3.p
 - input_ids int64 and loss_mask uint8 (1 = assistant token, jobs/data.py).
 The LM head is never run during extraction (the base model is called directly).
 
-Batching: within a shard, samples are sorted by length and packed so that
-batch_size * longest <= params.batch_tokens (right padding; causal attention keeps the padding
-invisible to real tokens). Features are stored in the compute dtype (float32 on CPU).
+Shards and batching: the samples are sorted by length, longest first (ties by index), and cut
+into shards of params.shard_samples in that order; each shard records its samples' dataset
+indices (sample_ids), so jobs/features.py still serves sample i as the i-th tokenised sample.
+Within a shard, samples are packed so that batch_size * longest <= params.batch_tokens (right
+padding; causal attention keeps the padding invisible to real tokens). Length-sorted shards
+waste little compute on padding, and each shard is complete (and written) as soon as it is
+computed, so the disk works alongside the GPU; the shortest samples come last, so the write
+left after the last forward is the smallest shard (BENCHMARKS.md, extraction, varlen). Features
+are stored in the compute dtype (float32 on CPU).
 
 Atomicity, durability and resume of the shard files: jobs/shards.py.
 
@@ -187,21 +193,27 @@ def assign_shards(tokens: list[int], world: int) -> list[list[int]]:
 def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: list[int],
                     out_dir: Path, shard_samples: int, batch_tokens: int, pad_id: int = 0,
                     progress: bool = True, writers: int | None = None, rank: int = 0,
-                    world: int = 1) -> dict:
+                    world: int = 1, length_sorted: bool = True) -> dict:
     """Write shards for `samples` into out_dir, resuming after complete shards.
 
+    Shard s holds the samples at positions s*shard_samples... of the length-sorted order
+    (module docstring); length_sorted=False keeps the dataset order instead (the benchmark's
+    baseline).
     Per shard: length-bucketed batches -> capture() -> asynchronous copies into one pinned
     buffer per tensor -> a writer thread serialises, hashes and atomically renames it (no
     fsync); at the end sync_shards fsyncs this rank's shards and out_dir once.
     rank/world: only this rank's shards (assign_shards) are verified and computed.
-    Returns {"shards": [{"file", "num_samples", "num_tokens", "sha256"}] (this rank's, in shard
-    order), "shard_ids" (their indices), "resumed_shards", "computed_tokens", "seconds" (all
-    of it, the final fsync included), "sync_seconds" (the final fsync)}.
+    Returns {"shards": [{"file", "num_samples", "num_tokens", "sha256", "sample_ids"}] (this
+    rank's, in shard order), "shard_ids" (their indices), "resumed_shards", "computed_tokens",
+    "seconds" (all of it, the final fsync included), "sync_seconds" (the final fsync)}.
     Raises StageError when a write fails (e.g. disk full); shards that completed stay, and a
     re-run resumes after them."""
     from tqdm import tqdm
     out_dir = Path(out_dir)
-    groups = [samples[i:i + shard_samples] for i in range(0, len(samples), shard_samples)]
+    order = sorted(range(len(samples)), key=lambda i: (-len(samples[i][0]), i)) \
+        if length_sorted else list(range(len(samples)))
+    group_ids = [order[i:i + shard_samples] for i in range(0, len(order), shard_samples)]
+    groups = [[samples[i] for i in ids] for ids in group_ids]
     mine = assign_shards([sum(len(x[0]) for x in g) for g in groups], world)[rank]
     stale = out_dir.glob(".tmp-shard-*") if world == 1 else \
         (out_dir / f".tmp-{SHARD.format(s)}" for s in mine)  # other ranks write theirs
@@ -216,10 +228,11 @@ def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: 
     for s in mine:
         group = groups[s]
         path = out_dir / SHARD.format(s)
-        sha = reusable_sha(path, group, width)
+        sha = reusable_sha(path, group, group_ids[s], width)
         if sha:
             shards[s] = {"file": path.name, "num_samples": len(group),
-                         "num_tokens": sum(len(x[0]) for x in group), "sha256": sha}
+                         "num_tokens": sum(len(x[0]) for x in group), "sha256": sha,
+                         "sample_ids": group_ids[s]}
             resumed += 1
         else:
             drop_shard(path)
@@ -231,7 +244,7 @@ def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: 
         try:
             for s in todo:
                 group = groups[s]
-                idx = shard_index(group)
+                idx = shard_index(group, group_ids[s])
                 n_tok = int(idx["input_ids"].numel())
                 aux_buf = torch.empty((n_tok, width), dtype=dtype, pin_memory=cuda)
                 last_buf = torch.empty((n_tok, H), dtype=dtype, pin_memory=cuda)
@@ -252,7 +265,8 @@ def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: 
                 nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
                 pending.append((pool.submit(write_shard, path, tensors, ready), nbytes))
                 shards[s] = {"file": path.name, "num_samples": len(group),
-                             "num_tokens": n_tok, "sha256": pending[-1][0]}
+                             "num_tokens": n_tok, "sha256": pending[-1][0],
+                             "sample_ids": group_ids[s]}
                 # bounded memory (count and bytes); surfaces write errors early
                 while pending and (len(pending) > writers or pending[0][0].done()
                                    or sum(p[1] for p in pending) > budget):
@@ -374,7 +388,8 @@ def run(ctx: StageContext) -> dict:
         "data_report": {**data_report, "tokenize": tok_report},
         "tensors": {"input_ids": "int64 [T]", "loss_mask": "uint8 [T]",
                     "aux_hidden": f"{dtype} [T, {len(aux_ids) * H}]",
-                    "last_hidden": f"{dtype} [T, {H}]", "offsets": "int64 [n+1]"},
+                    "last_hidden": f"{dtype} [T, {H}]", "offsets": "int64 [n+1]",
+                    "sample_ids": "int64 [n]"},
     }
     if rank == 0:
         _write_json(out / MANIFEST, manifest)

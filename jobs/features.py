@@ -8,9 +8,16 @@ Artifact layout (one extract artifact dir):
       aux_hidden  dtype [T, 3*Ht]      aux hidden states, ascending layer order (SGLang ids)
       last_hidden dtype [T, Ht]        the target's last PRE-norm hidden (soft labels come from
                                        norm + lm_head restricted to the draft vocab at train time)
-      offsets     int64 [n+1]          sample i = rows offsets[i]:offsets[i+1]
+      offsets     int64 [n+1]          local sample j = rows offsets[j]:offsets[j+1]
+      sample_ids  int64 [n]            local sample j = sample sample_ids[j] of the dataset
   target_head.safetensors  embed_tokens [V, Ht], norm [Ht], lm_head [V, Ht] (frozen target parts)
   target_config.json       the target's HF config (dict)
+
+Shards hold the samples sorted by length, longest first (jobs/extract.py says why); each shard's
+sample_ids (also in the manifest's shard entries) map them back, and Features serves sample i as
+the i-th tokenised sample, so train's held-out split and num_samples keep meaning the dataset's
+last / first samples. Format 1 (no sample_ids) kept the dataset order in the shards and is still
+read.
 
 Disk per token: (3+1) * Ht * bytes(dtype) + 9 bytes; SmolLM2 (Ht 576) = 4,617 B in bf16,
 9,225 B in float32; Kimi (Ht 7168) = 57,353 B in bf16.
@@ -30,7 +37,8 @@ from safetensors import safe_open
 
 from runner.stage import StageError
 
-FORMAT = "eagle3-features/1"
+FORMAT = "eagle3-features/2"
+READABLE = ("eagle3-features/1", FORMAT)
 MANIFEST = "features.json"
 
 
@@ -52,9 +60,7 @@ class Features:
     def __init__(self, root: Path, manifest: dict):
         self.root = Path(root)
         self.manifest = manifest
-        self._index: list[tuple[int, int]] = []  # sample -> (shard, local index)
-        for s, shard in enumerate(manifest["shards"]):
-            self._index += [(s, i) for i in range(shard["num_samples"])]
+        self._index = sample_index(manifest["shards"])  # sample -> (shard, local index)
         self._offsets: dict[int, list[int]] = {}
 
     def __len__(self) -> int:
@@ -83,6 +89,27 @@ class Features:
         return json.loads((self.root / "target_config.json").read_text())
 
 
+def sample_index(shards: list[dict]) -> list[tuple[int, int]]:
+    """(shard, local index) of every dataset sample, from the manifest's shard entries: their
+    sample_ids, or (format 1) the shard order. Raises StageError when the ids are not a
+    permutation of 0..n-1 (a corrupt manifest)."""
+    n = sum(sh["num_samples"] for sh in shards)
+    index: list = [None] * n
+    k = 0
+    for s, sh in enumerate(shards):
+        ids = sh.get("sample_ids", range(k, k + sh["num_samples"]))
+        for j, i in enumerate(ids):
+            if not 0 <= i < n or index[i] is not None:
+                raise StageError(f"features manifest: shard {sh['file']} lists sample id {i}, "
+                                 f"which is out of 0..{n - 1} or listed twice; re-run extract.")
+            index[i] = (s, j)
+        k += sh["num_samples"]
+    if None in index:
+        raise StageError(f"features manifest: sample {index.index(None)} is in no shard; "
+                         "re-run extract.")
+    return index
+
+
 def open_features(root: Path, aux_layer_ids: list[int] | None = None,
                   feature_width: int | None = None) -> Features:
     """Open an extract artifact, refusing features captured at other layers or widths.
@@ -93,8 +120,9 @@ def open_features(root: Path, aux_layer_ids: list[int] | None = None,
         m = json.loads((root / MANIFEST).read_text())
     except (OSError, json.JSONDecodeError):
         raise StageError(f"{root}: no readable {MANIFEST}; the extract stage did not complete")
-    if m.get("format") != FORMAT:
-        raise StageError(f"{root}/{MANIFEST}: format {m.get('format')!r}, expected {FORMAT!r}")
+    if m.get("format") not in READABLE:
+        raise StageError(f"{root}/{MANIFEST}: format {m.get('format')!r}, expected one of "
+                         f"{READABLE}; re-run extract with this version.")
     if aux_layer_ids is not None and list(m["aux_layer_ids"]) != list(aux_layer_ids):
         raise StageError(
             f"features at {root} were captured at aux layer ids {m['aux_layer_ids']} (SGLang "

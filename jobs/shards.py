@@ -172,32 +172,35 @@ def sync_shards(paths: list[Path], out_dir: Path) -> float:
     return time.perf_counter() - t0
 
 
-def shard_index(samples: list[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
-    """input_ids int64 [T], loss_mask uint8 [T], offsets int64 [n+1] of a shard's samples."""
+def shard_index(samples: list[tuple[list[int], list[int]]],
+                sample_ids: list[int]) -> dict[str, torch.Tensor]:
+    """input_ids int64 [T], loss_mask uint8 [T], offsets int64 [n+1], sample_ids int64 [n] (each
+    sample's index in the tokenised dataset) of a shard's samples."""
     lens = [len(s[0]) for s in samples]
     offsets = torch.zeros(len(lens) + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(torch.tensor(lens, dtype=torch.int64), 0)
     return {"input_ids": torch.tensor([t for s in samples for t in s[0]], dtype=torch.int64),
             "loss_mask": torch.tensor([m for s in samples for m in s[1]], dtype=torch.uint8),
-            "offsets": offsets}
+            "offsets": offsets, "sample_ids": torch.tensor(sample_ids, dtype=torch.int64)}
 
 
-def shard_ok(path: Path, samples: list[tuple[list[int], list[int]]], width: int) -> bool:
-    """A complete shard holding exactly these samples (input_ids, mask, offsets, widths)?
-    Checks the structure only; reusable_sha also checks the bytes."""
+def shard_ok(path: Path, samples: list[tuple[list[int], list[int]]], sample_ids: list[int],
+             width: int) -> bool:
+    """A complete shard holding exactly these samples (input_ids, mask, offsets, sample ids,
+    widths)? Checks the structure only; reusable_sha also checks the bytes."""
     from safetensors import safe_open
+    want = shard_index(samples, sample_ids)
     try:
         with safe_open(str(path), framework="pt") as f:
-            t = {k: f.get_tensor(k) for k in ("input_ids", "loss_mask", "offsets")}
+            t = {k: f.get_tensor(k) for k in want}
             aux_shape = f.get_slice("aux_hidden").get_shape()
-    except Exception:  # noqa: BLE001 - unreadable = not complete
+    except Exception:  # noqa: BLE001 - unreadable or an older layout = not complete
         return False
-    want = shard_index(samples)
     return (all(torch.equal(t[k], want[k]) for k in t)
             and list(aux_shape) == [len(want["input_ids"]), width])
 
 
-def reusable_sha(path: Path, samples: list[tuple[list[int], list[int]]],
+def reusable_sha(path: Path, samples: list[tuple[list[int], list[int]]], sample_ids: list[int],
                  width: int) -> str | None:
     """The sha256 of the shard at `path` when a resume may reuse it, else None: its bytes hash
     to the sha256 recorded when it was written (recorded_sha; catches a truncated or zero-filled
@@ -210,7 +213,7 @@ def reusable_sha(path: Path, samples: list[tuple[list[int], list[int]]],
         sha = sha256_file(path)
     except OSError:
         return None
-    return sha if sha == want and shard_ok(path, samples, width) else None
+    return sha if sha == want and shard_ok(path, samples, sample_ids, width) else None
 
 
 def recorded_sha(path: Path) -> str | None:

@@ -155,6 +155,57 @@ def time_extract(model, samples, aux, out: Path, B: int, S: int, writers):
     return res["seconds"], res["sync_seconds"], nbytes
 
 
+def varlen(args, model, source, dev, dt, aux, batches) -> dict:
+    """The --varlen mode: real-data-like lengths, the stage's batching, shard orders and sizes."""
+    import random
+    import torch
+    import jobs.extract as ex
+    S, V = args.seq, model.config.vocab_size
+    rng = random.Random(0)
+    samples = [([rng.randrange(V) for _ in range(rng.randint(S // 16, S))], None)
+               for _ in range(args.varlen)]
+    samples = [(ids, [1] * len(ids)) for ids, _ in samples]
+    tok = sum(len(x[0]) for x in samples)
+    rows, plain = [], [time_plain(model, batches, dev)]
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=args.out) as d:
+        d = Path(d)
+        (d / "warm").mkdir()  # warm-up: allocator, kernels for the bucketed shapes
+        ex.extract_samples(model, samples[:64], aux, d / "warm", 64, args.batch_tokens,
+                           progress=False, writers=args.writers)
+        for run in args.runs.split(","):
+            order, n = run.split(":")
+            n = int(n)
+            (d / "x").mkdir()
+            res = ex.extract_samples(model, samples, aux, d / "x", n, args.batch_tokens,
+                                     progress=False, writers=args.writers,
+                                     length_sorted=order == "sorted")
+            nbytes = sum(f.stat().st_size for f in (d / "x").glob("shard-*"))
+            shutil.rmtree(d / "x")
+            rows.append({"order": order, "shard_samples": n, "shards": len(res["shards"]),
+                         "shard_mib": nbytes / len(res["shards"]) / 2**20,
+                         "extract_tok_s": tok / res["seconds"], "sync_s": res["sync_seconds"]})
+    plain.append(time_plain(model, batches, dev))
+    plain_tok_s = args.batch * S / statistics.mean(plain)
+    md = (f"{torch.cuda.get_device_name() if str(dev).startswith('cuda') else 'cpu'}, "
+          f"{str(dt).removeprefix('torch.')}, {len(samples)} samples, {tok:,} tokens, "
+          f"batch_tokens {args.batch_tokens}; plain {plain_tok_s:,.0f} tok/s "
+          f"({args.batch * S / plain[0]:,.0f} before / {args.batch * S / plain[1]:,.0f} after)"
+          "\n\n| shard order | shard_samples | shards | MiB per shard | extract tok/s | final fsync s | "
+          "**extract / plain** |\n|---|---|---|---|---|---|---|\n")
+    for r in rows:
+        r["ratio_extract_vs_plain"] = r["extract_tok_s"] / plain_tok_s
+        md += (f"| {r['order']} | {r['shard_samples']} | {r['shards']} | {r['shard_mib']:,.0f} | "
+               f"{r['extract_tok_s']:,.0f} | {r['sync_s']:.3f} | "
+               f"**{r['ratio_extract_vs_plain']:.2f}** |\n")
+    out = {"model": source, "samples": len(samples), "tokens": tok, "plain_tok_s": plain_tok_s,
+           "batch_tokens": args.batch_tokens, "rows": rows, "torch": torch.__version__}
+    (Path(args.out) / "bench_extract_varlen.json").write_text(json.dumps(out, indent=1))
+    (Path(args.out) / "bench_extract_varlen.md").write_text(md)
+    print(md)
+    return out
+
+
 def sync(dev):
     import torch
     if str(dev).startswith("cuda"):
@@ -179,6 +230,14 @@ def main(argv=None) -> dict:
                     help="shard writer threads (default: jobs.extract.default_writers)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="repeat plain/capture/extract/write-only this many times; medians")
+    ap.add_argument("--varlen", type=int, default=0, metavar="N",
+                    help="instead: N samples of lengths uniform in [seq/16, seq] (seeded), "
+                         "extracted as the stage does (length-bucketed batches of --batch-tokens) "
+                         "once per --runs entry, against plain on full batches")
+    ap.add_argument("--runs", default="sorted:128,dataset:128,sorted:1000,dataset:1000",
+                    help="with --varlen: ORDER:SHARD_SAMPLES runs, in this order; ORDER sorted = "
+                         "the stage's length-sorted shards, dataset = shards in dataset order")
+    ap.add_argument("--batch-tokens", type=int, default=65536, help="with --varlen")
     ap.add_argument("--out", default="runs/bench-extract")
     args = ap.parse_args(argv)
 
@@ -195,6 +254,8 @@ def main(argv=None) -> dict:
     batches = [torch.randint(0, V, (B, S), generator=g) for _ in range(n + 1)]
     tok_per_batch = B * S
 
+    if args.varlen:
+        return varlen(args, model, source, dev, dt, aux, batches)
     samples = [(row, [1] * S) for x in batches for row in x.tolist()]
     variants = {"extract": shards.start_writeback, "extract_no_wb": lambda fd: None}
     Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -240,7 +301,7 @@ def main(argv=None) -> dict:
         "dtype": str(dt).removeprefix("torch."), "model": source, "batch": B, "seq": S,
         "timed_batches": n, "rounds": rounds, "median": med, "aux_layer_ids": aux,
         "threads": args.threads, "writers": args.writers or ex.default_writers(model),
-"shard_mib": shard_bytes / 2**20,
+        "shard_mib": shard_bytes / 2**20,
         "bytes_per_token": shard_bytes / (n * B * S),
         "torch": torch.__version__,
         "ratio_extract_vs_plain": med["ratio_extract_vs_plain"],

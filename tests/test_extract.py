@@ -234,6 +234,34 @@ def tiny_extract(tiny, out, **kw) -> dict:
     return ex.extract_samples(model, samples, [0, 1], out, 2, 256, progress=False, **kw)
 
 
+def test_shards_are_length_sorted_and_samples_keep_dataset_order(tiny, tmp_path):
+    """Shards hold the samples longest first (little padding, small last write), with their
+    dataset indices; Features serves sample i = the i-th input sample, for the new format and
+    for format 1 (no sample_ids, dataset order); a manifest whose ids are not a permutation is
+    refused."""
+    from jobs.features import Features
+    model, samples = tiny
+    out = tmp_path / "sorted"
+    res = tiny_extract(tiny, out)
+    assert [sh["sample_ids"] for sh in res["shards"]] == [[2, 0], [5, 4], [1, 3]]  # 72,64,64,50..
+    m = {"shards": res["shards"]}
+    feats = Features(out, m)
+    for i, (ids, mask) in enumerate(samples):
+        got = feats.get(i, ("input_ids", "loss_mask"))
+        assert got["input_ids"].tolist() == ids and got["loss_mask"].tolist() == mask
+    old = tmp_path / "format1"  # dataset order, no ids
+    res1 = tiny_extract(tiny, old, length_sorted=False)
+    feats1 = Features(old, {"shards": [{k: v for k, v in sh.items() if k != "sample_ids"}
+                                       for sh in res1["shards"]]})
+    for i in range(len(samples)):  # other batch mates, other padding: equal up to rounding
+        a, b = feats1.get(i), feats.get(i)
+        assert torch.equal(a["input_ids"], b["input_ids"])
+        torch.testing.assert_close(a["aux_hidden"], b["aux_hidden"], rtol=1e-5, atol=1e-5)
+    bad = [dict(sh, sample_ids=[0, 0]) if j == 0 else sh for j, sh in enumerate(res["shards"])]
+    with pytest.raises(StageError, match="sample id 0, which is out of 0..5 or listed twice"):
+        Features(out, {"shards": bad})
+
+
 @pytest.mark.parametrize("damage", ["truncated", "zero-filled"])
 def test_damaged_shard_is_rewritten_on_resume(tiny, tmp_path, damage):
     """A shard under its final name whose bytes were lost (e.g. a power loss before the final
@@ -251,7 +279,9 @@ def test_damaged_shard_is_rewritten_on_resume(tiny, tmp_path, damage):
     (out / name).write_bytes(data[:mid] if damage == "truncated"
                              else data[:mid] + bytes(4096) + data[mid + 4096:])
     if damage == "zero-filled":
-        assert shards.shard_ok(out / name, tiny[1][2:4], 128)  # only the sha256 catches it
+        S = tiny[1]  # shard 1 = positions 2:4 of the length-sorted order
+        ids = sorted(range(len(S)), key=lambda i: (-len(S[i][0]), i))[2:4]
+        assert shards.shard_ok(out / name, [S[i] for i in ids], ids, 128)  # only sha256 sees it
     res = tiny_extract(tiny, out)
     assert res["resumed_shards"] == 0 and res["shards"] == ref["shards"]
     for p in clean.glob("shard-*"):
