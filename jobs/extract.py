@@ -178,6 +178,21 @@ def inflight_budget() -> int:
     return int(min(32 << 30, ram // 4) // _local_ranks())
 
 
+def staging_buffer(free: list[torch.Tensor], nbytes: int, pin: bool) -> torch.Tensor:
+    """A uint8 host buffer of at least `nbytes` for one shard's features: the smallest buffer in
+    `free` that fits (removed from it), else a new one (pinned when `pin`, for asynchronous
+    device-to-host copies), after dropping the free ones, which are all too small.
+
+    Pinning memory is slow, and torch's pinned-memory cache only reuses a block of the same
+    power-of-two size; length-sorted shards shrink, so without this every size class would be
+    pinned afresh, while here the first (largest) shards' buffers serve all later ones."""
+    fits = [i for i, b in enumerate(free) if b.numel() >= nbytes]
+    if fits:
+        return free.pop(min(fits, key=lambda i: free[i].numel()))
+    free.clear()
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+
+
 def assign_shards(tokens: list[int], world: int) -> list[list[int]]:
     """Shard indices per rank: longest shard first to the least-loaded rank (ties: lower shard,
     lower rank), each rank's list ascending. tokens[s] = tokens of shard s. Deterministic, so
@@ -239,15 +254,18 @@ def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: 
             todo.append(s)
     total = sum(len(x[0]) for s in todo for x in groups[s])
     bar = tqdm(total=total, unit="tok", desc="extract", disable=not progress, smoothing=0.1)
-    t0, pending, budget = time.perf_counter(), [], inflight_budget()
+    t0, pending, budget, free = time.perf_counter(), [], inflight_budget(), []
+    esize = torch.empty((), dtype=dtype).element_size()
     with ThreadPoolExecutor(max_workers=writers) as pool:
         try:
             for s in todo:
                 group = groups[s]
                 idx = shard_index(group, group_ids[s])
                 n_tok = int(idx["input_ids"].numel())
-                aux_buf = torch.empty((n_tok, width), dtype=dtype, pin_memory=cuda)
-                last_buf = torch.empty((n_tok, H), dtype=dtype, pin_memory=cuda)
+                buf = staging_buffer(free, n_tok * (width + H) * esize, cuda)
+                aux_buf = buf[:n_tok * width * esize].view(dtype).view(n_tok, width)
+                last_buf = buf[n_tok * width * esize:n_tok * (width + H) * esize].view(
+                    dtype).view(n_tok, H)
                 offs = idx["offsets"].tolist()
                 for b in plan_batches([len(x[0]) for x in group], batch_tokens):
                     aux, last = capture(model, [group[i][0] for i in b], aux_ids, pad_id)
@@ -263,18 +281,20 @@ def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: 
                 tensors = {**idx, "aux_hidden": aux_buf, "last_hidden": last_buf}
                 path = out_dir / SHARD.format(s)
                 nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-                pending.append((pool.submit(write_shard, path, tensors, ready), nbytes))
+                pending.append((pool.submit(write_shard, path, tensors, ready), nbytes, buf))
                 shards[s] = {"file": path.name, "num_samples": len(group),
                              "num_tokens": n_tok, "sha256": pending[-1][0],
                              "sample_ids": group_ids[s]}
                 # bounded memory (count and bytes); surfaces write errors early
                 while pending and (len(pending) > writers or pending[0][0].done()
                                    or sum(p[1] for p in pending) > budget):
-                    pending.pop(0)[0].result()
-            for f, _ in pending:
+                    f, _, done_buf = pending.pop(0)
+                    f.result()
+                    free.append(done_buf)  # written: the next shards may reuse it
+            for f, _, _ in pending:
                 f.result()
         except BaseException:
-            for f, _ in pending:
+            for f, _, _ in pending:
                 f.cancel()
             raise
     bar.close()

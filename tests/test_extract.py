@@ -437,3 +437,13 @@ def test_regenerate_pads_without_a_pad_token(smollm2):
     texts, _ = generate_batch(model, tok, prompts, 4, 0.0, 1.0)
     assert tok.pad_token is None
     assert texts == [generate_batch(model, tok, [p], 4, 0.0, 1.0)[0][0] for p in prompts]
+
+
+def test_staging_buffer_reuses_the_smallest_fit():
+    """Shard buffers: the smallest free one that fits is reused; when none fits, the free ones
+    are dropped and a new one is made."""
+    free = [torch.empty(n, dtype=torch.uint8) for n in (300, 100, 200)]
+    b = ex.staging_buffer(free, 150, pin=False)
+    assert b.numel() == 200 and [t.numel() for t in free] == [300, 100]
+    b = ex.staging_buffer(free, 400, pin=False)
+    assert b.numel() == 400 and free == []
