@@ -153,7 +153,10 @@ class ExtractStage(Strict):
     """Run the target and store aux hidden states, last hidden, input_ids and loss mask."""
 
     batch_tokens: int = Field(16384, ge=1, description="Padded tokens per forward (length-bucketed).")
-    shard_samples: int = Field(256, ge=1, description="Samples per safetensors shard.")
+    shard_samples: int = Field(256, ge=1, description=(
+        "Samples per safetensors shard (shards are length-sorted). Aim for a few hundred MB to "
+        "~1 GB per shard (samples x tokens x 4 x hidden x dtype bytes): a few huge shards leave "
+        "the disk idle while the GPU works, and each is held whole in host memory."))
 
 
 class TrainStage(Strict):

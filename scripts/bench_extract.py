@@ -80,7 +80,7 @@ def write_only(out: Path, n: int, tokens: int, model, aux: list[int], writers: i
     out.mkdir()
     H, dt = model.config.hidden_size, next(model.parameters()).dtype
     pin = next(model.parameters()).is_cuda
-    idx = shard_index([([0] * tokens, [1] * tokens)])
+    idx = shard_index([([0] * tokens, [1] * tokens)], [0])
     tensors = {**idx, "aux_hidden": torch.randn(tokens, len(aux) * H).to(dt),
                "last_hidden": torch.randn(tokens, H).to(dt)}
     if pin:
