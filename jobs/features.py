@@ -92,14 +92,26 @@ class Features:
 def sample_index(shards: list[dict]) -> list[tuple[int, int]]:
     """(shard, local index) of every dataset sample, from the manifest's shard entries: their
     sample_ids, or (format 1) the shard order. Raises StageError when the ids are not a
-    permutation of 0..n-1 (a corrupt manifest)."""
+    permutation of 0..n-1 or an entry lacks a field (a corrupt manifest)."""
+    try:
+        return _sample_index(shards)
+    except (KeyError, TypeError) as e:
+        raise StageError(f"features manifest: a shard entry is malformed ({type(e).__name__}: "
+                         f"{e}); re-run extract.") from None
+
+
+def _sample_index(shards: list[dict]) -> list[tuple[int, int]]:
     n = sum(sh["num_samples"] for sh in shards)
     index: list = [None] * n
     k = 0
     for s, sh in enumerate(shards):
         ids = sh.get("sample_ids", range(k, k + sh["num_samples"]))
+        if not isinstance(ids, (list, range)) or len(ids) != sh["num_samples"]:
+            raise StageError(f"features manifest: shard {sh['file']} has num_samples "
+                             f"{sh['num_samples']} but sample_ids {str(ids)[:60]}; re-run "
+                             "extract.")
         for j, i in enumerate(ids):
-            if not 0 <= i < n or index[i] is not None:
+            if type(i) is not int or not 0 <= i < n or index[i] is not None:
                 raise StageError(f"features manifest: shard {sh['file']} lists sample id {i}, "
                                  f"which is out of 0..{n - 1} or listed twice; re-run extract.")
             index[i] = (s, j)

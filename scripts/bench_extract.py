@@ -155,6 +155,19 @@ def time_extract(model, samples, aux, out: Path, B: int, S: int, writers):
     return res["seconds"], res["sync_seconds"], nbytes
 
 
+def parse_runs(ap, text: str) -> list[tuple[str, int]]:
+    """--runs "sorted:128,dataset:128" -> [("sorted", 128), ("dataset", 128)]; ap.error (exit
+    2, one line) on anything else."""
+    runs = []
+    for item in text.split(","):
+        order, _, n = item.partition(":")
+        if order not in ("sorted", "dataset") or not n.isdigit() or int(n) < 1:
+            ap.error(f"--runs: {item!r} is not ORDER:SHARD_SAMPLES with ORDER sorted or dataset "
+                     "and SHARD_SAMPLES >= 1, e.g. sorted:128")
+        runs.append((order, int(n)))
+    return runs
+
+
 def varlen(args, model, source, dev, dt, aux, batches) -> dict:
     """The --varlen mode: real-data-like lengths, the stage's batching, shard orders and sizes."""
     import random
@@ -173,9 +186,7 @@ def varlen(args, model, source, dev, dt, aux, batches) -> dict:
         (d / "warm").mkdir()  # warm-up: allocator, kernels for the bucketed shapes
         ex.extract_samples(model, samples[:64], aux, d / "warm", 64, args.batch_tokens,
                            progress=False, writers=args.writers)
-        for run in args.runs.split(","):
-            order, n = run.split(":")
-            n = int(n)
+        for order, n in args.runs:
             (d / "x").mkdir()
             res = ex.extract_samples(model, samples, aux, d / "x", n, args.batch_tokens,
                                      progress=False, writers=args.writers,
@@ -240,6 +251,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch-tokens", type=int, default=65536, help="with --varlen")
     ap.add_argument("--out", default="runs/bench-extract")
     args = ap.parse_args(argv)
+    for name in ("batch", "seq", "batches", "rounds"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be >= 1")
+    args.runs = parse_runs(ap, args.runs)
 
     import torch
     import jobs.extract as ex

@@ -50,3 +50,11 @@ def test_varlen_mode(be, tmp_path):
     assert [(x["order"], x["shards"]) for x in r["rows"]] == [("sorted", 3), ("dataset", 3)]
     assert all(x["extract_tok_s"] > 0 for x in r["rows"])
     assert "| sorted | 4 | 3 |" in (tmp_path / "bench_extract_varlen.md").read_text()
+
+
+@pytest.mark.parametrize("argv", [["--runs", "foo"], ["--runs", "sorted:x"], ["--rounds", "0"]])
+def test_bad_arguments_are_one_line(be, argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        be.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[-1].startswith("bench_extract.py: error: --r")

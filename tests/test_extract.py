@@ -260,6 +260,12 @@ def test_shards_are_length_sorted_and_samples_keep_dataset_order(tiny, tmp_path)
     bad = [dict(sh, sample_ids=[0, 0]) if j == 0 else sh for j, sh in enumerate(res["shards"])]
     with pytest.raises(StageError, match="sample id 0, which is out of 0..5 or listed twice"):
         Features(out, {"shards": bad})
+    for ids in ([2], [2, "0"], None):  # too short, not an int, not a list
+        bad = [dict(sh, sample_ids=ids) if j == 0 else sh for j, sh in enumerate(res["shards"])]
+        with pytest.raises(StageError, match="shard shard-00000.safetensors"):
+            Features(out, {"shards": bad})
+    with pytest.raises(StageError, match="malformed .KeyError: 'num_samples'"):
+        Features(out, {"shards": [{"file": "shard-00000.safetensors"}]})
 
 
 @pytest.mark.parametrize("damage", ["truncated", "zero-filled"])
