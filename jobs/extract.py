@@ -178,21 +178,6 @@ def inflight_budget() -> int:
     return int(min(32 << 30, ram // 4) // _local_ranks())
 
 
-def staging_buffer(free: list[torch.Tensor], nbytes: int, pin: bool) -> torch.Tensor:
-    """A uint8 host buffer of at least `nbytes` for one shard's features: the smallest buffer in
-    `free` that fits (removed from it), else a new one (pinned when `pin`, for asynchronous
-    device-to-host copies), after dropping the free ones, which are all too small.
-
-    Pinning memory is slow, and torch's pinned-memory cache only reuses a block of the same
-    power-of-two size; length-sorted shards shrink, so without this every size class would be
-    pinned afresh, while here the first (largest) shards' buffers serve all later ones."""
-    fits = [i for i, b in enumerate(free) if b.numel() >= nbytes]
-    if fits:
-        return free.pop(min(fits, key=lambda i: free[i].numel()))
-    free.clear()
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
-
-
 def assign_shards(tokens: list[int], world: int) -> list[list[int]]:
     """Shard indices per rank: longest shard first to the least-loaded rank (ties: lower shard,
     lower rank), each rank's list ascending. tokens[s] = tokens of shard s. Deterministic, so
@@ -214,8 +199,8 @@ def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: 
     Shard s holds the samples at positions s*shard_samples... of the length-sorted order
     (module docstring); length_sorted=False keeps the dataset order instead (the benchmark's
     baseline).
-    Per shard: length-bucketed batches -> capture() -> asynchronous copies into one pinned
-    buffer per tensor -> a writer thread serialises, hashes and atomically renames it (no
+    Per shard: length-bucketed batches -> capture() -> asynchronous copies into a reused
+    (pinned) host buffer -> a writer thread serialises, hashes and atomically renames it (no
     fsync); at the end sync_shards fsyncs this rank's shards and out_dir once.
     rank/world: only this rank's shards (assign_shards) are verified and computed.
     Returns {"shards": [{"file", "num_samples", "num_tokens", "sha256", "sample_ids"}] (this
@@ -255,14 +240,18 @@ def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: 
     total = sum(len(x[0]) for s in todo for x in groups[s])
     bar = tqdm(total=total, unit="tok", desc="extract", disable=not progress, smoothing=0.1)
     t0, pending, budget, free = time.perf_counter(), [], inflight_budget(), []
+    # one host buffer size for all of this rank's shards (the largest one's bytes), so every
+    # written buffer serves any later shard: pinning is slow, and torch's pinned cache reuses a
+    # block only for the same power-of-two size. At most min(writers, budget / cap) + 1 exist.
     esize = torch.empty((), dtype=dtype).element_size()
+    cap = max((sum(len(x[0]) for x in groups[s]) for s in todo), default=0) * (width + H) * esize
     with ThreadPoolExecutor(max_workers=writers) as pool:
         try:
             for s in todo:
                 group = groups[s]
                 idx = shard_index(group, group_ids[s])
                 n_tok = int(idx["input_ids"].numel())
-                buf = staging_buffer(free, n_tok * (width + H) * esize, cuda)
+                buf = free.pop() if free else torch.empty(cap, dtype=torch.uint8, pin_memory=cuda)
                 aux_buf = buf[:n_tok * width * esize].view(dtype).view(n_tok, width)
                 last_buf = buf[n_tok * width * esize:n_tok * (width + H) * esize].view(
                     dtype).view(n_tok, H)
@@ -280,8 +269,7 @@ def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: 
                     ready.record()
                 tensors = {**idx, "aux_hidden": aux_buf, "last_hidden": last_buf}
                 path = out_dir / SHARD.format(s)
-                nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-                pending.append((pool.submit(write_shard, path, tensors, ready), nbytes, buf))
+                pending.append((pool.submit(write_shard, path, tensors, ready), cap, buf))
                 shards[s] = {"file": path.name, "num_samples": len(group),
                              "num_tokens": n_tok, "sha256": pending[-1][0],
                              "sample_ids": group_ids[s]}

@@ -60,6 +60,7 @@ class Features:
     def __init__(self, root: Path, manifest: dict):
         self.root = Path(root)
         self.manifest = manifest
+        check_shard_ids(self.root, manifest["shards"])
         self._index = sample_index(manifest["shards"])  # sample -> (shard, local index)
         self._offsets: dict[int, list[int]] = {}
 
@@ -87,6 +88,31 @@ class Features:
     @property
     def target_config(self) -> dict:
         return json.loads((self.root / "target_config.json").read_text())
+
+
+def check_shard_ids(root: Path, shards: list[dict]) -> None:
+    """Each shard entry's sample ids (format 1: its place in shard order) must equal the
+    sample_ids stored in the shard file itself, where it has them: a manifest edited or
+    downgraded by hand would otherwise map every sample to another one, silently.
+
+    Raises StageError naming the shard; a missing or unreadable shard is left to the read."""
+    k = 0
+    for sh in shards:
+        try:
+            n = int(sh["num_samples"])
+            with safe_open(str(Path(root) / sh["file"]), framework="pt") as f:
+                stored = f.get_tensor("sample_ids").tolist() if "sample_ids" in f.keys() else None
+        except (KeyError, TypeError, ValueError) as e:
+            raise StageError(f"features manifest: a shard entry is malformed "
+                             f"({type(e).__name__}: {e}); re-run extract.") from None
+        except Exception:  # noqa: BLE001 - a missing/corrupt file fails at read, naming it
+            stored = None
+        listed = sh.get("sample_ids", list(range(k, k + n)))
+        if stored is not None and listed != stored:
+            raise StageError(f"features manifest: shard {sh['file']} lists sample ids "
+                             f"{str(listed)[:40]}, but the shard file holds {str(stored)[:40]}; "
+                             "the manifest was changed: re-run extract.")
+        k += n
 
 
 def sample_index(shards: list[dict]) -> list[tuple[int, int]]:

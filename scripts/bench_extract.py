@@ -245,16 +245,23 @@ def main(argv=None) -> dict:
                     help="instead: N samples of lengths uniform in [seq/16, seq] (seeded), "
                          "extracted as the stage does (length-bucketed batches of --batch-tokens) "
                          "once per --runs entry, against plain on full batches")
-    ap.add_argument("--runs", default="sorted:128,dataset:128,sorted:1000,dataset:1000",
+    ap.add_argument("--runs", default=None,
                     help="with --varlen: ORDER:SHARD_SAMPLES runs, in this order; ORDER sorted = "
-                         "the stage's length-sorted shards, dataset = shards in dataset order")
+                         "the stage's length-sorted shards, dataset = shards in dataset order "
+                         "(default sorted:128,dataset:128,sorted:128,dataset:128)")
     ap.add_argument("--batch-tokens", type=int, default=65536, help="with --varlen")
     ap.add_argument("--out", default="runs/bench-extract")
     args = ap.parse_args(argv)
-    for name in ("batch", "seq", "batches", "rounds"):
+    for name in ("batch", "seq", "batches", "rounds", "batch_tokens"):
         if getattr(args, name) < 1:
-            ap.error(f"--{name} must be >= 1")
-    args.runs = parse_runs(ap, args.runs)
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.varlen < 0:
+        ap.error("--varlen must be >= 0 (0: the fixed-length mode)")
+    if not args.varlen and args.runs is not None:
+        ap.error("--runs needs --varlen N")
+    if args.varlen and args.rounds != 1:
+        ap.error("--rounds is for the fixed-length mode; with --varlen, repeat runs in --runs")
+    args.runs = parse_runs(ap, args.runs or "sorted:128,dataset:128,sorted:128,dataset:128")
 
     import torch
     import jobs.extract as ex

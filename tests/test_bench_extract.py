@@ -52,9 +52,12 @@ def test_varlen_mode(be, tmp_path):
     assert "| sorted | 4 | 3 |" in (tmp_path / "bench_extract_varlen.md").read_text()
 
 
-@pytest.mark.parametrize("argv", [["--runs", "foo"], ["--runs", "sorted:x"], ["--rounds", "0"]])
+@pytest.mark.parametrize("argv", [["--varlen", "4", "--runs", "foo"],
+                                  ["--varlen", "4", "--runs", "sorted:x"], ["--rounds", "0"],
+                                  ["--varlen", "-3"], ["--runs", "sorted:2"],
+                                  ["--varlen", "4", "--rounds", "3"], ["--batch-tokens", "0"]])
 def test_bad_arguments_are_one_line(be, argv, capsys):
     with pytest.raises(SystemExit) as e:
         be.main(argv)
     err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and ": error: --r" in err[-1]  # prog name varies
+    assert e.value.code == 2 and ": error: --" in err[-1]  # prog name varies

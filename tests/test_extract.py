@@ -239,7 +239,7 @@ def test_shards_are_length_sorted_and_samples_keep_dataset_order(tiny, tmp_path)
     dataset indices; Features serves sample i = the i-th input sample, for the new format and
     for format 1 (no sample_ids, dataset order); a manifest whose ids are not a permutation is
     refused."""
-    from jobs.features import Features
+    from jobs.features import Features, sample_index
     model, samples = tiny
     out = tmp_path / "sorted"
     res = tiny_extract(tiny, out)
@@ -259,6 +259,8 @@ def test_shards_are_length_sorted_and_samples_keep_dataset_order(tiny, tmp_path)
         torch.testing.assert_close(a["aux_hidden"], b["aux_hidden"], rtol=1e-5, atol=1e-5)
     bad = [dict(sh, sample_ids=[0, 0]) if j == 0 else sh for j, sh in enumerate(res["shards"])]
     with pytest.raises(StageError, match="sample id 0, which is out of 0..5 or listed twice"):
+        sample_index(bad)  # the manifest alone (Features checks the shard files first)
+    with pytest.raises(StageError, match=r"lists sample ids \[0, 0\], but the shard file"):
         Features(out, {"shards": bad})
     for ids in ([2], [2, "0"], None):  # too short, not an int, not a list
         bad = [dict(sh, sample_ids=ids) if j == 0 else sh for j, sh in enumerate(res["shards"])]
@@ -266,6 +268,14 @@ def test_shards_are_length_sorted_and_samples_keep_dataset_order(tiny, tmp_path)
             Features(out, {"shards": bad})
     with pytest.raises(StageError, match="malformed .KeyError: 'num_samples'"):
         Features(out, {"shards": [{"file": "shard-00000.safetensors"}]})
+    # ids stripped (read as format 1) or permuted still form a permutation: the shard files'
+    # own sample_ids catch both, naming the shard
+    stripped = [{k: v for k, v in sh.items() if k != "sample_ids"} for sh in res["shards"]]
+    swapped = [dict(sh, sample_ids=sh["sample_ids"][::-1]) for sh in res["shards"]]
+    for shards in (stripped, swapped):
+        with pytest.raises(StageError, match="shard shard-00000.safetensors lists sample ids "
+                                             r".*but the shard file holds \[2, 0\]"):
+            Features(out, {"shards": shards})
 
 
 @pytest.mark.parametrize("damage", ["truncated", "zero-filled"])
@@ -444,12 +454,3 @@ def test_regenerate_pads_without_a_pad_token(smollm2):
     assert tok.pad_token is None
     assert texts == [generate_batch(model, tok, [p], 4, 0.0, 1.0)[0][0] for p in prompts]
 
-
-def test_staging_buffer_reuses_the_smallest_fit():
-    """Shard buffers: the smallest free one that fits is reused; when none fits, the free ones
-    are dropped and a new one is made."""
-    free = [torch.empty(n, dtype=torch.uint8) for n in (300, 100, 200)]
-    b = ex.staging_buffer(free, 150, pin=False)
-    assert b.numel() == 200 and [t.numel() for t in free] == [300, 100]
-    b = ex.staging_buffer(free, 400, pin=False)
-    assert b.numel() == 400 and free == []
