@@ -580,6 +580,10 @@ def _format_errors(err: ValidationError, data: dict) -> list[tuple[str, str]]:
             problems.append((path, f"required field is missing.{why}"))
             continue
         msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] in ("union_tag_not_found", "union_tag_invalid"):  # the executor's kind
+            problems.append((f"{path}.kind", "set it to 'local' or 'slurm' (e.g. -o "
+                             f"{path}.kind=local); the other {path} fields depend on it"))
+            continue
         if e["type"] == "string_pattern_mismatch":  # say the rule in words, not only the regex
             model = _model_at(raw)
             info = model.model_fields.get(str(raw[-1])) if model is not None else None

@@ -555,3 +555,11 @@ def test_corrupt_gguf_header_is_a_field_error(tmp_path):
         p.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(rng.randrange(256) for _ in range(600)))
         data = {"name": "t", "target": {"path": str(p)}, "drafter": {"draft_vocab_size": 10}}
         assert "GGUF" in one("target.path", problems(data))
+
+
+@pytest.mark.parametrize("executor", [{"nproc_per_node": 2}, {"kind": "cloud"}])
+def test_executor_without_a_known_kind_names_the_fix(executor):
+    """A spec without an executor block overridden with executor.nproc_per_node=2 (no kind), or
+    an unknown kind: pydantic's 'Unable to extract tag' becomes a fix the user can type."""
+    msg = one("executor.kind", problems(spec_dict(executor=executor)))
+    assert "'local' or 'slurm'" in msg and "executor.kind=local" in msg
