@@ -22,13 +22,14 @@ T, N = 8 * 2048, 12  # tokens per shard, shards per pass
 
 
 def shard_tensors() -> dict:
-    """One shard in the extract layout: aux [T, 3*576] and last hidden [T, 576] in bf16."""
+    """One shard in the extract layout (jobs/features.py): aux [T, 3*576] and last hidden
+    [T, 576] in bf16, 8 samples of 2048 tokens."""
     g = torch.Generator().manual_seed(0)
     return {"aux_hidden": torch.randn(T, 1728, generator=g).bfloat16(),
             "last_hidden": torch.randn(T, 576, generator=g).bfloat16(),
             "input_ids": torch.randint(0, 49152, (T,), generator=g),
             "loss_mask": torch.ones(T, dtype=torch.uint8),
-            "offsets": torch.arange(0, T + 1, 2048)}
+            "offsets": torch.arange(0, T + 1, 2048), "sample_ids": torch.arange(T // 2048)}
 
 
 def one_pass(out: str, t: dict) -> tuple[list, float, float]:
