@@ -243,7 +243,7 @@ def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: 
     # one host buffer size for all of this rank's shards (the largest one's bytes), so every
     # written buffer serves any later shard: pinning is slow, and torch's pinned cache reuses a
     # block only for the same power-of-two size. At most min(writers, budget / cap) + 1 exist.
-    esize = torch.empty((), dtype=dtype).element_size()
+    esize = dtype.itemsize
     cap = max((sum(len(x[0]) for x in groups[s]) for s in todo), default=0) * (width + H) * esize
     with ThreadPoolExecutor(max_workers=writers) as pool:
         try:

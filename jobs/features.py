@@ -90,58 +90,59 @@ class Features:
         return json.loads((self.root / "target_config.json").read_text())
 
 
-def check_shard_ids(root: Path, shards: list[dict]) -> None:
-    """Each shard entry's sample ids (format 1: its place in shard order) must equal the
-    sample_ids stored in the shard file itself, where it has them: a manifest edited or
-    downgraded by hand would otherwise map every sample to another one, silently.
-
-    Raises StageError naming the shard; a missing or unreadable shard is left to the read."""
-    k = 0
+def entry_ids(shards: list[dict]) -> list[list[int]]:
+    """The dataset sample ids of each manifest shard entry: its sample_ids, or (format 1) its
+    place in shard order. Raises StageError naming the shard when an entry is malformed (a field
+    missing, sample_ids not a list of num_samples ints)."""
+    out, k = [], 0
     for sh in shards:
         try:
-            n = int(sh["num_samples"])
-            with safe_open(str(Path(root) / sh["file"]), framework="pt") as f:
-                stored = f.get_tensor("sample_ids").tolist() if "sample_ids" in f.keys() else None
-        except (KeyError, TypeError, ValueError) as e:
+            n = sh["num_samples"]
+            ids = sh.get("sample_ids", list(range(k, k + n)))
+            name = sh["file"]
+        except (KeyError, TypeError) as e:
             raise StageError(f"features manifest: a shard entry is malformed "
                              f"({type(e).__name__}: {e}); re-run extract.") from None
+        if type(n) is not int or not isinstance(ids, list) or len(ids) != n \
+                or any(type(i) is not int for i in ids):
+            raise StageError(f"features manifest: shard {name} has num_samples {n} but "
+                             f"sample_ids {str(ids)[:60]}; re-run extract.")
+        out.append(ids)
+        k += n
+    return out
+
+
+def check_shard_ids(root: Path, shards: list[dict]) -> None:
+    """Each shard entry's sample ids (entry_ids) must equal the sample_ids stored in the shard
+    file itself, where it has them: a manifest edited or downgraded by hand would otherwise map
+    every sample to another one, silently.
+
+    Raises StageError naming the shard; a missing or unreadable shard is left to the read."""
+    for sh, listed in zip(shards, entry_ids(shards)):
+        try:
+            with safe_open(str(Path(root) / sh["file"]), framework="pt") as f:
+                stored = f.get_tensor("sample_ids").tolist() if "sample_ids" in f.keys() else None
         except Exception:  # noqa: BLE001 - a missing/corrupt file fails at read, naming it
             stored = None
-        listed = sh.get("sample_ids", list(range(k, k + n)))
         if stored is not None and listed != stored:
             raise StageError(f"features manifest: shard {sh['file']} lists sample ids "
                              f"{str(listed)[:40]}, but the shard file holds {str(stored)[:40]}; "
                              "the manifest was changed: re-run extract.")
-        k += n
 
 
 def sample_index(shards: list[dict]) -> list[tuple[int, int]]:
-    """(shard, local index) of every dataset sample, from the manifest's shard entries: their
-    sample_ids, or (format 1) the shard order. Raises StageError when the ids are not a
-    permutation of 0..n-1 or an entry lacks a field (a corrupt manifest)."""
-    try:
-        return _sample_index(shards)
-    except (KeyError, TypeError) as e:
-        raise StageError(f"features manifest: a shard entry is malformed ({type(e).__name__}: "
-                         f"{e}); re-run extract.") from None
-
-
-def _sample_index(shards: list[dict]) -> list[tuple[int, int]]:
-    n = sum(sh["num_samples"] for sh in shards)
+    """(shard, local index) of every dataset sample, from the manifest's shard entries
+    (entry_ids). Raises StageError when the ids are not a permutation of 0..n-1 or an entry is
+    malformed (a corrupt manifest)."""
+    ids = entry_ids(shards)
+    n = sum(len(x) for x in ids)
     index: list = [None] * n
-    k = 0
-    for s, sh in enumerate(shards):
-        ids = sh.get("sample_ids", range(k, k + sh["num_samples"]))
-        if not isinstance(ids, (list, range)) or len(ids) != sh["num_samples"]:
-            raise StageError(f"features manifest: shard {sh['file']} has num_samples "
-                             f"{sh['num_samples']} but sample_ids {str(ids)[:60]}; re-run "
-                             "extract.")
-        for j, i in enumerate(ids):
-            if type(i) is not int or not 0 <= i < n or index[i] is not None:
+    for s, (sh, listed) in enumerate(zip(shards, ids)):
+        for j, i in enumerate(listed):
+            if not 0 <= i < n or index[i] is not None:
                 raise StageError(f"features manifest: shard {sh['file']} lists sample id {i}, "
                                  f"which is out of 0..{n - 1} or listed twice; re-run extract.")
             index[i] = (s, j)
-        k += sh["num_samples"]
     if None in index:
         raise StageError(f"features manifest: sample {index.index(None)} is in no shard; "
                          "re-run extract.")

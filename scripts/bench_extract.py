@@ -143,16 +143,23 @@ def time_capture(model, batches, aux, dev) -> float:
     return statistics.median(ts)
 
 
-def time_extract(model, samples, aux, out: Path, B: int, S: int, writers):
-    """(seconds, final fsync seconds, shard bytes) of jobs.extract.extract_samples over
-    `samples` into `out` (one shard per batch), out removed after."""
+def time_extract(model, samples, aux, out: Path, shard_samples: int, batch_tokens: int, writers,
+                 **kw) -> tuple[dict, int]:
+    """(jobs.extract.extract_samples' result, shard bytes) for `samples` written into `out`,
+    which is removed after."""
     import jobs.extract as ex
     out.mkdir()
-    res = ex.extract_samples(model, samples, aux, out, B, B * S, progress=False,
-                             writers=writers)
+    res = ex.extract_samples(model, samples, aux, out, shard_samples, batch_tokens,
+                             progress=False, writers=writers, **kw)
     nbytes = sum(f.stat().st_size for f in out.glob("shard-*"))
     shutil.rmtree(out)
-    return res["seconds"], res["sync_seconds"], nbytes
+    return res, nbytes
+
+
+def device_name(dev) -> str:
+    import torch
+    return (torch.cuda.get_device_name() if str(dev).startswith("cuda")
+            else platform.processor() or platform.machine())
 
 
 def parse_runs(ap, text: str) -> list[tuple[str, int]]:
@@ -175,9 +182,10 @@ def varlen(args, model, source, dev, dt, aux, batches) -> dict:
     import jobs.extract as ex
     S, V = args.seq, model.config.vocab_size
     rng = random.Random(0)
-    samples = [([rng.randrange(V) for _ in range(rng.randint(S // 16, S))], None)
-               for _ in range(args.varlen)]
-    samples = [(ids, [1] * len(ids)) for ids, _ in samples]
+    samples = []
+    for _ in range(args.varlen):  # a length, then its tokens (the sequence BENCHMARKS.md used)
+        n = rng.randint(S // 16, S)
+        samples.append(([rng.randrange(V) for _ in range(n)], [1] * n))
     tok = sum(len(x[0]) for x in samples)
     rows, plain = [], [time_plain(model, batches, dev)]
     Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -187,18 +195,14 @@ def varlen(args, model, source, dev, dt, aux, batches) -> dict:
         ex.extract_samples(model, samples[:64], aux, d / "warm", 64, args.batch_tokens,
                            progress=False, writers=args.writers)
         for order, n in args.runs:
-            (d / "x").mkdir()
-            res = ex.extract_samples(model, samples, aux, d / "x", n, args.batch_tokens,
-                                     progress=False, writers=args.writers,
-                                     length_sorted=order == "sorted")
-            nbytes = sum(f.stat().st_size for f in (d / "x").glob("shard-*"))
-            shutil.rmtree(d / "x")
+            res, nbytes = time_extract(model, samples, aux, d / "x", n, args.batch_tokens,
+                                       args.writers, length_sorted=order == "sorted")
             rows.append({"order": order, "shard_samples": n, "shards": len(res["shards"]),
                          "shard_mib": nbytes / len(res["shards"]) / 2**20,
                          "extract_tok_s": tok / res["seconds"], "sync_s": res["sync_seconds"]})
     plain.append(time_plain(model, batches, dev))
     plain_tok_s = args.batch * S / statistics.mean(plain)
-    md = (f"{torch.cuda.get_device_name() if str(dev).startswith('cuda') else 'cpu'}, "
+    md = (f"{device_name(dev)}, "
           f"{str(dt).removeprefix('torch.')}, {len(samples)} samples, {tok:,} tokens, "
           f"batch_tokens {args.batch_tokens}; plain {plain_tok_s:,.0f} tok/s "
           f"({args.batch * S / plain[0]:,.0f} before / {args.batch * S / plain[1]:,.0f} after)"
@@ -227,7 +231,10 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="examples:\n  python scripts/bench_extract.py --device cuda "
-                                        "--batch 8 --seq 2048 --out runs/bench-extract")
+                                        "--batch 8 --seq 2048 --batches 128 --rounds 4 "
+                                        "--random-init\n  python scripts/bench_extract.py --device "
+                                        "cuda --batch 8 --seq 2048 --batches 32 --random-init "
+                                        "--varlen 3000 --batch-tokens 65536")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--batch", type=int, default=2)
@@ -294,8 +301,9 @@ def main(argv=None) -> dict:
             for name in order:
                 shards.start_writeback = variants[name]
                 try:
-                    rd[name], rd[f"{name}_sync"], shard_bytes = time_extract(
-                        model, samples[B:], aux, d / name, B, S, args.writers)
+                    res, shard_bytes = time_extract(model, samples[B:], aux, d / name, B, B * S,
+                                                    args.writers)
+                    rd[name], rd[f"{name}_sync"] = res["seconds"], res["sync_seconds"]
                 finally:
                     shards.start_writeback = variants["extract"]
             rd["write_only"] = write_only(d / "write", n, B * S, model, aux, args.writers)
@@ -318,8 +326,7 @@ def main(argv=None) -> dict:
     med = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]
            if key not in ("round", "order")}
     r = {
-        "device": str(dev), "device_name": (torch.cuda.get_device_name() if str(dev).startswith(
-            "cuda") else platform.processor() or platform.machine()),
+        "device": str(dev), "device_name": device_name(dev),
         "dtype": str(dt).removeprefix("torch."), "model": source, "batch": B, "seq": S,
         "timed_batches": n, "rounds": rounds, "median": med, "aux_layer_ids": aux,
         "threads": args.threads, "writers": args.writers or ex.default_writers(model),
