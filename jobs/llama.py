@@ -71,19 +71,32 @@ class Attention(nn.Module):
         self.k_cache: Optional[torch.Tensor] = None  # [B, nkv, S, hd]
         self.v_cache: Optional[torch.Tensor] = None
 
-    def forward(self, x, cos, sin, mask, input_pos):
-        """x [B, T, H]; cos/sin [1, T, hd]; mask [1, 1, T, S] bool; input_pos [T] -> [B, T, H]."""
+    def forward(self, x, cos, sin, mask, slots):
+        """x [B, T, H]; cos/sin [1 or B, T, hd]; mask [1 or B, 1, T, S] bool (True = attend);
+        slots [T] or [B, T] int64: the cache rows the T new keys/values are written to (per
+        batch row when 2-D). -> [B, T, H]"""
         B, T, _ = x.shape
         c = self.c
         q = self.q_proj(x).view(B, T, c.num_attention_heads, c.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        self.k_cache.index_copy_(2, input_pos, k.to(self.k_cache.dtype))  # static cache write
-        self.v_cache.index_copy_(2, input_pos, v.to(self.v_cache.dtype))
+        write_cache(self.k_cache, k, slots)  # static cache write
+        write_cache(self.v_cache, v, slots)
         o = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask,
                                            enable_gqa=c.num_attention_heads != c.num_key_value_heads)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+
+
+def write_cache(cache: torch.Tensor, new: torch.Tensor, slots: torch.Tensor) -> None:
+    """cache [B, nkv, S, hd] <- new [B, nkv, T, hd] at rows `slots`: [T] (the same rows for every
+    batch row: one index_copy_) or [B, T] (row b writes its own slots[b]). In place."""
+    new = new.to(cache.dtype)
+    if slots.dim() == 1:
+        cache.index_copy_(2, slots, new)
+    else:
+        b = torch.arange(cache.shape[0], device=cache.device)[:, None]  # [B, 1]
+        cache.transpose(1, 2)[b, slots] = new.transpose(1, 2)  # [B, T, nkv, hd]
 
 
 class Block(nn.Module):
@@ -94,8 +107,8 @@ class Block(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, input_pos):
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, input_pos)
+    def forward(self, x, cos, sin, mask, slots):
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, slots)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -134,15 +147,24 @@ class Llama(nn.Module):
     def caches(self) -> list[torch.Tensor]:
         return [t for l in self.layers for t in (l.self_attn.k_cache, l.self_attn.v_cache)]
 
-    def forward(self, ids: torch.Tensor, input_pos: torch.Tensor, last_only: bool = False):
-        """ids [B, T] int64, input_pos [T] int64 (contiguous positions of these tokens).
+    def forward(self, ids: torch.Tensor, input_pos: torch.Tensor, last_only: bool = False,
+                slots: Optional[torch.Tensor] = None, mask: Optional[torch.Tensor] = None):
+        """ids [B, T] int64; input_pos [T] or [B, T] int64: the RoPE positions of these tokens
+        (2-D: per batch row, e.g. batched generation where rows have different lengths).
+        slots: the cache rows they are written to, same shape as input_pos; default input_pos.
+        mask [1 or B, 1, T, S] bool (True = attend); default: cache row <= position (causal
+        over the static cache; right only when slots == input_pos). A tree verify passes its
+        own slots (node order) and mask (ancestors), its positions being prefix + depth.
         Returns (logits [B, T or 1, V] float32, aux [B, T, len(aux_ids)*H] or None)."""
         x = self.embed_tokens(ids)  # [B, T, H]
-        cos, sin = self.rope_cos[input_pos][None], self.rope_sin[input_pos][None]  # [1, T, hd]
-        mask = (self.slots[None, :] <= input_pos[:, None])[None, None]  # [1, 1, T, S]
+        pos = input_pos if input_pos.dim() == 2 else input_pos[None]  # [1 or B, T]
+        cos, sin = self.rope_cos[pos], self.rope_sin[pos]  # [1 or B, T, hd]
+        if mask is None:
+            mask = (self.slots <= pos[..., None])[:, None]  # [1 or B, 1, T, S]
+        slots = input_pos if slots is None else slots
         aux = []
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, mask, input_pos)
+            x = layer(x, cos, sin, mask, slots)
             if i in self.aux_ids:
                 aux.append(x)
         if last_only:
