@@ -2,11 +2,8 @@
 the same run, over the sweep declared in stages.bench (configs x cuda_graph x max_new_tokens x
 prompt_sets). Rows: table `bench` per (config, prompt), `bench_summary` per configuration.
 
-Metric definitions (../shared/notes/eagle3-format.md): tau = tokens per target verify pass
-INCLUDING the bonus token; mean_accepted = tau - 1; accept_rate = tau / num_draft_tokens (the
-seed's logs); accept_per_pos[j] = fraction of verify rounds in which draft j+1 was accepted.
-Speed model: a round costs draft + verify + other ms and yields tau tokens, so
-speedup = tau * base_ms_per_token / round_ms and break-even tau = round_ms / base_ms_per_token.
+Rows, summaries, metric definitions, the speed model and train_samples are the same for every
+backend: jobs/bench_results.py.
 
 Two roles of the baseline: its speed is the plain 1-row greedy decode (what a user gets without
 speculation), and "lossless" compares the speculative tokens with the baseline decoded through the
@@ -25,7 +22,10 @@ import statistics
 import time
 from pathlib import Path
 
-from runner.stage import StageContext, StageError, write_text_atomic
+from jobs.bench_results import (config_fields, explain, prompt_row, save_results, summary_row,
+                                train_samples)
+from runner.errors import StageError
+from runner.stage import StageContext
 
 SGLANG_EXTRA = "pip install 'eagle3-runner[sglang]'"
 
@@ -52,42 +52,9 @@ def check_backend(spec) -> None:
                          "interpreter that has it.")
 
 
-def config_id(c, cuda_graph: bool, max_new: int) -> str:
-    return f"s{c.num_steps}-k{c.eagle_topk}-n{c.draft_tokens}-cg{int(cuda_graph)}-m{max_new}"
-
-
-def flags_for(tau: float, speedup: float | None, lossless: bool | None) -> list[str]:
-    out = []
-    if tau == tau and tau < 1.05:
-        out.append("drafter broken")
-    if speedup is not None and speedup < 1:
-        out.append("slower than baseline")
-    if lossless is False:
-        out.append("not lossless")
-    return out
-
-
-def explain(tau: float, num_steps: int, draft_ms: float, verify_ms: float, other_ms: float,
-            base_ms: float) -> tuple[float, float, str]:
-    """Per-round cost model in numbers. All times in ms (per round; base per token).
-    Returns (speedup, break_even_tau, explanation). Example, the seed's case: tau 2.1 at 53
-    tok/s against 90 tok/s means a round cost 2.1/53 s = 39.6 ms vs 11.1 ms per baseline token,
-    so break-even tau was 3.57."""
-    round_ms = draft_ms + verify_ms + other_ms
-    speedup = tau * base_ms / round_ms if round_ms > 0 else float("nan")
-    be = round_ms / base_ms if base_ms > 0 else float("nan")
-    text = (f"tau {tau:.2f} tokens per round; one round = {num_steps} draft steps x "
-            f"{draft_ms / max(num_steps, 1):.2f} ms + verify {verify_ms:.2f} ms + other "
-            f"{other_ms:.2f} ms = {round_ms:.2f} ms -> {round_ms / tau:.2f} ms/token "
-            f"({1000 * tau / round_ms:.1f} tok/s) vs baseline {base_ms:.2f} ms/token "
-            f"({1000 / base_ms:.1f} tok/s): decode speedup {speedup:.2f}x. Break-even tau = round cost / "
-            f"baseline token cost = {round_ms:.2f}/{base_ms:.2f} = {be:.2f}"
-            + (f"; tau is {be - tau:.2f} short of it." if tau < be else "."))
-    return speedup, be, text
-
-
-def summarize(rows: list[dict], base: list[dict]) -> dict:
-    """Aggregate per-prompt rows of one configuration (sums, not means of ratios)."""
+def summarize(cfg: dict, rows: list[dict], base: list[dict]) -> dict:
+    """The bench_summary row of one configuration (cfg: bench_results.config_fields) from its
+    per-prompt rows and their baseline decodes (sums, not means of ratios)."""
     rounds = sum(r["verify_ct"] for r in rows)
     toks = sum(r["_tokens_in_rounds"] for r in rows)
     tau = toks / rounds if rounds else float("nan")
@@ -103,15 +70,11 @@ def summarize(rows: list[dict], base: list[dict]) -> dict:
     oms = 1000 * sum(r["other_s"] for r in rows) / max(rounds, 1)
     _, be, text = explain(tau, K, dms, vms, oms, base_ms)
     lossless = None if rows[0]["lossless"] is None else all(r["lossless"] for r in rows)
-    speedup = spec_tok_s / base_tok_s
     text += (f" Measured end to end (prefill and first token included): {spec_tok_s:.1f} vs "
-             f"{base_tok_s:.1f} tok/s = {speedup:.2f}x.")
-    return dict(n_prompts=len(rows), tau=tau, mean_accepted=tau - 1,
-                accept_rate=tau / rows[0]["num_draft_tokens"], accept_per_pos=json.dumps(per_pos),
-                spec_tok_s=spec_tok_s, base_tok_s=base_tok_s, speedup=speedup,
-                draft_ms_per_round=dms, verify_ms_per_round=vms, other_ms_per_round=oms,
-                base_ms_per_token=base_ms, break_even_tau=be, lossless=lossless,
-                flags=", ".join(flags_for(tau, speedup, lossless)), explanation=text)
+             f"{base_tok_s:.1f} tok/s = {spec_tok_s / base_tok_s:.2f}x.")
+    return summary_row(cfg, len(rows), tau, spec_tok_s, base_tok_s, lossless, be, text,
+                       accept_per_pos=json.dumps(per_pos), draft_ms_per_round=dms,
+                       verify_ms_per_round=vms, other_ms_per_round=oms)
 
 
 def baseline_pass(engine, prompts: list, max_new: int, p, stop: tuple, desc: str) -> dict:
@@ -126,10 +89,6 @@ def baseline_pass(engine, prompts: list, max_new: int, p, stop: tuple, desc: str
         toks, st = engine.generate_baseline(ids, max_new, p.temperature, g, stop)
         out[pid] = {"tokens": toks, "total_s": st.total_s, "new_tokens": st.new_tokens}
     return out
-
-
-def _write_json(path: Path, obj) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=1, default=str))
 
 
 def load_engine_parts(spec, export_dir: Path):
@@ -149,16 +108,6 @@ def load_engine_parts(spec, export_dir: Path):
         raise StageError(f"{export_dir}/config.json: eagle_aux_hidden_state_layer_ids "
                          f"{drafter.config.aux_layer_ids} != spec aux ids {spec.aux_ids}")
     return target, drafter, tok, p.device
-
-
-def _train_samples(export_dir: Path, spec) -> int | None:
-    """Samples the drafter was trained on, from the export's provenance.json (train metrics), else
-    the spec's stages.train.num_samples."""
-    try:
-        prov = json.loads((export_dir / "provenance.json").read_text())
-        return int(prov["train_metrics"]["summary"]["train_samples"])
-    except (OSError, KeyError, TypeError, ValueError):
-        return spec.stages.train.num_samples if spec.stages.train else None
 
 
 def run(ctx: StageContext) -> dict:
@@ -185,7 +134,7 @@ def run(ctx: StageContext) -> dict:
     # rounded up to a multiple of 256: the KV-cache shape is part of every compiled graph, so
     # benches of other prompt sets (variants) reuse inductor's on-disk graph cache
     max_seq = -(-max_seq // 256) * 256
-    train_samples = _train_samples(export_dir, spec)
+    trained_on = train_samples(export_dir)
     all_rows, summaries = [], []
     width = default_width(target, Kmax)  # bf16: one row count for all, so outputs match exactly
     for cg in p.cuda_graph:
@@ -216,38 +165,23 @@ def run(ctx: StageContext) -> dict:
                     for pid in base:
                         base[pid]["tokens"] = ref_toks[pid]["tokens"]
                 for c, e in engines.items():
+                    cfg = config_fields(c, cg, max_new, p.temperature, "embedded", set_name,
+                                        trained_on)
                     rows = []
-                    for pid, ids in tqdm(prompts, desc=f"bench {set_name} {config_id(c, cg, max_new)}",
+                    for pid, ids in tqdm(prompts, desc=f"bench {set_name} {cfg['config_id']}",
                                          unit="prompt", leave=False):
                         g = torch.Generator(device=device).manual_seed(p.seed)
                         toks, st = e.generate(ids, max_new, p.temperature, g, stop)
                         b = base[pid]
-                        lossless = (toks == b["tokens"]) if p.temperature == 0 else None
-                        spec_tok_s = st.new_tokens / st.total_s
-                        base_tok_s = b["new_tokens"] / b["total_s"]
-                        row = dict(config_id=config_id(c, cg, max_new), backend="embedded",
-                                   prompt_set=set_name, prompt_id=pid, num_steps=c.num_steps,
-                                   eagle_topk=c.eagle_topk, num_draft_tokens=c.draft_tokens,
-                                   cuda_graph=cg, max_new_tokens=max_new,
-                                   temperature=p.temperature, train_samples=train_samples,
-                                   tau=st.tau, mean_accepted=st.tau - 1,
-                                   accept_rate=st.tau / c.draft_tokens,
-                                   accept_per_pos=json.dumps(st.accept_per_pos(c.num_steps)),
-                                   new_tokens=st.new_tokens, verify_ct=st.rounds,
-                                   spec_tok_s=spec_tok_s, base_tok_s=base_tok_s,
-                                   speedup=spec_tok_s / base_tok_s, draft_s=st.draft_s,
-                                   verify_s=st.verify_s,
-                                   other_s=st.total_s - st.draft_s - st.verify_s,
-                                   lossless=lossless)
-                        row["flags"] = ", ".join(flags_for(st.tau, row["speedup"], lossless))
-                        row["_tokens_in_rounds"] = sum(st.accepted) + st.rounds
-                        row["_total_s"] = st.total_s
-                        rows.append(row)
-                    summ = summarize(rows, [base[pid] for pid, _ in prompts])
-                    keys = ("config_id", "backend", "prompt_set", "num_steps", "eagle_topk",
-                            "num_draft_tokens", "cuda_graph", "max_new_tokens", "temperature",
-                            "train_samples")
-                    summ = {**{k: rows[0][k] for k in keys}, **summ}
+                        rows.append(prompt_row(
+                            cfg, pid, st.tau, st.new_tokens, st.rounds, st.new_tokens / st.total_s,
+                            b["new_tokens"] / b["total_s"],
+                            (toks == b["tokens"]) if p.temperature == 0 else None,
+                            accept_per_pos=json.dumps(st.accept_per_pos(c.num_steps)),
+                            draft_s=st.draft_s, verify_s=st.verify_s,
+                            other_s=st.total_s - st.draft_s - st.verify_s,
+                            _tokens_in_rounds=sum(st.accepted) + st.rounds, _total_s=st.total_s))
+                    summ = summarize(cfg, rows, [base[pid] for pid, _ in prompts])
                     if ref is not plain:
                         summ["explanation"] += (f" Baseline speed: the plain 1-row decode; lossless:"
                                                 f" tokens equal to the {width}-row decode's.")
@@ -255,10 +189,8 @@ def run(ctx: StageContext) -> dict:
                         summ["flags"] = ", ".join(x for x in [summ["flags"],
                                                               "cuda_graph ignored on cpu"] if x)
                     summaries.append(summ)
-                    all_rows += [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
-    ctx.emit("bench", all_rows)
-    ctx.emit("bench_summary", summaries)
-    _write_json(Path(ctx.out_dir) / "bench.json", {"summary": summaries, "rows": all_rows})
+                    all_rows += rows
+    save_results(ctx, all_rows, summaries)
     for s in summaries:
         ctx.metric(f"tau/{s['prompt_set']}/{s['config_id']}", s["tau"])
         ctx.metric(f"speedup/{s['prompt_set']}/{s['config_id']}", s["speedup"], "x")

@@ -41,7 +41,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from runner.stage import StageError
+from runner.errors import StageError
 
 ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant",
             "bard": "assistant", "bing": "assistant", "assistant": "assistant",
@@ -230,7 +230,7 @@ def load_conversations(data) -> tuple[list[list[dict]], list[list[dict]], dict]:
     Returns (train, holdout, report). report: source, path, records_read, truncated, dropped
     {reason: n}, trimmed {note: n}, unknown_roles {name: n}, clean, train, holdout.
     Raises StageError for a missing file or when nothing usable remains."""
-    from runner.spec import expand_path
+    from runner.files import expand_path
     if data.path:
         path = expand_path(data.path)
     elif data.source == "sharegpt":

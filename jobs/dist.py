@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from runner.stage import StageError
+from runner.errors import StageError
 
 
 def active() -> bool:

@@ -7,7 +7,7 @@ post_attention_layernorm}.weight [H]; norm.weight [H]; lm_head.weight [Vd, H]; d
 The target's embedding is held as a non-persistent buffer (frozen, never exported: SGLang swaps in
 the target's own).
 
-One draft step (../shared/notes/eagle3-format.md, "Forward of the draft layer"):
+One draft step (docs/eagle3-format.md, "Forward of the draft layer"):
     x = cat(input_layernorm(embed(tok)), hidden_norm(h))            # [B, T, 2H]
     h' = h + o_proj(attn(x)); out = h' + mlp(post_attention_layernorm(h'))   # pre-norm, recycled
     logits = lm_head(norm(out))                                      # [B, T, Vd]
@@ -28,6 +28,8 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from runner.drafts.layout import ARCH, eagle_config, target_rope
 
 
 @dataclass
@@ -56,8 +58,7 @@ class DraftConfig:
         H = d.hidden_size or t["hidden_size"]
         heads = d.num_attention_heads or t["num_attention_heads"]
         head_dim = d.head_dim or t.get("head_dim") or H // heads
-        from runner.inspect import target_rope  # transformers-5 configs nest rope_theta
-        rope = target_rope(t)
+        rope = target_rope(t)  # transformers-5 configs nest rope_theta
         return cls(
             hidden_size=H, num_attention_heads=heads,
             num_key_value_heads=d.num_key_value_heads or t.get("num_key_value_heads") or heads,
@@ -74,7 +75,7 @@ class DraftConfig:
     def to_sglang(self) -> dict:
         """config.json for SGLang's LlamaForCausalLMEagle3 (eagle_config nested)."""
         cfg = {
-            "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+            "architectures": [ARCH], "model_type": "llama",
             "num_hidden_layers": 1, "hidden_size": self.hidden_size,
             "num_attention_heads": self.num_attention_heads,
             "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
@@ -84,8 +85,7 @@ class DraftConfig:
             "max_position_embeddings": self.max_position_embeddings,
             "vocab_size": self.vocab_size, "draft_vocab_size": self.draft_vocab_size,
             "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bias": False,
-            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids),
-                             "use_aux_hidden_state": True},
+            "eagle_config": eagle_config(self.aux_layer_ids),
         }
         if self.target_hidden_size != self.hidden_size:
             cfg["target_hidden_size"] = self.target_hidden_size

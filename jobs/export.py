@@ -1,4 +1,5 @@
-"""Export stage: the trained drafter -> an SGLang draft directory (../shared/notes/eagle3-format.md).
+"""Export stage: the trained drafter -> an SGLang draft directory (docs/eagle3-format.md; the
+layout is stated once in runner/drafts/layout.py).
 
 Inputs: ctx.inputs["train"] (draft.safetensors = Eagle3Draft.state_dict(), draft_config.json =
 DraftConfig.as_dict(), train_metrics.json) and ctx.inputs["extract"] (features.json, the capture
@@ -26,8 +27,13 @@ from pathlib import Path
 import torch
 
 from jobs.draft_model import DraftConfig
-from runner.inspect import expected_shapes, inspect_draft, target_rope
-from runner.stage import StageContext, StageError, sha256_file, write_text_atomic
+from runner.drafts.layout import (AUX_IDS_KEY, config_aux_ids, expected_shapes, speculators_name,
+                                  target_rope, to_hf_indices)
+from runner.drafts.rules import export_aux_problem
+from runner.errors import StageError
+from runner.files import atomic_path, atomic_write, sha256_file
+from runner.inspect import inspect_draft
+from runner.stage import StageContext
 
 PROVENANCE_FORMAT = "eagle3-runner-provenance/1"
 
@@ -41,9 +47,8 @@ def _read_json(path: Path, what: str) -> dict:
 
 def _save_atomic(tensors: dict[str, torch.Tensor], path: Path) -> None:
     from safetensors.torch import save_file
-    tmp = path.with_name(f".tmp-{path.name}")
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
 
 
 def sglang_config(dc: DraftConfig, target_cfg: dict, context_length: int | None = None) -> dict:
@@ -60,11 +65,9 @@ def sglang_config(dc: DraftConfig, target_cfg: dict, context_length: int | None 
     need = max(target_cfg.get("max_position_embeddings") or 0, context_length or 0)
     cfg["max_position_embeddings"] = max(cfg["max_position_embeddings"] or 0, need) or 8192
     if target_cfg.get("num_hidden_layers"):
-        L = target_cfg["num_hidden_layers"]
-        bad = [k for k in dc.aux_layer_ids if not 0 <= k <= L - 2]
-        if bad:
-            raise StageError(f"draft_config.json aux_layer_ids {dc.aux_layer_ids}: {bad} outside "
-                             f"0..{L - 2} for the {L}-layer target (SGLang ids).")
+        problem = export_aux_problem(dc.aux_layer_ids, target_cfg["num_hidden_layers"])
+        if problem:
+            raise StageError(problem)
     return cfg
 
 
@@ -101,13 +104,13 @@ def speculators_copy(cfg: dict, tensors: dict[str, torch.Tensor], out: Path,
     keep = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
             "intermediate_size", "hidden_act", "rms_norm_eps", "rope_theta", "rope_scaling",
             "max_position_embeddings", "vocab_size", "model_type", "num_hidden_layers", "bias")
-    ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    ids = config_aux_ids(cfg)
     scfg = {
         "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
         "transformer_layer_config": {k: cfg[k] for k in keep if k in cfg},
         "draft_vocab_size": cfg["draft_vocab_size"], "norm_before_residual": False,
         "target_hidden_size": cfg.get("target_hidden_size"),
-        "eagle_aux_hidden_state_layer_ids": [k + 1 for k in ids],
+        AUX_IDS_KEY: to_hf_indices(ids),
         "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
                                "proposal_methods": [{"proposal_type": "greedy",
                                                      "speculative_tokens": num_steps}],
@@ -115,10 +118,8 @@ def speculators_copy(cfg: dict, tensors: dict[str, torch.Tensor], out: Path,
                                             "architectures": ["LlamaForCausalLM"]}},
     }
     out.mkdir(exist_ok=True)
-    ren = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v
-           for k, v in tensors.items()}
-    _save_atomic(ren, out / "model.safetensors")
-    write_text_atomic(out / "config.json", json.dumps(scfg, indent=2))
+    _save_atomic({speculators_name(k): v for k, v in tensors.items()}, out / "model.safetensors")
+    atomic_write(out / "config.json", json.dumps(scfg, indent=2))
 
 
 def provenance(ctx: StageContext, manifest: dict, feats_sha: str, dc: DraftConfig,
@@ -182,11 +183,11 @@ def run(ctx: StageContext) -> dict:
     tensors = sglang_tensors(sd, cfg)
 
     _save_atomic(tensors, out / "model.safetensors")
-    write_text_atomic(out / "config.json", json.dumps(cfg, indent=2))
+    atomic_write(out / "config.json", json.dumps(cfg, indent=2))
     prov = provenance(ctx, manifest, sha256_file(ex / "features.json"), dc, target_cfg, metrics)
     prov["export"] = {"model_safetensors_sha256": sha256_file(out / "model.safetensors"),
                       "config_sha256": hashlib.sha256((out / "config.json").read_bytes()).hexdigest()}
-    write_text_atomic(out / "provenance.json", json.dumps(prov, indent=1, default=str))
+    atomic_write(out / "provenance.json", json.dumps(prov, indent=1, default=str))
     if ctx.params is not None and ctx.params.speculators:
         steps = bench.configs[0].num_steps if bench and bench.configs else 3
         speculators_copy(cfg, tensors, out / "speculators", ctx.spec.target.path, steps)

@@ -47,7 +47,11 @@ from jobs import dist as D
 from jobs.features import FORMAT, MANIFEST
 from jobs.shards import (drop_shard, reusable_sha, sha_record, shard_index, sync_shards,
                          write_atomic, write_shard)
-from runner.stage import StageContext, StageError, sha256_file, write_text_atomic
+from runner.drafts.layout import to_hf_indices
+from runner.drafts.rules import model_aux_problem
+from runner.errors import StageError
+from runner.files import atomic_write, sha256_file
+from runner.stage import StageContext
 
 SHARD = "shard-{:05d}.safetensors"
 
@@ -83,13 +87,11 @@ def decoder_parts(model) -> tuple[torch.nn.Module, torch.nn.ModuleList, torch.nn
 
 
 def check_aux_ids(model, aux_ids: list[int]) -> None:
-    """Run-time check against the real model: ids ascending, each in [0, L-2]."""
-    L = len(decoder_parts(model)[1])
-    bad = [k for k in aux_ids if not 0 <= k <= L - 2]
-    if bad or list(aux_ids) != sorted(set(aux_ids)):
-        raise StageError(f"drafter.aux_layer_ids = {list(aux_ids)}: the loaded target has {L} "
-                         f"decoder layers, so ids (SGLang convention, id k = output of layer k) "
-                         f"must be distinct, ascending and in 0..{L - 2}.")
+    """Run-time check against the real model: ids distinct, ascending and in SGLang's range
+    (runner/drafts/rules.py). Raises StageError."""
+    problem = model_aux_problem(aux_ids, len(decoder_parts(model)[1]))
+    if problem:
+        raise StageError(problem)
 
 
 @torch.inference_mode()
@@ -329,7 +331,7 @@ def _conversations(ctx: StageContext) -> tuple[list, dict]:
 
 
 def _write_json(path: Path, obj) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=1, sort_keys=True, default=str))
+    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True, default=str))
 
 
 def write_target_parts(model, config: dict, out_dir: Path) -> dict[str, str]:
@@ -386,7 +388,7 @@ def run(ctx: StageContext) -> dict:
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     n_tok = sum(s["num_tokens"] for s in res["shards"])
     manifest = {
-        "format": FORMAT, "aux_layer_ids": aux_ids, "hf_hidden_indices": [k + 1 for k in aux_ids],
+        "format": FORMAT, "aux_layer_ids": aux_ids, "hf_hidden_indices": to_hf_indices(aux_ids),
         "hidden_size": H, "feature_width": len(aux_ids) * H, "dtype": dtype,
         "num_hidden_layers": len(decoder_parts(model)[1]),
         "target_path": spec.target.path, "target_config_sha256": config_sha256(cfg),

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from runner.stage import StageError
+from runner.errors import StageError
 
 FORMAT = "eagle3-features/2"
 READABLE = ("eagle3-features/1", FORMAT)

@@ -6,7 +6,7 @@ states of chosen layers at every position it runs. Weights come from an HF `Llam
 state dict (`model.layers.{i}.self_attn.q_proj.weight`, ...), so any HF-loadable Llama target
 works (SmolLM2 GGUF via jobs.target.load_target).
 
-Aux hidden states follow SGLang's eagle_config convention (../shared/notes/eagle3-format.md):
+Aux hidden states follow SGLang's eagle_config convention (docs/eagle3-format.md):
 id k = OUTPUT of 0-based decoder layer k (pre-final-norm residual) = HF hidden_states[k+1],
 concatenated in ascending layer order -> [B, T, len(ids)*H].
 
@@ -25,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from jobs.draft_model import MLP, RMSNorm, apply_rope, rope_cos_sin
-from runner.draft_files import target_rope
+from runner.drafts.layout import target_rope
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 
-from runner.stage import StageError
+from runner.errors import StageError
 
 HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with the code only.\n\n"
 

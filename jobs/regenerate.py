@@ -17,13 +17,14 @@ remaining turns are dropped and counted. Output: ctx.out_dir/conversations.jsonl
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 import torch
 
-from runner.stage import StageContext, StageError, write_text_atomic
+from runner.errors import StageError
+from runner.files import atomic_path, atomic_write
+from runner.stage import StageContext
 
 
 @torch.inference_mode()
@@ -129,12 +130,10 @@ def run(ctx: StageContext) -> dict:
     if not convs:
         raise StageError(f"regenerate: no conversation kept ({rep}); raise data.max_length "
                          "(prompts longer than it are cut) or check the target")
-    tmp = out / ".tmp-conversations.jsonl"
-    with open(tmp, "w") as f:
+    with atomic_path(out / "conversations.jsonl") as tmp, open(tmp, "w") as f:
         for c in convs:
             f.write(json.dumps({"messages": c}, ensure_ascii=False) + "\n")
-    os.replace(tmp, out / "conversations.jsonl")
-    write_text_atomic(out / "report.json",
+    atomic_write(out / "report.json",
                       json.dumps({"data": data_report, "regenerate": rep}, indent=1, default=str))
     secs = max(rep["seconds"], 1e-9)
     return {"conversations": len(convs), "turns": rep["turns"],

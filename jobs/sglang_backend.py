@@ -27,7 +27,10 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
-from runner.stage import StageError
+from jobs.bench_results import (config_fields, config_id, prompt_row, save_results, summary_row,
+                                train_samples)
+from runner.drafts.layout import ALGORITHM
+from runner.errors import StageError
 
 ACCEPT_LEN_RE = re.compile(r"accept len:\s*([0-9]+(?:\.[0-9]+)?)")
 
@@ -60,7 +63,7 @@ def server_argv(python: str, model_path: str, port: int, host: str = "127.0.0.1"
     if draft_path is not None:
         if None in (num_steps, eagle_topk, num_draft_tokens):
             raise ValueError("speculative server needs num_steps, eagle_topk and num_draft_tokens")
-        argv += ["--speculative-algorithm", "EAGLE3",
+        argv += ["--speculative-algorithm", ALGORITHM,
                  "--speculative-draft-model-path", str(draft_path),
                  "--speculative-num-steps", str(num_steps),
                  "--speculative-eagle-topk", str(eagle_topk),
@@ -177,16 +180,15 @@ def run_bench(ctx, export_dir: Path) -> dict:
     """Bench through SGLang servers: per cuda_graph setting, one baseline server and one
     speculative server per config; same prompts, sequential requests (batch 1)."""
     import statistics
-    from jobs import bench
     from jobs.prompts import load_prompt_set, render
-    from jobs.target import _hf_folder, load_tokenizer
+    from jobs.target import hf_folder, load_tokenizer
     p, spec, o = ctx.params, ctx.spec, ctx.params.sglang
-    model = str(_hf_folder(spec))
+    model = str(hf_folder(spec))
     tok = load_tokenizer(spec)
     sets = {s: [(q["id"], render(tok, q["messages"])) for q in load_prompt_set(s, spec, p.num_prompts)]
             for s in p.prompt_sets}
     logs = Path(ctx.out_dir) / "logs"
-    train_samples = spec.stages.train.num_samples if spec.stages.train else None
+    trained_on = train_samples(export_dir)
     rows_all, summaries = [], []
 
     def run_all(url):
@@ -205,7 +207,7 @@ def run_bench(ctx, export_dir: Path) -> dict:
                     o.startup_timeout_s) as url:
             base = run_all(url)
         for c in p.configs:
-            log = logs / f"spec-{bench.config_id(c, cg, 0)}.log"
+            log = logs / f"spec-{config_id(c, cg, 0)}.log"
             argv = server_argv(o.python, model, o.port, o.host, o.tp, str(export_dir), c.num_steps,
                                c.eagle_topk, c.draft_tokens, cg, o.cuda_graph_max_bs,
                                p.context_length, o.extra_args)
@@ -214,49 +216,33 @@ def run_bench(ctx, export_dir: Path) -> dict:
             log_taus = parse_accept_lens(_tail(log, 100000))
             for s, prompts in sets.items():
                 for m in p.max_new_tokens:
+                    cfg = config_fields(c, cg, m, p.temperature, "sglang", s, trained_on)
                     rows = []
                     for pid, _ in prompts:
                         (r, dt), (b, bdt) = res[s, m, pid], base[s, m, pid]
                         mi, bi = r["meta_info"], b["meta_info"]
-                        tau = tau_from_meta([mi])
                         lossless = (r.get("output_ids", r.get("text")) ==
                                     b.get("output_ids", b.get("text"))) if p.temperature == 0 else None
-                        st, bt = mi["completion_tokens"] / dt, bi["completion_tokens"] / bdt
-                        rows.append(dict(
-                            config_id=bench.config_id(c, cg, m), backend="sglang", prompt_set=s,
-                            prompt_id=pid, num_steps=c.num_steps, eagle_topk=c.eagle_topk,
-                            num_draft_tokens=c.draft_tokens, cuda_graph=cg, max_new_tokens=m,
-                            temperature=p.temperature, train_samples=train_samples, tau=tau,
-                            mean_accepted=tau - 1, accept_rate=tau / c.draft_tokens,
-                            new_tokens=mi["completion_tokens"], verify_ct=mi["spec_verify_ct"],
-                            spec_tok_s=st, base_tok_s=bt, speedup=st / bt, lossless=lossless,
-                            flags=", ".join(bench.flags_for(tau, st / bt, lossless)),
-                            _dt=dt, _bdt=bdt, _btoks=bi["completion_tokens"]))
+                        rows.append(prompt_row(
+                            cfg, pid, tau_from_meta([mi]), mi["completion_tokens"],
+                            mi["spec_verify_ct"], mi["completion_tokens"] / dt,
+                            bi["completion_tokens"] / bdt, lossless, _dt=dt, _bdt=bdt,
+                            _btoks=bi["completion_tokens"]))
                     toks = sum(r["new_tokens"] for r in rows)
-                    tau = tokstau = toks / max(sum(r["verify_ct"] for r in rows), 1)
+                    tau = toks / max(sum(r["verify_ct"] for r in rows), 1)
                     spec_tps = toks / sum(r["_dt"] for r in rows)
                     base_tps = sum(r["_btoks"] for r in rows) / sum(r["_bdt"] for r in rows)
                     lossless = None if p.temperature else all(r["lossless"] for r in rows)
                     sp = spec_tps / base_tps
-                    text = (f"sglang: tau {tokstau:.2f} (meta_info); decode-log accept len median "
+                    text = (f"sglang: tau {tau:.2f} (meta_info); decode-log accept len median "
                             f"{statistics.median(log_taus):.2f} over {len(log_taus)} lines; "
-                            if log_taus else f"sglang: tau {tokstau:.2f}; no decode-log accept "
+                            if log_taus else f"sglang: tau {tau:.2f}; no decode-log accept "
                             "len lines; ")
                     text += (f"{spec_tps:.1f} tok/s vs baseline {base_tps:.1f} tok/s -> {sp:.2f}x"
                              f"; break-even tau = tau / speedup = {tau / sp:.2f}")
-                    summaries.append(dict(
-                        config_id=rows[0]["config_id"], backend="sglang", prompt_set=s,
-                        num_steps=c.num_steps, eagle_topk=c.eagle_topk,
-                        num_draft_tokens=c.draft_tokens, cuda_graph=cg, max_new_tokens=m,
-                        temperature=p.temperature, train_samples=train_samples,
-                        n_prompts=len(rows), tau=tau, mean_accepted=tau - 1,
-                        accept_rate=tau / c.draft_tokens, spec_tok_s=spec_tps, base_tok_s=base_tps,
-                        speedup=sp, base_ms_per_token=1000 / base_tps, break_even_tau=tau / sp,
-                        lossless=lossless, flags=", ".join(bench.flags_for(tau, sp, lossless)),
-                        explanation=text))
-                    rows_all += [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
-    ctx.emit("bench", rows_all)
-    ctx.emit("bench_summary", summaries)
-    bench._write_json(Path(ctx.out_dir) / "bench.json", {"summary": summaries, "rows": rows_all})
+                    summaries.append(summary_row(cfg, len(rows), tau, spec_tps, base_tps,
+                                                 lossless, tau / sp, text))
+                    rows_all += rows
+    save_results(ctx, rows_all, summaries)
     return {"tau": statistics.mean(s["tau"] for s in summaries),
             "speedup": statistics.mean(s["speedup"] for s in summaries)}

@@ -28,7 +28,9 @@ from pathlib import Path
 import torch
 
 from jobs.features import FORMAT, MANIFEST
-from runner.stage import StageError, sha256_file
+from runner.drafts.safetensors import encode_header
+from runner.errors import StageError
+from runner.files import atomic_path, sha256_file
 
 # safetensors written straight from (pinned) tensor memory, hashed while written
 
@@ -52,9 +54,7 @@ def safetensors_chunks(tensors: dict[str, torch.Tensor], metadata: dict | None =
                         "data_offsets": [off, off + nbytes]}
         off += nbytes
         bufs.append(memoryview(t.reshape(-1).view(torch.uint8).numpy()) if nbytes else b"")
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    return [len(h).to_bytes(8, "little"), h] + bufs
+    return [encode_header(header)] + bufs
 
 
 def _write_chunks(path: Path, chunks: list) -> str:
@@ -110,20 +110,15 @@ def write_atomic(path: Path, chunks: list, sync: bool = True) -> str:
     the rename and the directory after it. Returns the sha256 of the bytes.
 
     Raises StageError on ENOSPC (disk full) after removing the temp file."""
-    tmp = path.with_name(f".tmp-{path.name}")
     try:
-        sha = _write_chunks(tmp, chunks)
-        if sync:
-            fsync_path(tmp)
-        os.replace(tmp, path)
+        with atomic_path(path, path.with_name(f".tmp-{path.name}")) as tmp:
+            sha = _write_chunks(tmp, chunks)
+            if sync:
+                fsync_path(tmp)
         if sync:
             fsync_path(path.parent)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise _write_error(path, e, sum(len(c) for c in chunks))
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return sha
 
 

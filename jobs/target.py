@@ -9,14 +9,14 @@ Public API (other stages rely on these signatures):
     resolve_device(device) / resolve_dtype(dtype, device)
     config_sha256(config) / tokenizer_sha256(tokenizer)
 
-`target` is a runner.spec.Spec, a runner.spec.Target, or a path (str/Path) to an HF folder
+`target` is a Spec, a spec's Target (runner/spec/schema.py), or a path (str/Path) to an HF folder
 (config.json + safetensors + tokenizer) or a .gguf file (or a folder holding exactly one).
 
 GGUF files are converted once: transformers dequantizes the GGUF into a plain float32
 LlamaForCausalLM (its `save_pretrained` refuses GGUF-loaded models, so we build the model from the
 config ourselves and load the dequantized state dict; this path also avoids the `accelerate`
 dependency of `from_pretrained(gguf_file=...)`). The result is cached as an HF folder under
-`runner.spec.cache_dir()/converted/<sha256[:16] of the GGUF>/` (float32 safetensors, tokenizer,
+`runner.files.cache_dir()/converted/<sha256[:16] of the GGUF>/` (float32 safetensors, tokenizer,
 config.json with `architectures`), written to a temp dir and renamed, so concurrent converters
 never expose a half-written folder. SmolLM2 on 2 CPU cores: ~12 s to convert, ~1.5 s afterwards.
 """
@@ -26,13 +26,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from runner.spec import Spec, Target, cache_dir, expand_path
-from runner.stage import StageError, sha256_file
+from runner.errors import StageError
+from runner.files import atomic_path, cache_dir, expand_path, sha256_file
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16",
            "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -45,12 +44,12 @@ _VOLATILE_CONFIG_KEYS = ("_name_or_path", "name_or_path", "transformers_version"
 
 
 def _target_fields(target: Any) -> tuple[Path, str, str]:
-    """(path, dtype, device) from a Spec, a Target or a path."""
-    if isinstance(target, Spec):
-        target = target.target
-    if isinstance(target, Target):
-        return expand_path(target.path), target.dtype, target.device
-    return expand_path(str(target)), "auto", "auto"
+    """(path, dtype, device) from a Spec (its .target), a Target (.path, .dtype, .device) or a
+    path. Duck-typed, so this module's code hash does not cover the spec schema."""
+    target = getattr(target, "target", target)
+    if isinstance(target, (str, Path)):
+        return expand_path(str(target)), "auto", "auto"
+    return expand_path(target.path), target.dtype, target.device
 
 
 def resolve_device(device: str | None = "auto") -> str:
@@ -96,17 +95,13 @@ def _find_model(path: Path) -> tuple[Path, Path | None]:
                      f"{'several' if ggufs else 'no'} .gguf files; point it at one file")
 
 
-def _sha256(path: Path) -> str:
-    return sha256_file(path)
-
-
 # ----------------------------------------------------------------------------------------------
 # GGUF -> cached HF folder
 
 
 def converted_dir(gguf: Path) -> Path:
     """Where the HF copy of `gguf` lives: cache_dir()/converted/<sha256[:16]>."""
-    return cache_dir() / "converted" / _sha256(gguf)[:16]
+    return cache_dir() / "converted" / sha256_file(gguf)[:16]
 
 
 def _complete(folder: Path) -> bool:
@@ -114,61 +109,61 @@ def _complete(folder: Path) -> bool:
         (folder / "tokenizer_config.json").exists()
 
 
-def ensure_hf_folder(gguf: Path) -> Path:
+def ensurehf_folder(gguf: Path) -> Path:
     """Convert a GGUF file to a float32 HF folder once (atomic); return the folder.
 
     Raises StageError when transformers cannot read the GGUF (unsupported architecture)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    sha = _sha256(gguf)
+    sha = sha256_file(gguf)
     dest = cache_dir() / "converted" / sha[:16]
     if _complete(dest):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{dest.name}-", dir=dest.parent))
     try:
-        try:
-            cfg = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-            if hasattr(cfg, "quantization_config"):
-                delattr(cfg, "quantization_config")
-            with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-            tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model,
-                                           torch_dtype=torch.float32)["tensors"]
-            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        except (ValueError, KeyError, NotImplementedError, RuntimeError) as e:
-            raise StageError(f"target.path: transformers cannot convert {gguf}: {e}")
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-        missing, unexpected = model.load_state_dict(tensors, strict=False)
-        missing = [k for k in missing if not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
-        if missing or unexpected:
-            raise StageError(f"target.path: {gguf} converted with missing {missing[:5]} / "
-                             f"unexpected {unexpected[:5]} tensors")
-        model.tie_weights()
-        model.config.architectures = [type(model).__name__]
-        model.save_pretrained(str(tmp))
-        tok.save_pretrained(str(tmp))
-        (tmp / "source.json").write_text(json.dumps({"gguf": str(gguf), "sha256": sha}))
-        os.chmod(tmp, 0o755)
-        try:
-            os.replace(tmp, dest)
-        except OSError:  # another process finished first: keep theirs
-            if not _complete(dest):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with atomic_path(dest, tempfile.mkdtemp(prefix=f".tmp-{dest.name}-", dir=dest.parent)) \
+                as tmp:
+            _convert_gguf(gguf, sha, tmp)
+    except OSError:  # the rename failed: another process finished first, keep theirs
+        if not _complete(dest):
+            raise
     return dest
+
+
+def _convert_gguf(gguf: Path, sha: str, out: Path) -> None:
+    """Dequantize `gguf` into the (existing, empty) folder `out`: float32 safetensors, tokenizer,
+    config.json with `architectures`, source.json. Raises StageError when transformers cannot
+    read it."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    try:
+        cfg = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        if hasattr(cfg, "quantization_config"):
+            delattr(cfg, "quantization_config")
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model,
+                                       torch_dtype=torch.float32)["tensors"]
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except (ValueError, KeyError, NotImplementedError, RuntimeError) as e:
+        raise StageError(f"target.path: transformers cannot convert {gguf}: {e}")
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
+    if missing or unexpected:
+        raise StageError(f"target.path: {gguf} converted with missing {missing[:5]} / "
+                         f"unexpected {unexpected[:5]} tensors")
+    model.tie_weights()
+    model.config.architectures = [type(model).__name__]
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    (out / "source.json").write_text(json.dumps({"gguf": str(gguf), "sha256": sha}))
+    os.chmod(out, 0o755)
 
 
 def hf_folder(target: Any) -> Path:
     """The HF folder of the target (a GGUF is converted once and its cached folder returned)."""
     folder, gguf = _find_model(_target_fields(target)[0])
-    return ensure_hf_folder(gguf) if gguf is not None else folder
-
-
-_hf_folder = hf_folder  # kept for callers of the earlier private name
+    return ensurehf_folder(gguf) if gguf is not None else folder
 
 
 # ----------------------------------------------------------------------------------------------
@@ -178,12 +173,12 @@ _hf_folder = hf_folder  # kept for callers of the earlier private name
 def load_tokenizer(target: Any):
     """The target's tokenizer (with its chat template). A GGUF is converted first (once)."""
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(_hf_folder(target)))
+    return AutoTokenizer.from_pretrained(str(hf_folder(target)))
 
 
 def target_config(target: Any) -> dict:
     """The target's HF config as a dict, with `architectures` set (no weights loaded)."""
-    folder = _hf_folder(target)
+    folder = hf_folder(target)
     try:
         cfg = json.loads((folder / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -205,7 +200,7 @@ def load_target(target: Any, device: str | None = None, dtype: Any = None):
     _, spec_dtype, spec_device = _target_fields(target)
     dev = resolve_device(device if device is not None else spec_device)
     dt = resolve_dtype(dtype if dtype is not None else spec_dtype, dev)
-    folder = _hf_folder(target)
+    folder = hf_folder(target)
     try:
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dt)
     except (OSError, ValueError) as e:

@@ -1,4 +1,8 @@
-"""Stage `train`: TTT (training-time test) training of the EAGLE-3 drafter.
+"""Stage `train`: TTT (training-time test) training of the EAGLE-3 drafter, as a small recipe:
+`setup` (features, draft vocab, drafter, AdamW), `train_step`, `evaluate`, `checkpoint` (and
+`resume`), `finish` (the outputs). A run's state lives in one place, `TrainRun` (its `Learner`
+holds what a step uses). The objective itself (batches, soft labels, the K-step loss and its
+alignment) is jobs/ttt.py.
 
 Inputs: ctx.inputs["extract"] (jobs/features.py format). Outputs in ctx.out_dir:
   draft.safetensors   Eagle3Draft.state_dict(): fc.weight, midlayer.*, norm.weight,
@@ -7,16 +11,6 @@ Inputs: ctx.inputs["extract"] (jobs/features.py format). Outputs in ctx.out_dir:
   train_metrics.json  summary, eval history, vocab stats
   vocab/vocab-<key>.pt  the cached draft-vocab mapping (jobs/vocab.py)
   ckpt.pt             the resumable checkpoint (removed when training completes)
-
-Alignment (SpecForge OnlineEagle3Model / SGLang draft extend): a sample of T tokens gives
-N = T-1 draft positions. At TTT step j, position i takes token i+1+j (and, at j = 0, the aux
-feature at i; later, the draft's own pre-norm output of step j-1 at i), RoPE position i + j,
-and predicts token i+2+j, whose soft target is softmax over the draft vocab of the target's
-logits at position i+1+j = lm_head(norm(last_hidden[i+1+j])). A position is trained only when
-token i+2+j is an assistant token AND the target's argmax there is inside the draft vocab.
-Loss = sum_j decay^j * mean over trained positions of the soft cross-entropy.
-Accuracy at step j = P(draft argmax (mapped through d2t) == target argmax) over assistant
-positions (a target argmax outside the draft vocab counts as a miss, as in SpecForge).
 
 Data parallel (ctx.world_size > 1, launched by runner/launch.py; DDP over NCCL/gloo): batch_size
 stays the GLOBAL batch. Rank r takes samples r::world of each step's batch; the per-step token
@@ -31,171 +25,124 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import random
 import resource
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from jobs import dist as D
 from jobs import vocab as V
 from jobs.draft_model import DraftConfig, Eagle3Draft
-from jobs.features import open_features
-from runner.stage import StageContext, StageError, write_text_atomic
+from jobs.features import Features, open_features
+from jobs.ttt import TTTObjective, loss_counts, make_batch, target_dist, to_device, ttt_loss
+from runner.errors import StageError
+from runner.files import atomic_path, atomic_write
+from runner.stage import StageContext
 
 CKPT = "ckpt.pt"
 
 
 # ---------------------------------------------------------------------------------------------
-# data
+# one optimizer step
 
 
-def make_batch(samples: list[dict], K: int) -> dict[str, torch.Tensor]:
-    """Right-padded TTT batch of B samples; N = max(T) - 1 positions, E = N + K - 1 rows so
-    step j reads rows j..j+N-1 of the extended tensors.
-    Returns aux [B, N, 3*Ht], ids [B, E] (ids[b, r] = token r+1), tgt_hidden [B, E, Ht]
-    (last_hidden at r+1), pmask [B, E] bool (token r+2 is an assistant token), tokens (int)."""
-    N = max(int(s["input_ids"].numel()) for s in samples) - 1
-    if N < 1:
-        raise ValueError("every sample in the batch has fewer than 2 tokens")
-    B, E = len(samples), N + K - 1
-    s0 = samples[0]
-    aux = torch.zeros(B, N, s0["aux_hidden"].shape[-1], dtype=s0["aux_hidden"].dtype)
-    ids = torch.zeros(B, E, dtype=torch.int64)
-    tgt = torch.zeros(B, E, s0["last_hidden"].shape[-1], dtype=s0["last_hidden"].dtype)
-    pm = torch.zeros(B, E, dtype=torch.bool)
-    for b, s in enumerate(samples):
-        n = s["input_ids"].numel() - 1
-        if n < 1:
-            continue
-        aux[b, :n] = s["aux_hidden"][:n]
-        ids[b, :n] = s["input_ids"][1:].long()
-        tgt[b, :n] = s["last_hidden"][1:]
-        pm[b, :n - 1] = s["loss_mask"][2:].bool()
-    return {"aux": aux, "ids": ids, "tgt_hidden": tgt, "pmask": pm,
-            "tokens": sum(int(s["input_ids"].numel()) for s in samples)}
+@dataclass
+class Learner:
+    """What one optimizer step uses: the drafter (and its DDP wrapper when data parallel), AdamW,
+    the TTT settings p (stages.train: ttt_steps, step_decay, grad_clip, batch_size), the target's
+    head {norm [Ht], lm_head [V, Ht]} and the draft vocab (used [Vd] target ids, t2d [V] bool) on
+    `device`, and the target's RMSNorm eps."""
+
+    model: Eagle3Draft
+    opt: torch.optim.Optimizer
+    p: Any
+    head: dict
+    used: torch.Tensor
+    t2d: torch.Tensor
+    eps: float
+    device: torch.device
+    ddp: Any = None  # DDP(TTTObjective(model)) when world > 1
+    rank: int = 0
+    world: int = 1
+
+    def autocast(self):
+        """bf16 autocast on CUDA; a no-op context on the CPU (float32)."""
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return torch.autocast("cpu", enabled=False)
 
 
-@torch.no_grad()
-def target_dist(tgt_hidden, head: dict, used: torch.Tensor, t2d: torch.Tensor, eps: float,
-                chunk_elems: int = 1 << 26):
-    """The target's next-token distribution restricted to the draft vocab.
-    tgt_hidden [B, E, Ht] (pre-norm last hidden); head: norm [Ht], lm_head [V, Ht]; used [Vd].
-    Returns p [B, E, Vd] float32 (softmax over the draft columns), target_ids [B, E] int64
-    (argmax over the FULL vocab), in_vocab [B, E] bool (t2d[target_ids]).
-    Chunked over rows so the [rows, V] logits stay under chunk_elems floats."""
-    B, E, Ht = tgt_hidden.shape
-    x = tgt_hidden.reshape(B * E, Ht)
-    W, w = head["lm_head"], head["norm"]
-    rows = max(1, chunk_elems // W.shape[0])
-    ps, ids = [], []
-    for a in range(0, x.shape[0], rows):
-        h = x[a:a + rows].float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * w.float()
-        logits = (h.to(W.dtype) @ W.T).float()  # [rows, V]
-        ids.append(logits.argmax(-1))
-        ps.append(torch.softmax(logits[:, used], dim=-1))
-    target_ids = torch.cat(ids).view(B, E)
-    return torch.cat(ps).view(B, E, -1), target_ids, t2d[target_ids]
-
-
-def loss_counts(batch: dict, tgt: tuple, K: int) -> torch.Tensor:
-    """Trained positions per TTT step: [K] int64 (assistant token AND target argmax in the draft
-    vocab), the denominators of ttt_loss."""
-    N, pm, in_vocab = batch["aux"].shape[1], batch["pmask"], tgt[2]
-    return torch.stack([(pm[:, j:j + N] & in_vocab[:, j:j + N]).sum() for j in range(K)])
-
-
-def ttt_loss(model: Eagle3Draft, batch: dict, tgt: tuple, K: int, decay: float,
-             denom: torch.Tensor | None = None):
-    """Unroll K draft steps (Eagle3Draft.ttt_step keeps the KV of earlier steps).
-    denom [K] int64: the per-step token counts to divide by; None = this batch's own counts
-    (loss_counts). Data parallel passes the counts summed over ranks, so the loss of each rank is
-    its share of the global mean.
-    Returns (loss scalar, stats {loss [K], correct [K], count [K]} float64 CPU tensors)."""
-    aux, ids, pm = batch["aux"], batch["ids"], batch["pmask"]
-    p, target_ids, in_vocab = tgt
-    B, N, _ = aux.shape
-    pos = torch.arange(N, device=aux.device)[None].expand(B, N)
-    causal = torch.ones(N, N, dtype=torch.bool, device=aux.device).tril()[None, None]
-    used = model.d2t + torch.arange(model.d2t.numel(), device=model.d2t.device)
-    h, cache, total, st = model.project(aux), [], 0.0, []
-    for j in range(K):
-        h = model.ttt_step(ids[:, j:j + N], h, pos, cache, causal)  # [B, N, H]
-        logits = model.logits(h).float()  # [B, N, Vd]
-        sup = pm[:, j:j + N]  # predicted token is an assistant token
-        m = sup & in_vocab[:, j:j + N]
-        ce = torch.sum(-p[:, j:j + N] * F.log_softmax(logits, -1), dim=-1)  # [B, N]
-        lj = (ce * m).sum() / (m.sum() if denom is None else denom[j]).clamp_min(1)
-        total = total + decay ** j * lj
-        with torch.no_grad():
-            pred = used[logits.argmax(-1)]
-            st.append(torch.stack([lj.detach(), ((pred == target_ids[:, j:j + N]) & sup).sum(),
-                                   sup.sum()]).double())
-    st = torch.stack(st, dim=1).cpu()  # one device sync per call, not 3 per step
-    return total, {"loss": st[0], "correct": st[1], "count": st[2]}
-
-
-class TTTObjective(torch.nn.Module):
-    """The drafter plus its TTT loss as one module, so that DDP sees a forward call:
-    forward(batch, tgt, denom) = ttt_loss(draft, ...)."""
-
-    def __init__(self, draft: Eagle3Draft, K: int, decay: float):
-        super().__init__()
-        self.draft, self.K, self.decay = draft, K, decay
-
-    def forward(self, batch: dict, tgt: tuple, denom: torch.Tensor | None = None):
-        return ttt_loss(self.draft, batch, tgt, self.K, self.decay, denom)
-
-
-def train_step(model, opt, samples: list[dict], head: dict, used, t2d, eps: float, p, device,
-               autocast, ddp=None, world: int = 1, empty: bool = False) -> tuple[float, float, int]:
+def train_step(learner: Learner, samples: list[dict],
+               empty: bool = False) -> tuple[float, float, int]:
     """One optimizer step on `samples` (no LR-scheduler step): batch, target distribution, TTT
-    loss, backward, grad clipping (p.grad_clip), AdamW. p: ttt_steps, step_decay, grad_clip.
+    loss, backward, grad clipping (p.grad_clip), AdamW.
 
-    Data parallel: ddp = DDP(TTTObjective(model)), `samples` = this rank's slice of the global
-    batch, world = ranks. The per-step counts are summed over ranks first and the backward loss
-    is scaled by `world`, so DDP's gradient AVERAGE equals the gradient of the global loss.
-    empty = this rank has no sample this step: `samples` is a stand-in whose mask is cleared (it
-    adds exactly 0 but joins the all-reduce).
+    Data parallel (learner.ddp set): `samples` = this rank's slice of the global batch. The
+    per-step counts are summed over ranks first and the backward loss is scaled by the world
+    size, so DDP's gradient AVERAGE equals the gradient of the global loss. empty = this rank has no
+    sample this step: `samples` is a stand-in whose mask is cleared (it adds exactly 0 but joins
+    the all-reduce).
     Returns (global loss, grad norm before clipping, global sequence tokens)."""
-    batch = _to(make_batch(samples, p.ttt_steps), device)
+    p = learner.p
+    batch = to_device(make_batch(samples, p.ttt_steps), learner.device)
     if empty:
         batch["pmask"].zero_()
         batch["tokens"] = 0
-    tgt = target_dist(batch["tgt_hidden"], head, used, t2d, eps)
-    opt.zero_grad(set_to_none=True)
-    if ddp is None:
-        with autocast():
-            loss, _ = ttt_loss(model, batch, tgt, p.ttt_steps, p.step_decay)
+    tgt = target_dist(batch["tgt_hidden"], learner.head, learner.used, learner.t2d, learner.eps)
+    learner.opt.zero_grad(set_to_none=True)
+    if learner.ddp is None:
+        with learner.autocast():
+            loss, _ = ttt_loss(learner.model, batch, tgt, p.ttt_steps, p.step_decay)
         loss.backward()
         ntok = batch["tokens"]
     else:
         denom = D.all_reduce_sum(loss_counts(batch, tgt, p.ttt_steps))
-        with autocast():
-            loss, _ = ddp(batch, tgt, denom)
-        (loss * world).backward()
-        red = D.all_reduce_sum(torch.stack([loss.detach().double(),
-                                            torch.tensor(float(batch["tokens"]), device=device,
-                                                         dtype=torch.float64)]))
+        with learner.autocast():
+            loss, _ = learner.ddp(batch, tgt, denom)
+        (loss * learner.world).backward()
+        ntok = torch.tensor(float(batch["tokens"]), device=learner.device, dtype=torch.float64)
+        red = D.all_reduce_sum(torch.stack([loss.detach().double(), ntok]))
         loss, ntok = red[0], int(red[1])
-    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), p.grad_clip)
-    opt.step()
+    gnorm = torch.nn.utils.clip_grad_norm_(learner.model.parameters(), p.grad_clip)
+    learner.opt.step()
     return float(loss.detach()), float(gnorm), ntok
 
 
-def make_autocast(device: torch.device):
-    """bf16 autocast on CUDA; a no-op context on the CPU (float32)."""
-    if device.type == "cuda":
-        return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
-    return lambda: torch.autocast("cpu", enabled=False)
+def evaluate(learner: Learner, feats: Features, ids: list[int]) -> dict:
+    """Loss and per-step top-1 accuracy of the drafter on samples `ids` (no grad).
+    Data parallel: batch k (of p.batch_size samples) runs on rank k % world and the sums are
+    all-reduced, so every rank returns the single-rank numbers."""
+    p, model = learner.p, learner.model
+    model.eval()
+    tot = torch.zeros(3, p.ttt_steps, dtype=torch.float64)
+    loss_sum, nb = 0.0, 0
+    with torch.no_grad():
+        for k, a in enumerate(range(0, len(ids), p.batch_size)):
+            if k % learner.world != learner.rank:
+                continue
+            batch = to_device(make_batch([feats.get(i) for i in ids[a:a + p.batch_size]],
+                                         p.ttt_steps), learner.device)
+            tgt = target_dist(batch["tgt_hidden"], learner.head, learner.used, learner.t2d,
+                              learner.eps)
+            with learner.autocast():
+                loss, st = ttt_loss(model, batch, tgt, p.ttt_steps, p.step_decay)
+            loss_sum, nb = loss_sum + float(loss), nb + 1
+            tot += torch.stack([st["loss"], st["correct"], st["count"]])
+    if learner.world > 1:
+        red = D.all_reduce_sum(torch.cat([tot.flatten(), torch.tensor([loss_sum, nb],
+                                          dtype=torch.float64)]).to(learner.device)).cpu()
+        tot, loss_sum, nb = red[:-2].view(3, -1), float(red[-2]), int(red[-1])
+    model.train()
+    return {"loss": loss_sum / max(nb, 1), "loss_step": (tot[0] / max(nb, 1)).tolist(),
+            "acc_step": (tot[1] / tot[2].clamp_min(1)).tolist()}
 
 
 # ---------------------------------------------------------------------------------------------
-# schedule, data order, checkpoints
+# schedule, data order, RNG state
 
 
 def lr_lambda(step: int, warmup: int, total: int) -> float:
@@ -232,100 +179,43 @@ def _set_rng_state(st: dict) -> None:
         torch.cuda.set_rng_state_all(st["cuda"])
 
 
-def _atomic_save(obj, path: Path) -> None:
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 # ---------------------------------------------------------------------------------------------
-# the stage
+# the recipe
 
 
-def run(ctx: StageContext) -> dict:
-    """Stage entry point: train, write draft.safetensors / draft_config.json / train_metrics.json."""
-    return train(ctx)
+@dataclass
+class TrainRun:
+    """One run of the train stage: its inputs and settings, the learner, and its progress
+    (step .. history: what `checkpoint` saves and `resume` restores)."""
+
+    ctx: StageContext
+    feats: Features
+    cfg: DraftConfig
+    train_ids: list[int]
+    eval_ids: list[int]
+    vstats: dict  # draft vocab statistics (jobs/vocab.py)
+    fp: str  # fingerprint of the settings; checkpoints and finished outputs carry it
+    total: int  # optimizer steps of the whole run
+    learner: Learner
+    sched: Any  # LambdaLR over learner.opt
+    step: int = 0
+    tokens: int = 0  # sequence tokens trained on
+    train_s: float = 0.0  # seconds in optimizer steps (eval and checkpoints excluded)
+    history: list = field(default_factory=list)  # evaluations, oldest first
+
+    @property
+    def out(self) -> Path:
+        return Path(self.ctx.out_dir)
+
+    @property
+    def eval_split(self) -> tuple[list[int], str]:
+        """(samples, name) evaluated: the held-out ones, else the training set."""
+        return (self.eval_ids, "eval") if self.eval_ids else (self.train_ids, "trainset")
 
 
-def _peak_mem_mib(device: torch.device) -> tuple[float, str]:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20, "cuda_max_allocated"
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu_process_max_rss"
-
-
-def _device(ctx) -> torch.device:
-    want = ctx.spec.target.device
-    if want == "cuda" and not torch.cuda.is_available():
-        raise StageError("target.device = 'cuda', but no CUDA device is visible to the train job.")
-    if want != "cpu" and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())  # the launcher set it per rank
-    return torch.device("cpu")
-
-
-def _split(n_total: int, p) -> tuple[list[int], list[int]]:
-    """Held-out eval = the LAST eval_samples samples; train = the first num_samples of the rest."""
-    n_avail = n_total - p.eval_samples
-    if n_avail < 1:
-        raise StageError(f"train.eval_samples = {p.eval_samples} leaves no training samples: the "
-                         f"extract artifact holds {n_total}. Lower train.eval_samples or extract "
-                         "more data (data.max_samples).")
-    n = min(p.num_samples or n_avail, n_avail)
-    return list(range(n)), list(range(n_avail, n_total))
-
-
-def evaluate(model, feats, ids: list[int], head, used, t2d, eps, p, device, autocast,
-             rank: int = 0, world: int = 1) -> dict:
-    """Loss and per-step top-1 accuracy of the drafter on samples `ids` (no grad).
-    Data parallel: batch k (of p.batch_size samples) runs on rank k % world and the sums are
-    all-reduced, so every rank returns the single-rank numbers."""
-    model.eval()
-    tot = torch.zeros(3, p.ttt_steps, dtype=torch.float64)
-    loss_sum, nb = 0.0, 0
-    with torch.no_grad():
-        for k, a in enumerate(range(0, len(ids), p.batch_size)):
-            if k % world != rank:
-                continue
-            batch = _to(make_batch([feats.get(i) for i in ids[a:a + p.batch_size]],
-                                   p.ttt_steps), device)
-            tgt = target_dist(batch["tgt_hidden"], head, used, t2d, eps)
-            with autocast():
-                loss, st = ttt_loss(model, batch, tgt, p.ttt_steps, p.step_decay)
-            loss_sum, nb = loss_sum + float(loss), nb + 1
-            tot += torch.stack([st["loss"], st["correct"], st["count"]])
-    if world > 1:
-        red = D.all_reduce_sum(torch.cat([tot.flatten(), torch.tensor([loss_sum, nb],
-                                          dtype=torch.float64)]).to(device)).cpu()
-        tot, loss_sum, nb = red[:-2].view(3, -1), float(red[-2]), int(red[-1])
-    model.train()
-    return {"loss": loss_sum / max(nb, 1), "loss_step": (tot[0] / max(nb, 1)).tolist(),
-            "acc_step": (tot[1] / tot[2].clamp_min(1)).tolist()}
-
-
-def _completed(out: Path, fp: str) -> dict | None:
-    """The summary of a finished run with this fingerprint in `out`, else None."""
-    try:
-        m = json.loads((out / "train_metrics.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    if m.get("fingerprint") != fp or not (out / "draft.safetensors").exists() or (out / CKPT).exists():
-        return None
-    return {k: (v, m.get("summary_units", {}).get(k, "")) for k, v in m["summary"].items()}
-
-
-def _to(batch: dict, device) -> dict:
-    return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v)
-            for k, v in batch.items()}
-
-
-def train(ctx: StageContext, stop_at: int | None = None) -> dict:
-    """Train the drafter of ctx.spec on ctx.inputs["extract"]; resume from ctx.out_dir/ckpt.pt.
-
-    stop_at (tests only): return None after that many optimizer steps, as if the job had been
-    killed there (no checkpoint is written at that point).
-    Data parallel when ctx.world_size > 1 (see the module docstring); every rank returns the
-    same summary, rank 0 writes the files.
-    Raises StageError for unusable inputs (no samples, no supervised tokens, hidden mismatch)."""
-    from tqdm import tqdm
+def setup(ctx: StageContext) -> TrainRun:
+    """Open the features, build (or load) the draft vocab, initialise the drafter (seeded by
+    stages.train.seed), AdamW and its schedule. Raises StageError for unusable inputs."""
     p, spec, out = ctx.params, ctx.spec, Path(ctx.out_dir)
     rank, world = D.check(ctx)
     out.mkdir(parents=True, exist_ok=True)
@@ -365,116 +255,190 @@ def train(ctx: StageContext, stop_at: int | None = None) -> dict:
     model.d2t.copy_(d2t)
     model.t2d.copy_(t2d)
     model.to(device).train()
-    used, t2d_dev = V.used_ids(d2t).to(device), t2d.to(device)
-    ddp = None
-    if world > 1:
-        ddp = D.ddp(TTTObjective(model, p.ttt_steps, p.step_decay), device)
+    ddp = D.ddp(TTTObjective(model, p.ttt_steps, p.step_decay), device) if world > 1 else None
     opt = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
     spe = math.ceil(len(train_ids) / p.batch_size)
     total = max(1, math.ceil(p.epochs * spe))
     total = min(total, p.max_steps) if p.max_steps else total
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, p.warmup_steps, total))
-    autocast = make_autocast(device)
-
     fp = hashlib.sha256(json.dumps({"train": p.model_dump(), "draft": cfg.as_dict(), "vocab": key,
                                     "device": device.type}, sort_keys=True,
                                    default=str).encode()).hexdigest()[:16]
-    done = _completed(out, fp)
+    learner = Learner(model, opt, p, head, V.used_ids(d2t).to(device), t2d.to(device), eps, device,
+                      ddp, rank, world)
+    return TrainRun(ctx, feats, cfg, train_ids, eval_ids, vstats, fp, total, learner, sched)
+
+
+def resume(run: TrainRun) -> None:
+    """Restore model, optimizer, schedule, RNG and progress from ckpt.pt when it was written
+    for these settings (its fingerprint); otherwise start from step 0."""
+    ck = run.out / CKPT
+    if not ck.exists():
+        return
+    st = torch.load(ck, map_location="cpu", weights_only=False)
+    if st.get("fingerprint") != run.fp:
+        print(f"train: ignoring {ck}: written for other settings (fingerprint mismatch)")
+        return
+    run.learner.model.load_state_dict(st["model"])
+    run.learner.opt.load_state_dict(st["opt"])
+    run.sched.load_state_dict(st["sched"])
+    _set_rng_state(st["rng"])
+    run.step, run.tokens, run.train_s, run.history = (st["step"], st["tokens"], st["train_s"],
+                                                      st["history"])
+
+
+def checkpoint(run: TrainRun) -> None:
+    """Save ckpt.pt atomically (rank 0: the ranks hold identical weights and optimizer state
+    under DDP), with the resolved spec inside; every rank waits for it."""
+    if run.learner.rank == 0:
+        with atomic_path(run.out / CKPT) as tmp:
+            torch.save({"model": run.learner.model.state_dict(),
+                        "opt": run.learner.opt.state_dict(), "sched": run.sched.state_dict(),
+                        "rng": _rng_state(), "step": run.step, "tokens": run.tokens,
+                        "train_s": run.train_s, "history": run.history, "fingerprint": run.fp,
+                        "spec": run.ctx.spec.model_dump(mode="json")}, tmp)
+    D.barrier()
+
+
+def record_eval(run: TrainRun) -> None:
+    """Evaluate at the current step; append it to the history and record its metrics."""
+    ids, split = run.eval_split
+    r = evaluate(run.learner, run.feats, ids)
+    run.history.append({"step": run.step, "split": split, **r})
+    run.ctx.metric(f"{split}_loss", r["loss"], "nats", step=run.step)
+    for j, (a, lj) in enumerate(zip(r["acc_step"], r["loss_step"])):
+        run.ctx.metric(f"{split}_acc_{j}", a, "fraction", step=run.step)
+        run.ctx.metric(f"{split}_loss_{j}", lj, "nats", step=run.step)
+
+
+def train(ctx: StageContext, stop_at: int | None = None) -> dict:
+    """Train the drafter of ctx.spec on ctx.inputs["extract"]; resume from ctx.out_dir/ckpt.pt.
+
+    stop_at (tests only): return None after that many optimizer steps, as if the job had been
+    killed there (no checkpoint is written at that point).
+    Data parallel when ctx.world_size > 1 (see the module docstring); every rank returns the
+    same summary, rank 0 writes the files.
+    Raises StageError for unusable inputs (no samples, no supervised tokens, hidden mismatch)."""
+    from tqdm import tqdm
+    run = setup(ctx)
+    done = _completed(run.out, run.fp)
     D.barrier()  # every rank has looked before rank 0 may write anything below
     if done is not None:  # finished before, but the runner never finalized the artifact
         return done
-    step, tokens, train_s, history = 0, 0, 0.0, []
-    ck = out / CKPT
-    if ck.exists():
-        st = torch.load(ck, map_location="cpu", weights_only=False)
-        if st.get("fingerprint") == fp:
-            model.load_state_dict(st["model"])
-            opt.load_state_dict(st["opt"])
-            sched.load_state_dict(st["sched"])
-            _set_rng_state(st["rng"])
-            step, tokens, train_s, history = st["step"], st["tokens"], st["train_s"], st["history"]
-        else:
-            print(f"train: ignoring {ck}: written for other settings (fingerprint mismatch)")
-
-    eval_on, eval_split = (eval_ids, "eval") if eval_ids else (train_ids, "trainset")
-
-    def do_eval(s: int) -> None:
-        r = evaluate(model, feats, eval_on, head, used, t2d_dev, eps, p, device, autocast,
-                     rank, world)
-        history.append({"step": s, "split": eval_split, **r})
-        ctx.metric(f"{eval_split}_loss", r["loss"], "nats", step=s)
-        for j, (a, lj) in enumerate(zip(r["acc_step"], r["loss_step"])):
-            ctx.metric(f"{eval_split}_acc_{j}", a, "fraction", step=s)
-            ctx.metric(f"{eval_split}_loss_{j}", lj, "nats", step=s)
-
-    def save(s: int) -> None:
-        if rank == 0:  # the ranks hold identical weights and optimizer state (DDP)
-            _atomic_save({"model": model.state_dict(), "opt": opt.state_dict(),
-                          "sched": sched.state_dict(), "rng": _rng_state(), "step": s,
-                          "tokens": tokens, "train_s": train_s, "history": history,
-                          "fingerprint": fp, "spec": spec.model_dump(mode="json")}, ck)
-        D.barrier()
-
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    bar = tqdm(total=total, initial=step, desc="train", unit="step", disable=ctx.rank != 0)
+    resume(run)
+    learner, p = run.learner, ctx.params
+    if learner.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(learner.device)
+    bar = tqdm(total=run.total, initial=run.step, desc="train", unit="step",
+               disable=learner.rank != 0)
     run_loss, run_n = 0.0, 0
-    while step < total:
-        if stop_at is not None and step >= stop_at:
+    while run.step < run.total:
+        if stop_at is not None and run.step >= stop_at:
             bar.close()
             return None  # type: ignore[return-value]
         t0 = time.perf_counter()
-        idx = batch_indices(step, len(train_ids), p.batch_size, p.seed)
-        mine = idx[rank::world]  # this rank's slice of the global batch
-        samples = [feats.get(train_ids[i]) for i in (mine or idx[:1])]
-        loss, gnorm, ntok = train_step(model, opt, samples, head, used, t2d_dev, eps, p, device,
-                                       autocast, ddp, world, empty=not mine)
-        sched.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        train_s += time.perf_counter() - t0
-        tokens += ntok
-        step += 1
+        idx = batch_indices(run.step, len(run.train_ids), p.batch_size, p.seed)
+        mine = idx[learner.rank::learner.world]  # this rank's slice of the global batch
+        samples = [run.feats.get(run.train_ids[i]) for i in (mine or idx[:1])]
+        loss, gnorm, ntok = train_step(learner, samples, empty=not mine)
+        run.sched.step()
+        if learner.device.type == "cuda":
+            torch.cuda.synchronize(learner.device)
+        run.train_s += time.perf_counter() - t0
+        run.tokens += ntok
+        run.step += 1
         run_loss, run_n = run_loss + loss, run_n + 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.3f}", gnorm=f"{gnorm:.2f}")
-        if step % p.eval_every == 0 or step == total:
-            ctx.metric("train_loss", run_loss / run_n, "nats", step=step)
-            ctx.metric("lr", sched.get_last_lr()[0], "", step=step)
+        if run.step % p.eval_every == 0 or run.step == run.total:
+            ctx.metric("train_loss", run_loss / run_n, "nats", step=run.step)
+            ctx.metric("lr", run.sched.get_last_lr()[0], "", step=run.step)
             run_loss, run_n = 0.0, 0
-            do_eval(step)
-        if step % p.checkpoint_every == 0 and step < total:
-            save(step)
+            record_eval(run)
+        if run.step % p.checkpoint_every == 0 and run.step < run.total:
+            checkpoint(run)
     bar.close()
-    if not history or history[-1]["step"] != step:
-        do_eval(step)
+    if not run.history or run.history[-1]["step"] != run.step:
+        record_eval(run)
+    return finish(run)
 
-    peak, peak_kind = _peak_mem_mib(device)
-    last = history[-1]
-    summary = {"final_loss": (last["loss"], "nats"), "train_steps": (step, "steps"),
-               "train_samples": (len(train_ids), "samples"),
-               "tokens_per_s": (tokens / train_s if train_s else 0.0, "tok/s"),
+
+def finish(run: TrainRun) -> dict:
+    """The run's summary {name: (value, unit)}; rank 0 writes draft.safetensors,
+    draft_config.json and train_metrics.json and removes ckpt.pt."""
+    learner, out = run.learner, run.out
+    peak, peak_kind = _peak_mem_mib(learner.device)
+    last = run.history[-1]
+    summary = {"final_loss": (last["loss"], "nats"), "train_steps": (run.step, "steps"),
+               "train_samples": (len(run.train_ids), "samples"),
+               "tokens_per_s": (run.tokens / run.train_s if run.train_s else 0.0, "tok/s"),
                "peak_mem_mib": (peak, "MiB"),
-               "draft_vocab_coverage": (vstats["coverage"], "fraction"),
-               "draft_vocab_padded": (vstats["padded"], "tokens")}
+               "draft_vocab_coverage": (run.vstats["coverage"], "fraction"),
+               "draft_vocab_padded": (run.vstats["padded"], "tokens")}
     for j, a in enumerate(last["acc_step"]):
         summary[f"acc_{j}"] = (a, "fraction")
-    if rank != 0:
+    if learner.rank != 0:
         D.barrier()  # rank 0 writes the outputs
         return summary
-    sd = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    sd = {k: v.detach().to("cpu").contiguous() for k, v in learner.model.state_dict().items()}
     from safetensors.torch import save_file
-    tmp = out / f".tmp-draft-{os.getpid()}.safetensors"
-    save_file(sd, str(tmp), metadata={"format": "eagle3-draft/1", "fingerprint": fp})
-    os.replace(tmp, out / "draft.safetensors")
-    write_text_atomic(out / "draft_config.json", json.dumps(cfg.as_dict(), indent=1))
-    write_text_atomic(out / "train_metrics.json", json.dumps(
+    with atomic_path(out / "draft.safetensors") as tmp:
+        save_file(sd, str(tmp), metadata={"format": "eagle3-draft/1", "fingerprint": run.fp})
+    atomic_write(out / "draft_config.json", json.dumps(run.cfg.as_dict(), indent=1))
+    atomic_write(out / "train_metrics.json", json.dumps(
         {"summary": {k: v[0] for k, v in summary.items()},
          "summary_units": {k: v[1] for k, v in summary.items()}, "peak_mem_kind": peak_kind,
-         "eval_split": eval_split, "history": history, "vocab": vstats, "device": device.type,
+         "eval_split": run.eval_split[1], "history": run.history, "vocab": run.vstats,
+         "device": learner.device.type,
          "tokens_note": "tokens/s = sequence tokens per second of optimizer steps (each token "
                         "passes through all TTT steps); eval and checkpoint time excluded",
-         "fingerprint": fp}, indent=1))
-    ck.unlink(missing_ok=True)  # complete: the artifact is the drafter, not the optimizer state
+         "fingerprint": run.fp}, indent=1))
+    (out / CKPT).unlink(missing_ok=True)  # complete: the artifact is the drafter, not the optimizer
     D.barrier()
     return summary
+
+
+def run(ctx: StageContext) -> dict:
+    """Stage entry point: train, write draft.safetensors / draft_config.json / train_metrics.json."""
+    return train(ctx)
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def _peak_mem_mib(device: torch.device) -> tuple[float, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20, "cuda_max_allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu_process_max_rss"
+
+
+def _device(ctx) -> torch.device:
+    want = ctx.spec.target.device
+    if want == "cuda" and not torch.cuda.is_available():
+        raise StageError("target.device = 'cuda', but no CUDA device is visible to the train job.")
+    if want != "cpu" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())  # the launcher set it per rank
+    return torch.device("cpu")
+
+
+def _split(n_total: int, p) -> tuple[list[int], list[int]]:
+    """Held-out eval = the LAST eval_samples samples; train = the first num_samples of the rest."""
+    n_avail = n_total - p.eval_samples
+    if n_avail < 1:
+        raise StageError(f"train.eval_samples = {p.eval_samples} leaves no training samples: the "
+                         f"extract artifact holds {n_total}. Lower train.eval_samples or extract "
+                         "more data (data.max_samples).")
+    n = min(p.num_samples or n_avail, n_avail)
+    return list(range(n)), list(range(n_avail, n_total))
+
+
+def _completed(out: Path, fp: str) -> dict | None:
+    """The summary of a finished run with this fingerprint in `out`, else None."""
+    try:
+        m = json.loads((out / "train_metrics.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if m.get("fingerprint") != fp or not (out / "draft.safetensors").exists() or (out / CKPT).exists():
+        return None
+    return {k: (v, m.get("summary_units", {}).get(k, "")) for k, v in m["summary"].items()}

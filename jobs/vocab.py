@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import warnings
 from pathlib import Path
 from typing import Iterable
 
 import torch
+
+from runner.files import atomic_path
 
 FORMAT = "draft-vocab/1"
 
@@ -129,7 +130,6 @@ def build_or_load(cache_dir: Path, key: str, samples_fn, draft_vocab_size: int,
     d2t, t2d = mappings(used, vocab_size)
     stats = {**stats, "key": key}
     cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = cache_dir / f".tmp-vocab-{key}-{os.getpid()}.pt"
-    torch.save({"d2t": d2t, "t2d": t2d, "stats": json.dumps(stats)}, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save({"d2t": d2t, "t2d": t2d, "stats": json.dumps(stats)}, tmp)
     return d2t, t2d, stats

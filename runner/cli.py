@@ -7,9 +7,10 @@ Exit codes: 0 ok, 1 invalid input or a failed stage, 2 usage error. Errors go to
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
+
+from runner.errors import RunnerError, SpecError
 
 EXAMPLES = {
     "validate": "examples:\n  runner validate specs/smollm2-sharegpt.yaml\n"
@@ -40,12 +41,12 @@ def _err(msg: str) -> None:
 
 
 def _load(args):
-    from runner.spec import load_spec
+    from runner.spec.load import load_spec
     return load_spec(args.spec, overrides=args.override or [])
 
 
 def _results_path(args) -> Path:
-    from runner.spec import expand_path
+    from runner.files import expand_path
     if getattr(args, "results", None):
         return expand_path(args.results)
     if getattr(args, "spec", None):
@@ -146,7 +147,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    from runner.slurm import cancel_cli
+    from runner.slurm.cancel import cancel_cli
     return cancel_cli(_load(args))
 
 
@@ -213,7 +214,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        from runner.spec import SpecError
         args = build_parser().parse_args(argv)
     except KeyboardInterrupt:  # Ctrl-C while starting up
         _err("interrupted")
@@ -224,16 +224,12 @@ def main(argv: list[str] | None = None) -> int:
         for path, msg in e.problems:
             _err(f"error: {path}: {msg}" if not msg.startswith(path) else f"error: {msg}")
         return 1
+    except RunnerError as e:  # every known error type prints cleanly (runner/errors.py)
+        _err(f"error: {e}")
+        return 1
     except KeyboardInterrupt:
         _err("interrupted")
         return 130
-    except Exception as e:  # known error types print cleanly
-        known = ("PlanError", "StoreError", "FetchError", "StageError", "InspectError",
-                 "ConvertError", "SlurmError", "TargetConfigError")
-        if type(e).__name__ in known:
-            _err(f"error: {e}")
-            return 1
-        raise
 
 
 if __name__ == "__main__":

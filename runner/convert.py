@@ -1,5 +1,6 @@
 """`runner convert SRC DST --to sglang`: turn a speculators-style or `layers.0`-style EAGLE-3 draft
-into the directory SGLang's LlamaForCausalLMEagle3 loads (../shared/notes/eagle3-format.md).
+into the directory SGLang's LlamaForCausalLMEagle3 loads (docs/eagle3-format.md; the layout is
+stated once in runner/drafts/layout.py).
 
 What it changes, and why (each is a silent failure in SGLang otherwise):
 - tensor names: `draft_model.` / `model.` prefixes stripped, `layers.0.*` -> `midlayer.*`;
@@ -16,35 +17,24 @@ the result is inspected and then moved into place atomically.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from runner.inspect import (ARCH, OPTIONAL, InspectError, draft_tensors, expected_shapes,
-                            inspect_draft, tensor_values)
+from runner.drafts.layout import (ARCH, AUX_IDS_KEY, LAYER_LISTS, OPTIONAL, config_aux_ids,
+                                  eagle_config, expected_shapes, from_hf_indices, sglang_name)
+from runner.drafts.safetensors import draft_tensors, tensor_values, write_safetensors
+from runner.errors import ConvertError, InspectError, TargetConfigError
+from runner.files import atomic_path
+from runner.inspect import inspect_draft
+from runner.target_config import read_target_config
 
 SPECULATORS_ONLY = ("speculators_model_type", "speculators_config", "speculators_version",
                     "transformer_layer_config", "eagle_aux_hidden_state_layer_ids",
                     "norm_before_residual", "embed_requires_grad", "enable_sp_ulysses", "auto_map",
                     "has_no_defaults_at_init")
-NP_TO_ST = {np.dtype(np.bool_): "BOOL", np.dtype(np.int64): "I64"}
-
-
-class ConvertError(Exception):
-    """The source cannot be converted safely; the message says why."""
-
-
-def sglang_name(name: str) -> str:
-    """Trainer / speculators tensor name -> SGLang name (layers.0.x -> midlayer.x)."""
-    for p in ("draft_model.", "module.", "model."):
-        if name.startswith(p):
-            name = name[len(p):]
-    if name.startswith("layers.0."):
-        name = "midlayer." + name[len("layers.0."):]
-    return name
 
 
 def convert_config(src: dict, lm_rows: int, target: dict | None) -> tuple[dict, list[str]]:
@@ -54,10 +44,10 @@ def convert_config(src: dict, lm_rows: int, target: dict | None) -> tuple[dict, 
     cfg.update({k: v for k, v in src.items() if k not in SPECULATORS_ONLY})
     if src.get("transformer_layer_config"):
         notes.append("config: geometry taken from speculators transformer_layer_config")
-    top = src.get("eagle_aux_hidden_state_layer_ids")
-    nested = (src.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    top = src.get(AUX_IDS_KEY)
+    nested = config_aux_ids(src)
     if top is not None:
-        shifted = [int(x) - 1 for x in top]
+        shifted = from_hf_indices(top)
         if min(shifted) < 0:
             raise ConvertError(f"top-level eagle_aux_hidden_state_layer_ids {top} include HF index 0 "
                                "(the embedding output), which SGLang cannot capture.")
@@ -70,8 +60,7 @@ def convert_config(src: dict, lm_rows: int, target: dict | None) -> tuple[dict, 
     if nested is not None:
         if sorted(nested) != list(nested):
             notes.append(f"aux ids {nested} sorted: SGLang concatenates ascending; check fc order")
-        cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(nested),
-                               "use_aux_hidden_state": True}
+        cfg["eagle_config"] = eagle_config(nested)
     else:
         cfg.pop("eagle_config", None)
         notes.append("aux ids: none recorded; SGLang will capture its default layers")
@@ -137,38 +126,11 @@ def convert_d2t(d2t: np.ndarray | None, dtype: str | None, t2d: np.ndarray | Non
     return d, []
 
 
-def write_safetensors(path: Path, items: list[tuple[str, str, list[int], object]]) -> None:
-    """Write a safetensors file from (name, dtype, shape, source) where source is a numpy array or
-    (file, start byte, end byte) to copy verbatim. Header padded to 8 bytes (safetensors spec)."""
-    header, off, sizes = {}, 0, []
-    for name, dt, shape, src in items:
-        size = src.nbytes if isinstance(src, np.ndarray) else src[2] - src[1]
-        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + size]}
-        off += size
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(len(h).to_bytes(8, "little"))
-        f.write(h)
-        for _, _, _, src in items:
-            if isinstance(src, np.ndarray):
-                f.write(np.ascontiguousarray(src).tobytes())
-            else:
-                with open(src[0], "rb") as g:
-                    g.seek(src[1])
-                    left = src[2] - src[1]
-                    while left:
-                        chunk = g.read(min(left, 1 << 24))
-                        f.write(chunk)
-                        left -= len(chunk)
-
-
 def convert(src, dst, target=None) -> list[str]:
     """Convert SRC (speculators or layers.0 style) into an SGLang draft at DST (must not exist).
 
     target: HF folder / config.json / GGUF (checks vocab and widths) or None.
     Returns notes on what changed. Raises ConvertError (nothing written) when unsafe."""
-    from runner.target_config import TargetConfigError, read_target_config
     src, dst = Path(src), Path(dst)
     if dst.exists():
         raise ConvertError(f"{dst} exists; choose a new destination (convert never overwrites).")
@@ -190,7 +152,7 @@ def convert(src, dst, target=None) -> list[str]:
     renamed: dict[str, dict] = {}
     for name, t in tensors.items():
         new = sglang_name(name)
-        if new.split(".")[0] in ("layers", "midlayers"):
+        if new.split(".")[0] in LAYER_LISTS:
             raise ConvertError(f"tensor {name}: a second decoder layer; SGLang's EAGLE-3 draft has one.")
         if new in renamed:
             raise ConvertError(f"tensors {name} and another both map to {new}.")
@@ -229,27 +191,24 @@ def convert(src, dst, target=None) -> list[str]:
         items.append((name, t["dtype"], t["shape"], (t["file"], t["start"] + t["data_offsets"][0],
                                                        t["start"] + t["data_offsets"][1])))
     items += [("d2t", "I64", [rows], d2t.astype(np.int64)), ("t2d", "BOOL", [V], t2d.astype(np.bool_))]
-    tmp = dst.with_name(f".tmp-{dst.name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
-        tmp.mkdir(parents=True)
-    except OSError as e:
-        raise ConvertError(f"cannot create {dst}: {e.strerror} ({e.filename}); choose a "
-                           "destination in a writable folder.")
-    try:
-        write_safetensors(tmp / "model.safetensors", items)
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-        (tmp / "convert.json").write_text(json.dumps({"source": str(src.resolve()), "notes": notes},
-                                                     indent=1))
-        errs = [f for f in inspect_draft(tmp, tgt) if f.severity == "error"]
-        if errs:
-            raise ConvertError("the converted draft still fails inspection:\n" +
-                               "\n".join(f"  {f.code}: {f.message}" for f in errs))
-        os.replace(tmp, dst)
+        with atomic_path(dst) as tmp:
+            shutil.rmtree(tmp, ignore_errors=True)  # a stale one from an earlier crash
+            try:
+                tmp.mkdir(parents=True)
+            except OSError as e:
+                raise ConvertError(f"cannot create {dst}: {e.strerror} ({e.filename}); choose a "
+                                   "destination in a writable folder.")
+            write_safetensors(tmp / "model.safetensors", items)
+            (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+            (tmp / "convert.json").write_text(json.dumps({"source": str(src.resolve()),
+                                                          "notes": notes}, indent=1))
+            errs = [f for f in inspect_draft(tmp, tgt) if f.severity == "error"]
+            if errs:
+                raise ConvertError("the converted draft still fails inspection:\n" +
+                                   "\n".join(f"  {f.code}: {f.message}" for f in errs))
     except OSError as e:  # e.g. a full disk: nothing is left at dst
         raise ConvertError(f"writing {dst} failed: {e.strerror or e}; nothing was written there.")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return notes
 
 

@@ -2,11 +2,11 @@
 
     python -m runner.launch --nproc N [--result OUT.json] JOBFILE
 
-JOBFILE is a StageJob as JSON (runner/executors.py). Three ways to get the ranks:
+JOBFILE is a StageJob as JSON (runner/job.py). Three ways to get the ranks:
 - plain (the local executor): this process spawns N ranks (torch.multiprocessing, 'spawn') that
   meet through a FileStore in a temp dir (no ports);
 - torchrun --nproc-per-node N -m runner.launch JOBFILE: RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* set;
-- srun / Slurm tasks (runner/slurm.py StageTask calls `run_rank` in each task).
+- srun / Slurm tasks (runner/slurm/task.py StageTask calls `run_rank` in each task).
 Each rank runs `run_stage(job, rank, world)`: every rank runs the stage; rank 0 alone finalizes the
 artifact and records the `stages` row. Rank r uses GPU r (LOCAL_RANK); backend "cpu:gloo,cuda:nccl"
 with CUDA, gloo without. NCCL_NVLS_ENABLE defaults to 0 (NVLink multicast off).
@@ -26,9 +26,10 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from runner.executors import StageJob, run_stage
-from runner.stage import StageError
-from runner.store import Store, host, now
+from runner.errors import StageError
+from runner.files import atomic_write
+from runner.job import StageJob, error_text, job_row, run_stage
+from runner.store import Store
 
 TIMEOUT_MIN = float(os.environ.get("EAGLE3_DIST_TIMEOUT_MIN", "60"))  # barrier / collective limit
 
@@ -72,7 +73,7 @@ def _outcome(fn, rank: int) -> dict:
         if not isinstance(e, (StageError, KeyboardInterrupt)):
             traceback.print_exc()
         return {"status": "failed", "rank": rank, "stage_error": isinstance(e, StageError),
-                "error": str(e) if isinstance(e, StageError) else f"{type(e).__name__}: {e}",
+                "error": error_text(e),
                 "interrupt": isinstance(e, (KeyboardInterrupt, SystemExit))}
 
 
@@ -123,11 +124,8 @@ def spawn_ranks(job: StageJob, nproc: int) -> dict:
 
 
 def _record_failure(job: StageJob, error: str) -> None:
-    Store(job.db_path).emit("stages", dict(
-        run_id=job.run_id, variant=job.variant, stage=job.stage, cache_key=job.key,
-        reason=job.reason, status="failed", started_at=now(), finished_at=now(), duration_s=0.0,
-        host=host(), job_id=str(os.getpid()), executor=job.executor, artifact=job.artifact,
-        log_path=job.log_path, error=error[:4000]))
+    Store(job.db_path).emit("stages", job_row(job, "failed", duration_s=0.0,
+                                              job_id=str(os.getpid()), error=error))
 
 
 def env_ranks() -> tuple[int, int, int] | None:
@@ -174,9 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         out = _outcome(lambda: run_stage(job), 0)
     if a.result and (ranks is None or ranks[0] == 0):
-        tmp = a.result.with_name(f".tmp-{a.result.name}")
-        tmp.write_text(json.dumps(out, default=str))
-        os.replace(tmp, a.result)
+        atomic_write(a.result, json.dumps(out, default=str))
     if out["status"] != "done":
         print(f"error: {job.id}: {out['error']}", file=sys.stderr)
         return 1

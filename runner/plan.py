@@ -1,10 +1,11 @@
 """Planning: a pure, frozen value saying which stages run, in what order, and why.
 
 Cache key of a stage = sha256 of (its slice of the resolved spec, its upstream keys and input
-file identities, the hash of its code: the stage module plus every project module it imports).
-Reasons (Snakemake style): up to date, missing output, incomplete (resuming), spec changed
-(naming the fields), input changed, code changed, forced. The last completed key of each
-(variant, stage) slot is kept in work_dir/state/ to explain what changed.
+file identities, the hash of its code: the stage module plus every project module it imports,
+transitively, runner/ included). Reasons (Snakemake style): up to date, missing output,
+incomplete (resuming), spec changed (naming the fields), input changed, code changed, forced. The
+last completed key of each (variant, stage) slot is kept in work_dir/state/ to explain what
+changed. What each stage reads and needs comes from the stage registry (runner/stages.py).
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from runner.spec import STAGE_NEEDS, STAGE_ORDER, Spec, expand_path, variant_spec
+from runner.errors import PlanError
+from runner.files import atomic_write, cache_dir, expand_path, sha256_file
+from runner.spec.load import variant_spec
+from runner.spec.schema import Spec
 from runner.stage import read_manifest
+from runner.stages import STAGE_ORDER, enabled_stages, stage_kind, stage_needs, stage_slice
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class PlanError(Exception):
-    pass
+PROJECT_PACKAGES = ("jobs", "kernels", "runner")  # their modules are hashed into the code key
 
 
 @dataclass(frozen=True)
@@ -68,30 +70,67 @@ def _h(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def module_file(name: str) -> Path | None:
+    """The source of project module `name` under ROOT (`a/b.py` or `a/b/__init__.py`), or None
+    when `name` is not a project module (torch, a function imported from a module, ...)."""
+    if name.split(".")[0] not in PROJECT_PACKAGES:
+        return None
+    parts = name.split(".")
+    f = ROOT.joinpath(*parts).with_suffix(".py")
+    if f.is_file():
+        return f
+    init = ROOT.joinpath(*parts) / "__init__.py"
+    return init if init.is_file() else None
+
+
+def module_imports(path: Path) -> list[tuple[str, bool]]:
+    """(module name, at module level) for every project module an import statement of the file
+    names, lazy imports inside functions included (at module level = False), each with the
+    packages above it (importing a.b.c runs a/__init__.py and a/b/__init__.py too). Imports under
+    `if TYPE_CHECKING:` never run and are left out."""
+    out: list[tuple[str, bool]] = []
+
+    def names(node) -> list[str]:
+        if isinstance(node, ast.Import):
+            return [a.name for a in node.names]
+        base = node.module or ""
+        if node.level:  # relative: resolve against this file's package
+            pkg = path.with_suffix("").relative_to(ROOT).parts[:-1]
+            base = ".".join(pkg[:len(pkg) - node.level + 1] + ((base,) if base else ()))
+        return [base] + [f"{base}.{a.name}" for a in node.names]
+
+    def walk(node, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue  # never runs
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                for n in names(child):
+                    parts = n.split(".")
+                    for i in range(1, len(parts) + 1):
+                        m = ".".join(parts[:i])
+                        if module_file(m) is not None:
+                            out.append((m, top))
+            walk(child, top and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                       ast.Lambda)))
+
+    walk(ast.parse(path.read_bytes()), True)
+    return list(dict.fromkeys(out))
+
+
 @lru_cache(maxsize=None)
 def code_hash(stage: str) -> str:
-    """sha256 over the source of jobs/<stage>.py and every jobs/ or kernels/ module it imports
-    (transitively). Code outside the project (torch, transformers) is not hashed."""
+    """sha256 over the source of the stage's module (jobs/<stage>.py) and every project module
+    (jobs/, kernels/, runner/) it imports, transitively, lazy imports included. Code outside the
+    project (torch, transformers) is not hashed."""
     seen: set[Path] = set()
-    todo = [ROOT / "jobs" / f"{stage}.py"]
-    h = hashlib.sha256()
+    todo = [module_file(stage_kind(stage).module) or ROOT / "jobs" / f"{stage}.py"]
     while todo:
         p = todo.pop()
         if p in seen or not p.exists():
             continue
         seen.add(p)
-        src = p.read_bytes()
-        for node in ast.walk(ast.parse(src)):
-            names = []
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            for n in names:
-                if n.split(".")[0] in ("jobs", "kernels"):
-                    parts = n.split(".")
-                    cand = ROOT.joinpath(*parts).with_suffix(".py")
-                    todo.append(cand if cand.exists() else ROOT.joinpath(*parts) / "__init__.py")
+        todo += [module_file(m) for m, _ in module_imports(p)]
+    h = hashlib.sha256()
     for p in sorted(seen):
         h.update(str(p.relative_to(ROOT)).encode())
         h.update(p.read_bytes())
@@ -122,8 +161,6 @@ def _hash_file_cached(path: str, size: int, mtime: int) -> str:
     """sha256 of a file, memoised in this process and on disk (cache_dir()/file-hashes/, keyed
     by path, size, mtime and inode, like git's index) so that `runner plan` does not re-read a
     large target on every call. The key uses the content hash; the memo only skips re-reading."""
-    from runner.spec import cache_dir
-    from runner.stage import sha256_file
     st = os.stat(path)
     memo_key = _h([os.path.abspath(path), size, mtime, st.st_ino])[:32]
     memo = cache_dir() / "file-hashes" / f"{memo_key}.txt"
@@ -136,43 +173,17 @@ def _hash_file_cached(path: str, size: int, mtime: int) -> str:
     digest = sha256_file(Path(path))
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
-        tmp.write_text(digest)
-        os.replace(tmp, memo)
+        atomic_write(memo, digest)
     except OSError:  # a read-only cache only costs time
         pass
     return digest
 
 
-def stage_slice(spec: Spec, stage: str) -> dict:
-    """The part of the resolved spec that determines `stage`'s output."""
-    d = spec.model_dump(mode="json")
-    tgt = {k: d["target"][k] for k in ("path", "dtype", "num_hidden_layers", "hidden_size",
-                                        "vocab_size", "chat_template")}
-    if stage == "regenerate":
-        return {"target": tgt, "data": d["data"], "regenerate": d["stages"]["regenerate"]}
-    if stage == "extract":
-        return {"target": tgt, "data": d["data"], "aux_layer_ids": spec.aux_ids,
-                "extract": d["stages"]["extract"]}
-    if stage == "train":
-        return {"target": tgt, "drafter": d["drafter"], "aux_layer_ids": spec.aux_ids,
-                "train": d["stages"]["train"]}
-    if stage == "export":
-        return {"drafter": d["drafter"], "export": d["stages"]["export"]}
-    if stage == "bench":
-        return {"target": {**tgt, "device": d["target"]["device"]}, "bench": d["stages"]["bench"],
-                "data": {k: d["data"][k] for k in ("holdout", "seed")}}
-    raise PlanError(f"unknown stage {stage}")
-
-
 def input_files(spec: Spec, stage: str) -> dict:
-    """External files a stage reads (their content is part of the key)."""
-    out = {}
-    if stage in ("regenerate", "extract", "bench"):
-        out["target"] = file_identity(expand_path(spec.target.path))
-    if stage in ("regenerate", "extract") and spec.data.path:
-        out["data"] = file_identity(expand_path(spec.data.path))
-    return out
+    """External files a stage reads (their content is part of the key): the registry row's
+    `files`, "target" = target.path, "data" = data.path when set."""
+    paths = {"target": spec.target.path, "data": spec.data.path}
+    return {f: file_identity(expand_path(paths[f])) for f in stage_kind(stage).files if paths[f]}
 
 
 def _flat(d, prefix="") -> dict:
@@ -229,9 +240,8 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
     keys: dict[tuple[str, str], str] = {}
     entries = []  # (vname, stage, key, parts, needs, forced, selected) in plan order
     for vname, vspec in vspecs:
-        enabled = [s for s in STAGE_ORDER if getattr(vspec.stages, s) is not None]
-        for stage in enabled:
-            needs = tuple((vname, n) for n in STAGE_NEEDS[stage] if n in enabled)
+        for stage in enabled_stages(vspec):
+            needs = tuple((vname, n) for n in stage_needs(vspec, stage))
             parts = {"spec": stage_slice(vspec, stage),
                      "inputs": {"upstream": {n: keys[(vname, n)] for _, n in needs},
                                 "files": input_files(vspec, stage)},
@@ -324,9 +334,8 @@ def write_state(work: Path, p: PlannedStage) -> None:
     """Remember the parts of the last completed key of a (variant, stage) slot."""
     d = work / "state"
     d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{p.variant}.{p.stage}.json.tmp"
-    tmp.write_text(json.dumps({"key": p.key, **p.parts}, sort_keys=True, default=str))
-    os.replace(tmp, d / f"{p.variant}.{p.stage}.json")
+    atomic_write(d / f"{p.variant}.{p.stage}.json",
+                 json.dumps({"key": p.key, **p.parts}, sort_keys=True, default=str))
 
 
 def source_entry(plan: Plan, p: PlannedStage) -> PlannedStage:

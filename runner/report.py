@@ -11,25 +11,26 @@ Three plots, from `bench_summary` rows (one per bench configuration, written by 
                               point.
 Every plot takes the latest row of each variant x bench config over all runs of the spec, so a
 sweep split over several applies (`runner apply --variant ...`, one per GPU) plots as one.
-Metric terms follow ../shared/notes/eagle3-format.md: tau = tokens per target verify pass
+Metric terms follow docs/eagle3-format.md: tau = tokens per target verify pass
 INCLUDING the bonus token; accept_per_pos[j] = fraction of rounds in which draft j+1 was
 accepted (sums to tau - 1).
 
 Lines are told apart by whichever of (variant, prompt_set, backend, eagle_topk, num_draft_tokens,
 max_new_tokens, cuda_graph, temperature) differ between the plotted rows. matplotlib is imported
 inside the plotting functions (Agg canvas, no pyplot state): runner/ stays importable without it.
-Each PNG is written to a temp file and renamed into place.
+Each PNG is written to a temp file and renamed into place (runner.files.atomic_path).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
-from runner.spec import Spec, expand_path
+from runner.errors import ReportError
+from runner.files import atomic_path, expand_path
+from runner.spec.schema import Spec
 from runner.store import Store
 
 # fields that distinguish two bench_summary rows of one run (besides num_steps)
@@ -37,10 +38,6 @@ CONFIG_FIELDS = ("variant", "prompt_set", "backend", "num_steps", "eagle_topk", 
                  "max_new_tokens", "cuda_graph", "temperature")
 SHORT = {"prompt_set": "", "eagle_topk": "topk", "num_draft_tokens": "ndt",
          "max_new_tokens": "new", "cuda_graph": "graph", "temperature": "T"}
-
-
-class ReportError(Exception):
-    """No report can be drawn (no results file, no bench rows); the message says what to run."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -147,21 +144,17 @@ def _legend(ax, **kw) -> None:
 
 
 def _save(fig, path: Path) -> Path:
-    """Write the figure as PNG atomically (temp file in the same folder, then rename)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Write the figure as PNG atomically (runner.files.atomic_path)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.tight_layout()
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png")
     except OSError as e:  # --out is a file, unwritable, or the disk is full
         why = "a file is in the way" if any(q.is_file() for q in (path.parent, *path.parents)) \
             else e.strerror or str(e)
         raise ReportError(f"--out {path.parent}: cannot write {path.name} ({why}); pass --out a "
                           "writable folder")
-    finally:
-        if tmp.parent.is_dir():
-            tmp.unlink(missing_ok=True)
     return path
 
 

@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from runner.store import Store, StoreError
+from runner.errors import StoreError
+from runner.store import Store
 
 
 def _table(cols, rows) -> str:
@@ -90,7 +91,7 @@ def status(db: Path, as_json: bool = False, spec_name: str | None = None) -> int
     rows = [list(r) for r in rows]
     slurm_ids = [r[4] for r in rows if r[4] and r[8] == "slurm"]  # local job ids are pids
     try:
-        from runner.slurm import live_states
+        from runner.slurm.probes import live_states
         states = live_states(slurm_ids) if slurm_ids else {}
         for r in rows:
             if r[4] in states:

@@ -1,24 +1,27 @@
 """The stage contract: what a job function receives, and how its artifact becomes complete.
 
-A stage kind is a plain function `jobs.<stage>.run(ctx: StageContext) -> dict` returning summary
-metrics ({name: value} or {name: (value, unit)}). It writes only into `ctx.out_dir`, a partial
-directory named after the cache key (so an interrupted stage can resume). When it returns, the
+A stage kind (a row of runner/stages.py) is a plain function `jobs.<stage>.run(ctx: StageContext)
+-> dict` returning summary metrics ({name: value} or {name: (value, unit)}). It writes only into
+`ctx.out_dir`, a partial directory named after the cache key (so an interrupted stage can
+resume), and raises runner.errors.StageError for a failure the user can fix. When it returns, the
 runner writes `artifact.json` (content hashes of every file, written LAST) and renames the
 partial directory to the final one. A directory without `artifact.json` is never complete.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runner.spec import Spec
+from runner.files import atomic_write, sha256_file
 from runner.store import Store, now
+
+if TYPE_CHECKING:  # annotations only: a stage's code hash need not cover the schema
+    from runner.spec.schema import Spec
 
 MANIFEST = "artifact.json"
 
@@ -59,23 +62,6 @@ class StageContext:
         self.store.emit(table, rows)
 
 
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(chunk):
-            h.update(b)
-    return h.hexdigest()
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temporary sibling (`.tmp-<name>-<pid>`, never hashed into a manifest)
-    and rename it over `path`: readers see the old file or the whole new one."""
-    path = Path(path)
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def read_manifest(artifact: Path) -> dict | None:
     """The artifact's manifest, or None when the artifact is not complete."""
     try:
@@ -97,9 +83,7 @@ def finalize(ctx: StageContext, key: str, parts: dict, final: Path, metrics: dic
                 "metrics": {k: (v[0] if isinstance(v, (tuple, list)) else v)
                             for k, v in (metrics or {}).items()},
                 "finished_at": now()}
-    tmp = out / f".tmp-{MANIFEST}"
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True, default=str))
-    os.replace(tmp, out / MANIFEST)
+    atomic_write(out / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True, default=str))
     final = Path(final)
     if final.exists():  # a stale or concurrent copy: replace it whole
         trash = final.with_name(f".trash-{final.name}-{os.getpid()}")
@@ -107,8 +91,3 @@ def finalize(ctx: StageContext, key: str, parts: dict, final: Path, metrics: dic
         shutil.rmtree(trash, ignore_errors=True)
     os.replace(out, final)
     return manifest
-
-
-class StageError(Exception):
-    """A user-facing failure of a stage: the message names the field or file and the fix.
-    The runner prints it without a traceback."""

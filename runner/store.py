@@ -22,6 +22,9 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
+from runner.errors import StoreError
+from runner.files import atomic_write
+
 SCHEMA = {
     "runs": """run_id VARCHAR, spec_name VARCHAR, spec_hash VARCHAR, code_version VARCHAR,
         host VARCHAR, executor VARCHAR, started_at TIMESTAMP, finished_at TIMESTAMP,
@@ -58,8 +61,17 @@ def host() -> str:
     return socket.gethostname()
 
 
-class StoreError(Exception):
-    pass
+def stage_row(*, run_id: str, variant: str, stage: str, cache_key: str, reason: str, status: str,
+              executor: str, **fields) -> dict:
+    """One row of the `stages` table: done, failed, requeued, skipped or cancelled. started_at
+    and finished_at default to now and host to this machine; `fields` sets the other columns
+    (duration_s, job_id, artifact, log_path, error; an error is cut to 4000 characters)."""
+    row = {"run_id": run_id, "variant": variant, "stage": stage, "cache_key": cache_key,
+           "reason": reason, "status": status, "executor": executor, "host": host(),
+           "started_at": now(), "finished_at": now(), **fields}
+    if row.get("error"):
+        row["error"] = row["error"][:4000]
+    return row
 
 
 def _unwritable(db: Path, e: OSError) -> str:
@@ -82,16 +94,10 @@ class Store:
         if table not in SCHEMA:
             raise StoreError(f"unknown table {table!r}")
         name = f"{dt.datetime.now():%Y%m%dT%H%M%S%f}-{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
-        tmp = self.spool / f".{name}.tmp"
-        try:
+        try:  # a temp file has no .json suffix, so it is never ingested
             self.spool.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps({"table": table, "rows": rows}, default=str))
-            os.replace(tmp, self.spool / name)
+            atomic_write(self.spool / name, json.dumps({"table": table, "rows": rows}, default=str))
         except OSError as e:
-            try:  # a half-written temp file is never ingested (no .json suffix); drop it
-                tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
             raise StoreError(_unwritable(self.db_path, e))
 
     def metric(self, run_id: str, variant: str, stage: str, name: str, value: float,

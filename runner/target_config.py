@@ -12,9 +12,7 @@ import os
 import struct
 from pathlib import Path
 
-
-class TargetConfigError(Exception):
-    """The target path exists but its config cannot be read."""
+from runner.errors import TargetConfigError
 
 
 def read_target_config(path: Path) -> dict:

@@ -281,7 +281,6 @@ def main(argv=None) -> dict:
     V = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     batches = [torch.randint(0, V, (B, S), generator=g) for _ in range(n + 1)]
-    tok_per_batch = B * S
 
     if args.varlen:
         return varlen(args, model, source, dev, dt, aux, batches)

@@ -50,7 +50,7 @@ def one(cfg: dict) -> dict:
     import torch
     from types import SimpleNamespace
     from jobs.draft_model import DraftConfig, Eagle3Draft
-    from jobs.train import make_autocast, train_step
+    from jobs.train import Learner, train_step
     dev = torch.device(cfg["device"])
     if dev.type == "cpu":
         torch.set_num_threads(cfg["threads"])
@@ -73,10 +73,10 @@ def one(cfg: dict) -> dict:
     samples = [{"input_ids": torch.randint(0, V, (T,)), "loss_mask": torch.ones(T, dtype=torch.uint8),
                 "aux_hidden": torch.randn(T, 3 * H).to(fdt), "last_hidden": torch.randn(T, H).to(fdt)}
                for _ in range(B)]
-    autocast = make_autocast(dev)
+    learner = Learner(model, opt, p, head, used, t2d, 1e-5, dev)
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     for _ in range(cfg["warmup"]):
-        train_step(model, opt, samples, head, used, t2d, 1e-5, p, dev, autocast)
+        train_step(learner, samples)
     sync()
     base_alloc = 0
     if dev.type == "cuda":
@@ -85,7 +85,7 @@ def one(cfg: dict) -> dict:
     times = []
     for _ in range(cfg["iters"]):
         t0 = time.perf_counter()
-        train_step(model, opt, samples, head, used, t2d, 1e-5, p, dev, autocast)
+        train_step(learner, samples)
         sync()
         times.append(time.perf_counter() - t0)
     med = statistics.median(times)

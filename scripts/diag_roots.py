@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from jobs import train as TR  # noqa: E402
+from jobs import ttt as TR  # noqa: E402
 from jobs.draft_model import load_exported  # noqa: E402
 from jobs.engine import Engine  # noqa: E402
 from jobs.extract import forward_features  # noqa: E402
@@ -40,7 +40,7 @@ from jobs.llama import from_hf_model  # noqa: E402
 from jobs.prompts import mtbench, render  # noqa: E402
 from jobs.target import load_target, resolve_device, resolve_dtype  # noqa: E402
 from runner.assets import asset_path  # noqa: E402
-from runner.stage import write_text_atomic  # noqa: E402
+from runner.files import atomic_write  # noqa: E402
 
 
 @torch.no_grad()
@@ -50,7 +50,7 @@ def tf_step0(hf, drafter, seq: list[int], aux_ids, eps: float, device) -> torch.
     (aux, last), = forward_features(hf, [seq], list(aux_ids))  # [T, 3Ht], [T, Ht] on the CPU
     sample = {"input_ids": torch.tensor(seq), "aux_hidden": aux, "last_hidden": last,
               "loss_mask": torch.ones(len(seq), dtype=torch.long)}
-    batch = TR._to(TR.make_batch([sample], 1), device)  # aux [1, N, 3Ht], ids [1, N], N = T-1
+    batch = TR.to_device(TR.make_batch([sample], 1), device)  # aux [1, N, 3Ht], ids [1, N], N = T-1
     used = drafter.d2t + torch.arange(drafter.d2t.numel(), device=device)  # [Vd] target ids
     head = {"norm": hf.model.norm.weight, "lm_head": hf.lm_head.weight}
     tgt = TR.target_dist(batch["tgt_hidden"], head, used, drafter.t2d, eps)
@@ -135,7 +135,7 @@ def main(argv=None):
           f"positions {s['tf_all_generated']:.4f} ({s['gen_positions']} positions)")
     if a.out:
         args = dict(vars(a), device=dev, dtype=str(dt).removeprefix("torch."))
-        write_text_atomic(Path(a.out), json.dumps(dict(args=args, summary=s, prompts=rows),
+        atomic_write(Path(a.out), json.dumps(dict(args=args, summary=s, prompts=rows),
                                                   indent=1))
 
 

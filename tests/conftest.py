@@ -9,7 +9,8 @@ import pytest
 
 
 def _asset_or_skip(name: str):
-    from runner.assets import FetchError, asset_path
+    from runner.assets import asset_path
+    from runner.errors import FetchError
     try:
         return asset_path(name)
     except FetchError as e:

@@ -4,6 +4,7 @@ drafter) whose rows land in DuckDB with every metric."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -12,8 +13,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from engine_helpers import export_drafter  # noqa: E402
 
-from jobs.bench import check_backend, explain, flags_for  # noqa: E402
-from runner.stage import StageError  # noqa: E402
+from jobs.bench import check_backend  # noqa: E402
+from jobs.bench_results import explain, flags_for  # noqa: E402
+from runner.errors import StageError  # noqa: E402
 
 
 def test_explain_reproduces_the_seed_case_in_numbers():
@@ -31,7 +33,7 @@ def test_explain_reproduces_the_seed_case_in_numbers():
 
 
 def _spec(smollm2_path, **bench):
-    from runner.spec import load_spec
+    from runner.spec.load import load_spec
     data = {"name": "bench-test", "target": {"path": str(smollm2_path), "device": "cpu",
                                              "dtype": "float32"},
             "drafter": {"draft_vocab_size": 2048},
@@ -134,3 +136,80 @@ def test_bench_times_the_plain_decode_and_checks_tokens_against_the_wide_one(
     plain = timed[1]
     assert s["base_tok_s"] == pytest.approx(sum(n for n, _ in plain) / sum(t for _, t in plain))
     assert "plain 1-row decode" in s["explanation"] and "3-row decode" in s["explanation"]
+
+
+# ----------------------------------------------------------------------------------------------
+# one definition of the recorded rows for every backend
+
+def _fake_sglang_module(root: Path) -> Path:
+    """A `sglang.launch_server` under root: test_sglang_backend's fake server (health, /generate
+    answering the recorded speculative response), started with SGLang's argv."""
+    from test_sglang_backend import DATA, FAKE
+    fake = root / "sglang"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "launch_server.py").write_text(
+        "import sys\nsys.argv = [sys.argv[0], sys.argv[sys.argv.index('--port') + 1], "
+        f"{str(DATA / 'generate_spec.json')!r}]\n" + FAKE)
+    return root
+
+
+def _tiny_target(folder: Path, smollm2_path) -> Path:
+    """An HF folder: a random 4-layer Llama with SmolLM2's vocabulary and tokenizer."""
+    import shutil
+    from engine_helpers import tiny_hf_llama
+    from jobs.target import hf_folder
+    tiny_hf_llama(vocab=49152, hidden=32, layers=4, heads=4, kv=2).save_pretrained(str(folder))
+    for f in hf_folder(smollm2_path).iterdir():
+        if f.name.startswith(("tokenizer", "chat_template")):
+            shutil.copy(f, folder / f.name)
+    return folder
+
+
+def test_both_backends_record_the_same_rows_and_train_samples(smollm2_path, tmp_path,
+                                                                monkeypatch):
+    """train_samples = the samples the drafter was trained on (the export's provenance), for the
+    embedded backend and for SGLang alike, never the spec's stages.train.num_samples; and every
+    column either backend writes is in the results schema."""
+    import socket
+    from jobs import bench
+    from jobs.sglang_backend import run_bench
+    from runner.spec.load import load_spec
+    from runner.stage import StageContext
+    from runner.store import SCHEMA, Store
+    target = _tiny_target(tmp_path / "target", smollm2_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    fake = _fake_sglang_module(tmp_path / "fake")
+    monkeypatch.setenv("PYTHONPATH", f"{fake}:{os.environ.get('PYTHONPATH', '')}")
+    data = {"name": "both", "target": {"path": str(target), "device": "cpu", "dtype": "float32"},
+            "drafter": {"draft_vocab_size": 2048, "aux_layer_ids": [0, 1, 2]},
+            "stages": {"train": {"num_samples": 999},
+                       "bench": {"prompt_sets": ["mtbench"], "num_prompts": 1,
+                                 "max_new_tokens": [4], "configs": [{"num_steps": 1}],
+                                 "sglang": {"python": sys.executable, "port": port,
+                                            "startup_timeout_s": 60}}}}
+    spec = load_spec(data=data)
+    from transformers import AutoConfig
+    export = export_drafter(tmp_path / "export", AutoConfig.from_pretrained(str(target)),
+                            spec.aux_ids, draft_vocab=2048)
+    (export / "provenance.json").write_text(json.dumps(
+        {"train_metrics": {"summary": {"train_samples": 123}}}))
+    got = {}
+    for backend in ("embedded", "sglang"):
+        out = tmp_path / backend
+        out.mkdir()
+        ctx = StageContext(spec=spec, stage="bench", variant="base", run_id=backend,
+                           inputs={"export": export}, out_dir=out, db_path=tmp_path / "r.duckdb")
+        bench.run(ctx) if backend == "embedded" else run_bench(ctx, export)
+        got[backend] = json.loads((out / "bench.json").read_text())
+    for backend, res in got.items():
+        assert {r["train_samples"] for r in res["rows"] + res["summary"]} == {123}, backend
+        assert {r["backend"] for r in res["rows"] + res["summary"]} == {backend}
+        for table, rows in (("bench", res["rows"]), ("bench_summary", res["summary"])):
+            cols = {c.split()[0] for c in SCHEMA[table].replace("\n", " ").split(",")}
+            assert set(rows[0]) <= cols, (backend, table, set(rows[0]) - cols)
+    _, rows = Store(tmp_path / "r.duckdb").query(
+        "SELECT run_id, train_samples, count(*) FROM bench_summary GROUP BY 1, 2 ORDER BY 1")
+    assert rows == [("embedded", 123, 1), ("sglang", 123, 1)]  # every row landed in DuckDB

@@ -9,8 +9,10 @@ import pytest
 
 from draft_fixtures import TINY, make_draft
 from runner.cli import main as cli_main
-from runner.convert import ConvertError, convert
-from runner.inspect import draft_tensors, inspect_draft, tensor_values
+from runner.convert import convert
+from runner.errors import ConvertError
+from runner.drafts.safetensors import draft_tensors, tensor_values
+from runner.inspect import inspect_draft
 
 V, VD = TINY["V"], TINY["Vd"]
 SPREAD = np.concatenate([np.arange(100), 100 + 8 * np.arange(VD - 100)])  # i + used[i] >= V at the top

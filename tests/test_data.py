@@ -8,8 +8,8 @@ import pytest
 
 from jobs.data import (TEMPLATES, clean_records, detect_template, load_conversations,
                        read_json_records, read_records, tokenize_conversation, tokenize_dataset)
-from runner.spec import Data
-from runner.stage import StageError
+from runner.spec.schema import Data
+from runner.errors import StageError
 
 
 def mask_spans(mask):

@@ -20,8 +20,9 @@ import torch
 from safetensors.torch import load_file
 
 from jobs.train import train
-from runner.executors import StageJob, launch_local, run_stage
-from runner.spec import load_spec
+from runner.job import StageJob, run_stage
+from runner.local import launch_local
+from runner.spec.load import load_spec
 from runner.stage import StageContext
 from test_slurm import _controller_answers  # the same "is a cluster up?" probe
 from train_helpers import tiny_extract, train_ctx, train_spec
@@ -68,7 +69,7 @@ def spawn(fn, world: int, *args) -> None:
 
 
 def _train_until(rank, world, spec_json, extract_dir, out, db, stop_at):
-    from runner.spec import Spec
+    from runner.spec.schema import Spec
     ctx = train_ctx(Spec.model_validate_json(spec_json), extract_dir, out, db)
     ctx.rank, ctx.world_size = rank, world
     assert train(ctx, stop_at=stop_at) is None
@@ -110,7 +111,7 @@ def test_two_ranks_train_the_same_weights_as_one(one_rank, tmp_path):
     """DDP over 2 gloo ranks, each with half of the global batch (and rank 1 with none in the
     odd step), through the local executor and the launcher: the same drafter as 1 rank up to
     float summation order; one artifact, one `stages` row, metrics once."""
-    from runner.executors import LocalExecutor
+    from runner.local import LocalExecutor
     base, ex, a1 = one_rank
     spec = with_executor(base, kind="local", nproc_per_node=2)
     db = tmp_path / "r.duckdb"
@@ -179,7 +180,7 @@ def test_resume_across_rank_counts(one_rank, tmp_path):
 def test_stage_error_on_two_ranks_comes_back_once(one_rank, tmp_path):
     """A StageError raised in the ranks reaches the local executor as the stage's own message,
     with one failed `stages` row and no artifact."""
-    from runner.executors import LocalExecutor
+    from runner.local import LocalExecutor
     from runner.store import Store
     base, ex, _ = one_rank
     spec = with_executor(train_spec(**{**TRAIN, "eval_samples": 7}), kind="local",
@@ -193,7 +194,7 @@ def test_stage_error_on_two_ranks_comes_back_once(one_rank, tmp_path):
 
 
 def test_rank_without_process_group_is_refused(one_rank, tmp_path):
-    from runner.stage import StageError
+    from runner.errors import StageError
     spec, ex, _ = one_rank
     ctx = train_ctx(spec, ex, tmp_path / "o", tmp_path / "r.duckdb")
     ctx.rank, ctx.world_size = 1, 2
@@ -230,7 +231,8 @@ def test_sharded_extraction_equals_one_rank_and_resumes(smollm2, smollm2_path, t
     """2 ranks (each loading the real target) write the single-rank shards, one features.json
     listing all of them in order; a partial dir from a 1-rank run (2 complete shards, a
     truncated one, a stale temp file) is resumed: complete shards kept, the rest recomputed."""
-    from runner.assets import FetchError, asset_path
+    from runner.assets import asset_path
+    from runner.errors import FetchError
     try:
         asset_path("sharegpt")
     except FetchError as e:
@@ -295,8 +297,9 @@ def test_sharded_extraction_equals_one_rank_and_resumes(smollm2, smollm2_path, t
 
 
 def test_drafter_v2_train_is_one_job_with_8_tasks():
-    from runner.executors import stage_nproc
-    from runner.slurm import group_jobs, sbatch_params, sbatch_script
+    from runner.job import stage_nproc
+    from runner.slurm.executor import group_jobs
+    from runner.slurm.sbatch import sbatch_params, sbatch_script
     spec = load_spec(ROOT / "specs" / "drafter-v2.yaml")
     for stage in ("extract", "train"):
         s = sbatch_script(spec, stage)
@@ -315,7 +318,7 @@ def test_drafter_v2_train_is_one_job_with_8_tasks():
 
 
 def test_nproc_validation():
-    from runner.spec import SpecError
+    from runner.errors import SpecError
     with pytest.raises(SpecError, match="nproc_per_node = 16.*gpus_per_node = 8"):
         load_spec(ROOT / "specs" / "drafter-v2.yaml", overrides=["executor.nproc_per_node=16"])
     with pytest.raises(SpecError, match="only extract and train"):
@@ -339,7 +342,7 @@ def slurm_path():
 def test_train_stage_as_two_srun_tasks_of_one_slurm_job(one_rank, tmp_path, slurm_path):
     """The tiny train stage submitted with nproc_per_node 2: one Slurm job, two tasks that join
     one gloo group through the SLURM_* variables; rank 0 finalizes; same weights as 1 rank."""
-    from runner.slurm import SlurmExecutor
+    from runner.slurm.executor import SlurmExecutor
     base, ex, a1 = one_rank
     spec = with_executor(base, kind="slurm", cpus_per_task=1, mem_gb=1, timeout_min=10,
                          nproc_per_node=2, log_dir=str(tmp_path / "slurm"))

@@ -25,7 +25,7 @@ from engine_helpers import export_drafter, tiny_hf_llama  # noqa: E402
 
 import jobs.engine as E  # noqa: E402
 import jobs.engine_steps as ES  # noqa: E402
-from jobs import train as TR  # noqa: E402
+from jobs import ttt as TR  # noqa: E402
 from jobs.draft_model import load_exported  # noqa: E402
 from jobs.llama import from_hf_model  # noqa: E402
 

@@ -13,9 +13,11 @@ from draft_fixtures import used_ids
 from jobs.draft_model import DraftConfig, Eagle3Draft, load_exported
 from jobs.export import run
 from runner.convert import convert
-from runner.inspect import draft_tensors, inspect_draft, tensor_values
-from runner.spec import load_spec
-from runner.stage import StageContext, StageError
+from runner.drafts.safetensors import draft_tensors, tensor_values
+from runner.inspect import inspect_draft
+from runner.spec.load import load_spec
+from runner.errors import StageError
+from runner.stage import StageContext
 
 torch.set_num_threads(2)
 

@@ -11,13 +11,14 @@ import torch
 import jobs.extract as ex
 import jobs.shards as shards
 from jobs.features import MANIFEST, open_features
-from runner.stage import StageContext, StageError
+from runner.errors import StageError
+from runner.stage import StageContext
 
 AUX = [1, 14, 26]  # SGLang ids = HF hidden_states [2, 15, 27]
 
 
 def make_spec(smollm2_path, tmp_path, **extract):
-    from runner.spec import load_spec
+    from runner.spec.load import load_spec
     return load_spec(data={
         "name": "t", "work_dir": str(tmp_path / "work"),
         "target": {"path": str(smollm2_path), "device": "cpu", "chat_template": "auto"},
@@ -42,7 +43,8 @@ def run_extract(spec, out, model=None):
 
 @pytest.fixture(scope="module")
 def extracted(smollm2, smollm2_path, tmp_path_factory):
-    from runner.assets import FetchError, asset_path
+    from runner.assets import asset_path
+    from runner.errors import FetchError
     try:
         asset_path("sharegpt")
     except FetchError as e:
@@ -101,7 +103,7 @@ def test_shard_writer_is_valid_safetensors(tmp_path):
                "a": torch.randn(5, 2), "i": torch.arange(3, dtype=torch.int64),
                "e": torch.zeros(0, 4)}
     sha = ex.write_shard(tmp_path / "x.safetensors", tensors)
-    from runner.stage import sha256_file
+    from runner.files import sha256_file
     assert sha == sha256_file(tmp_path / "x.safetensors")
     back = load_file(str(tmp_path / "x.safetensors"))
     assert set(back) == set(tensors)
@@ -127,7 +129,7 @@ def test_stage_writes_documented_format(extracted, smollm2):
     assert len(m["shards"]) == metrics["shards"] >= 2
     for s in m["shards"]:
         assert ctx.file_hashes[s["file"]] == s["sha256"]
-        from runner.stage import sha256_file
+        from runner.files import sha256_file
         assert sha256_file(out / s["file"]) == s["sha256"]
     assert m["data_report"]["records_read"] > 17000
     assert not list(out.glob(".tmp-*")) and not list(out.glob(".*.sha256"))
@@ -197,7 +199,7 @@ def test_disk_full_leaves_no_partial_shard(extracted, smollm2, tmp_path, monkeyp
     def enospc_on_second(path, chunks):
         calls.append(path.name)
         if len(calls) == 2:
-            path.write_bytes(b"".join(bytes(c) for c in chunks[:2]))  # header only, then full
+            path.write_bytes(b"".join(bytes(c) for c in chunks[:2]))  # header, 1st tensor; then full
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(path, chunks)
 
@@ -357,7 +359,7 @@ def test_shards_are_fsynced_once_at_the_end(tiny, tmp_path, monkeypatch):
 
 def test_target_loader_caches_gguf_as_hf_folder(smollm2, smollm2_path, tmp_path):
     from jobs.target import converted_dir, load_tokenizer, resolve_dtype, target_config
-    from runner.spec import Target
+    from runner.spec.schema import Target
     folder = converted_dir(smollm2_path)
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in cfg
@@ -375,7 +377,7 @@ def test_target_loader_caches_gguf_as_hf_folder(smollm2, smollm2_path, tmp_path)
 def test_regenerate_then_extract_reads_it(smollm2, tmp_path):
     """Assistant turns become the target's own greedy replies; extract consumes them."""
     from jobs.regenerate import run as regen_run
-    from runner.spec import load_spec
+    from runner.spec.load import load_spec
     model, tok, _ = smollm2
     data = tmp_path / "chat.jsonl"
     convs = [[{"from": "human", "value": "What is 2+2?"}, {"from": "gpt", "value": "five"},
@@ -425,7 +427,7 @@ def test_regenerate_max_turns_keeps_first_turns(smollm2):
     """max_turns 1: one regenerated exchange per conversation, later user turns dropped and
     counted (first-turn regeneration is EAGLE-3's cheap variant of the recipe)."""
     from jobs.regenerate import regenerate
-    from runner.spec import RegenerateStage
+    from runner.stages import RegenerateStage
     model, tok, _ = smollm2
     convs = [[{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "5"},
               {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "7"}],

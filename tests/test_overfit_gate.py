@@ -52,7 +52,7 @@ def test_overfit_gate(tmp_path):
     from jobs.llama import from_hf_model
     from jobs.target import load_target
     from runner.inspect import inspect_draft
-    from runner.spec import load_spec
+    from runner.spec.load import load_spec
 
     gguf = ASSETS["smollm2"].path()
     convs_path = tmp_path / "convs.jsonl"

@@ -18,8 +18,9 @@ import pytest
 
 import runner.plan as plan_mod
 from runner.apply import apply
-from runner.plan import PlanError, build_plan
-from runner.spec import load_spec
+from runner.errors import PlanError
+from runner.plan import build_plan
+from runner.spec.load import load_spec
 from runner.stage import MANIFEST, read_manifest
 from runner.store import Store
 
@@ -168,6 +169,36 @@ def test_code_hash_follows_project_imports(tmp_path, monkeypatch):
         plan_mod.code_hash.cache_clear()
 
 
+UP, CODE, INPUT = ("skip", "up to date"), ("run", "code changed"), ("run", "input changed")
+
+
+@pytest.mark.parametrize("edited, expect", [
+    ("runner/inspect.py", {"extract": UP, "train": UP, "export": CODE, "bench": INPUT}),
+    # the SGLang rules: extract checks the aux ids against the loaded target, export inspects
+    ("runner/drafts/rules.py", {"extract": CODE, "train": INPUT, "export": CODE, "bench": INPUT}),
+])
+def test_editing_a_runner_module_export_uses_reruns_export_and_downstream(tmp_path, fake_stages,
+                                                                          edited, expect):
+    """The cache key covers runner/ modules too: export runs `runner inspect` and the SGLang
+    rules, so editing them must rerun export (and bench after it), not say `up to date`."""
+    import shutil
+    root = tmp_path / "project"
+    for pkg in ("runner", "jobs", "kernels"):
+        shutil.copytree(ROOT / pkg, root / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    fake_stages.setattr(plan_mod, "ROOT", root)
+    plan_mod.code_hash.cache_clear()
+    try:
+        spec = make_spec(tmp_path)
+        apply(spec, build_plan(spec), quiet=True)
+        assert set(reasons(build_plan(spec)).values()) == {("skip", "up to date")}
+        with open(root / edited, "a") as f:
+            f.write("\n# a rule changed here\n")
+        plan_mod.code_hash.cache_clear()
+        assert reasons(build_plan(make_spec(tmp_path))) == expect  # input: an upstream key
+    finally:
+        plan_mod.code_hash.cache_clear()
+
+
 def test_force_and_only(tmp_path, fake_stages):
     spec = make_spec(tmp_path)
     apply(spec, build_plan(spec), quiet=True)
@@ -234,7 +265,7 @@ def test_dir_without_manifest_is_never_up_to_date(tmp_path):
 KILLED_STAGE = textwrap.dedent("""
     import sys, time, types
     sys.path.insert(0, {root!r})
-    from runner.spec import load_spec
+    from runner.spec.load import load_spec
     from runner.plan import build_plan
     from runner.apply import apply
     import yaml
@@ -375,3 +406,23 @@ def test_a_stage_another_process_is_computing_fails_clearly_and_untouched(tmp_pa
     _, outcomes = apply(spec, build_plan(spec), quiet=True)
     assert {o.job.stage: o.status for o in outcomes}["train"] == "done"
     assert [p.name for p in Path(train.artifact).parent.iterdir()] == [Path(train.artifact).name]
+
+
+def test_a_stage_is_one_registry_row(tmp_path, monkeypatch):
+    """The spec's stage blocks, the plan's order and the Slurm per-stage keys all come from the
+    registry; what a stage needs is a function of the spec, so one edited row (say, a train that
+    reads no extract artifact) changes the plan."""
+    import dataclasses
+    import typing
+    import runner.stages as S
+    from runner.spec.schema import SlurmExecutor
+    assert tuple(S.Stages.model_fields) == S.STAGE_ORDER == tuple(k.name for k in S.REGISTRY)
+    keys = typing.get_args(SlurmExecutor.model_fields["stages"].annotation)[0]
+    assert typing.get_args(keys) == S.STAGE_ORDER
+    plan = build_plan(make_spec(tmp_path))
+    assert next(p for p in plan.stages if p.stage == "train").needs == (("base", "extract"),)
+    monkeypatch.setattr(S, "REGISTRY", tuple(
+        dataclasses.replace(k, needs=lambda spec: ()) if k.name == "train" else k
+        for k in S.REGISTRY))
+    plan = build_plan(make_spec(tmp_path))
+    assert next(p for p in plan.stages if p.stage == "train").needs == ()

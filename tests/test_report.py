@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from runner.report import ReportError, bench_rows, latest_per_config, report_cli
-from runner.spec import load_spec
+from runner.errors import ReportError
+from runner.report import bench_rows, latest_per_config, report_cli
+from runner.spec.load import load_spec
 from runner.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ import pytest
 
 from jobs.sglang_backend import (parse_accept_lens, server, server_argv, sglang_available,
                                  tau_from_meta, generate)
-from runner.stage import StageError
+from runner.errors import StageError
 
 DATA = Path(__file__).parent / "data" / "sglang"
 
@@ -59,7 +59,7 @@ def test_tau_from_recorded_meta_info():
 
 def test_missing_sglang_fails_at_validation_naming_the_extra():
     from jobs.bench import check_backend
-    from runner.spec import load_spec
+    from runner.spec.load import load_spec
     ok, _ = sglang_available("python3")
     if ok:
         pytest.skip("sglang is installed here")

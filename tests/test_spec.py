@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from runner.spec import STAGE_ORDER, SpecError, default_aux_ids, load_spec
+from runner.drafts.layout import default_aux_ids
+from runner.errors import SpecError
+from runner.spec.load import load_spec
+from runner.stages import STAGE_ORDER
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted((ROOT / "specs").glob("*.yaml"))
@@ -407,7 +410,7 @@ def _all_models():
     """Every Pydantic model reachable from Spec (walked independently of the generator)."""
     import typing
     from pydantic import BaseModel
-    from runner.spec import Spec
+    from runner.spec.schema import Spec
 
     def inner(ann):
         if isinstance(ann, type) and issubclass(ann, BaseModel):

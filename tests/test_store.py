@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.store import SCHEMA, Store, StoreError
+from runner.errors import StoreError
+from runner.store import SCHEMA, Store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -240,7 +241,7 @@ def test_ctrl_c_during_a_query_prints_interrupted(filled_db, monkeypatch, capsys
 def test_status_asks_slurm_only_about_slurm_jobs(tmp_path, monkeypatch, capsys):
     """A local stage's job_id is a pid: querying squeue for it cost 10 s with no controller and
     could match an unrelated Slurm job."""
-    import runner.slurm
+    import runner.slurm.probes
     from runner.results import status
     db = tmp_path / "r.duckdb"
     s = Store(db)
@@ -251,7 +252,7 @@ def test_status_asks_slurm_only_about_slurm_jobs(tmp_path, monkeypatch, capsys):
                            job_id="17", executor="slurm", started_at="2026-01-01 00:00:02")])
     s.ingest()
     asked = []
-    monkeypatch.setattr(runner.slurm, "live_states",
+    monkeypatch.setattr(runner.slurm.probes, "live_states",
                         lambda ids: asked.append(list(ids)) or {"17": "COMPLETED"})
     assert status(db) == 0
     assert asked == [["17"]]

@@ -9,8 +9,9 @@ from safetensors.torch import load_file
 
 from jobs import vocab as V
 from jobs.draft_model import DraftConfig, Eagle3Draft
-from jobs.train import (batch_indices, lr_lambda, make_batch, target_dist, train, ttt_loss)
-from runner.stage import StageError
+from jobs.train import batch_indices, lr_lambda, train
+from jobs.ttt import make_batch, target_dist, ttt_loss
+from runner.errors import StageError
 from train_helpers import tiny_extract, train_ctx, train_spec
 
 torch.set_num_threads(2)

@@ -45,7 +45,7 @@ def tiny_extract(root: Path, n_samples=6, lengths=(12, 30), vocab=96, hidden=32,
 
 def train_spec(vocab=96, hidden=32, layers=4, aux_ids=(0, 1, 2), draft_vocab=40, **train):
     """A validated Spec for a tiny target (geometry declared; no model file needed)."""
-    from runner.spec import load_spec
+    from runner.spec.load import load_spec
     t = {"ttt_steps": 3, "batch_size": 2, "lr": 3e-3, "warmup_steps": 2, "eval_every": 2,
          "eval_samples": 2, "checkpoint_every": 2, "seed": 0, "epochs": 2.0}
     t.update(train)

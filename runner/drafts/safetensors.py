@@ -1,10 +1,10 @@
-"""An SGLang EAGLE-3 draft directory's files, read without torch (used by `runner inspect`,
-`runner convert` and the export stage).
+"""safetensors files without torch: each file's JSON header, single tensors' values (numpy, read
+from the byte offsets in the header, so a multi-GB draft is checked without loading it), and a
+writer that copies tensor bytes verbatim (`runner convert`).
 
-- safetensors: the JSON header of each file and single tensors' values (numpy, read from the byte
-  offsets in the header), so a multi-GB draft is checked without loading it;
-- the layout SGLang's LlamaForCausalLMEagle3 expects (../shared/notes/eagle3-format.md; SGLang
-  llama_eagle3.py): tensor names and shapes for a config.json, RoPE fields, default aux layer ids.
+Format (the safetensors spec): an 8-byte little-endian header length n, n bytes of JSON
+({name: {dtype, shape, data_offsets}}, optional "__metadata__"), then the raw data; offsets are
+relative to byte 8 + n. The writer pads the header to 8 bytes.
 """
 
 from __future__ import annotations
@@ -15,22 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from runner.spec import default_aux_ids  # noqa: F401  (re-exported for runner.inspect)
+from runner.errors import InspectError
 
-ARCH = "LlamaForCausalLMEagle3"
 DTYPES = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "I16": np.int16, "I32": np.int32,
           "I64": np.int64, "U16": np.uint16, "U32": np.uint32, "U64": np.uint64,
           "F16": np.float16, "BF16": np.uint16, "F32": np.float32, "F64": np.float64}
 INT_DTYPES = ("I64", "I32", "I16", "I8", "U8", "U16", "U32", "U64")
-
-
-class InspectError(Exception):
-    """The inspector itself cannot run (e.g. the draft dir does not exist, a safetensors header is
-    corrupt). Re-exported by runner.inspect; `runner` prints it as a one-line error."""
-
-
-# ----------------------------------------------------------------------------------------------
-# safetensors without torch
 
 
 def read_header(path: Path) -> tuple[dict, int]:
@@ -93,44 +83,32 @@ def tensor_values(t: dict) -> np.ndarray:
     return read_array(t["file"], t, t["start"])
 
 
-# ----------------------------------------------------------------------------------------------
-# expected layout
+def encode_header(header: dict) -> bytes:
+    """The bytes before the data of a safetensors file: u64 little-endian length, then the JSON
+    header (compact) padded with spaces to a multiple of 8 bytes (safetensors spec)."""
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    return len(h).to_bytes(8, "little") + h
 
 
-def expected_shapes(cfg: dict) -> dict[str, list[int]]:
-    """SGLang tensor names -> shapes for a draft config.json (eagle_config nested form).
-
-    fc [H, n_aux * Ht]; q [nh*hd, 2H]; k/v [nkv*hd, 2H]; o [H, nh*hd]; gate/up [I, H];
-    down [H, I]; norms [H]; lm_head [Vd, H]; d2t [Vd]; t2d [V]."""
-    H, nh = cfg["hidden_size"], cfg["num_attention_heads"]
-    nkv = cfg.get("num_key_value_heads") or nh
-    hd = cfg.get("head_dim") or H // nh
-    Ht = cfg.get("target_hidden_size") or H
-    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or [0, 0, 0]
-    I, Vd = cfg["intermediate_size"], cfg.get("draft_vocab_size") or cfg["vocab_size"]
-    m, a = "midlayer.mlp.", "midlayer.self_attn."
-    return {
-        "fc.weight": [H, len(ids) * Ht],
-        a + "q_proj.weight": [nh * hd, 2 * H], a + "k_proj.weight": [nkv * hd, 2 * H],
-        a + "v_proj.weight": [nkv * hd, 2 * H], a + "o_proj.weight": [H, nh * hd],
-        m + "gate_proj.weight": [I, H], m + "up_proj.weight": [I, H], m + "down_proj.weight": [H, I],
-        "midlayer.input_layernorm.weight": [H], "midlayer.hidden_norm.weight": [H],
-        "midlayer.post_attention_layernorm.weight": [H], "norm.weight": [H],
-        "lm_head.weight": [Vd, H], "d2t": [Vd], "t2d": [cfg["vocab_size"]],
-    }
-
-
-OPTIONAL = ("embed_tokens.weight", "fc.bias")
-
-
-def target_rope(cfg: dict) -> tuple:
-    """(rope_theta, rope_scaling) of an HF config in either form: top-level `rope_theta` /
-    `rope_scaling` (what SGLang reads) or transformers-5 `rope_parameters`."""
-    rp = cfg.get("rope_parameters") or {}
-    theta = cfg.get("rope_theta") or rp.get("rope_theta")
-    scaling = cfg.get("rope_scaling")
-    if not scaling and (rp.get("rope_type") or rp.get("type")) not in (None, "default"):
-        scaling = {k: v for k, v in rp.items() if k != "rope_theta"}
-    return (float(theta) if theta is not None else None), (scaling or None)
-
-
+def write_safetensors(path: Path, items: list[tuple[str, str, list[int], object]]) -> None:
+    """Write a safetensors file from (name, dtype, shape, source) where source is a numpy array or
+    (file, start byte, end byte) to copy verbatim. Header padded to 8 bytes (safetensors spec)."""
+    header, off = {}, 0
+    for name, dt, shape, src in items:
+        size = src.nbytes if isinstance(src, np.ndarray) else src[2] - src[1]
+        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + size]}
+        off += size
+    with open(path, "wb") as f:
+        f.write(encode_header(header))
+        for _, _, _, src in items:
+            if isinstance(src, np.ndarray):
+                f.write(np.ascontiguousarray(src).tobytes())
+            else:
+                with open(src[0], "rb") as g:
+                    g.seek(src[1])
+                    left = src[2] - src[1]
+                    while left:
+                        chunk = g.read(min(left, 1 << 24))
+                        f.write(chunk)
+                        left -= len(chunk)

@@ -1,0 +1,58 @@
+"""Every error the runner reports to a user: one hierarchy, caught by type in runner/cli.py.
+
+A `RunnerError` carries a message that names the field or file and the fix; the CLI prints it as
+`error: <message>` (a SpecError as one `error: <field>: <message>` line per problem) and exits 1,
+without a traceback. Anything else is a bug and keeps its traceback. This module imports nothing,
+so any module may raise these.
+"""
+
+from __future__ import annotations
+
+
+class RunnerError(Exception):
+    """A failure the user can fix; the message says how."""
+
+
+class SpecError(RunnerError):
+    """A spec that cannot run. `problems` is a list of (field_path, message) pairs."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        super().__init__("\n".join(f"{p}: {m}" for p, m in problems))
+
+
+class PlanError(RunnerError):
+    """The plan cannot be built (unknown stage or variant, an output path in the way)."""
+
+
+class StageError(RunnerError):
+    """A user-facing failure of a stage: the message names the field or file and the fix.
+    The runner prints it without a traceback."""
+
+
+class StoreError(RunnerError):
+    """The DuckDB results store cannot be written or queried as asked."""
+
+
+class FetchError(RunnerError):
+    """An asset (`runner fetch`) is missing, cannot be downloaded or fails its sha256."""
+
+
+class InspectError(RunnerError):
+    """The inspector itself cannot run (e.g. a safetensors header is corrupt)."""
+
+
+class ConvertError(RunnerError):
+    """A draft cannot be converted safely (`runner convert`); the message says why."""
+
+
+class SlurmError(RunnerError):
+    """A Slurm problem the user can fix (no sbatch, unknown partition, a rejected job)."""
+
+
+class TargetConfigError(RunnerError):
+    """The target path exists but its config cannot be read."""
+
+
+class ReportError(RunnerError):
+    """No report can be drawn (no results file, no bench rows); the message says what to run."""

@@ -1,0 +1,234 @@
+"""Loading a spec: YAML with the safe loader only, `-o a.b=value` overrides, variants, and the
+target's geometry read from its own config. `load_spec` is the one entry point: YAML and
+overrides both go through it, and it re-validates the whole spec (runner/spec/schema.py).
+
+Raises SpecError (runner/errors.py) with (field path, message) pairs. No torch.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from runner.errors import SpecError, TargetConfigError
+from runner.files import expand_path
+from runner.spec.messages import format_errors
+from runner.spec.schema import Spec
+from runner.target_config import read_target_config
+
+MAX_YAML_NODES = 100_000  # a real spec has a few hundred; aliases count once per use
+
+
+def _check_yaml_size(node, path: Path) -> None:
+    """Refuse alias bombs ("billion laughs") and recursive aliases before constructing: count
+    nodes as if every alias were expanded. Raises SpecError naming the file."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(n) -> int:
+        if id(n) in sizes:
+            return sizes[id(n)]
+        if id(n) in active:
+            raise SpecError([(str(path), "a YAML alias refers to itself (recursive anchor); "
+                                         "write the value out instead")])
+        active.add(id(n))
+        total = 1
+        if isinstance(n, yaml.SequenceNode):
+            kids = n.value
+        elif isinstance(n, yaml.MappingNode):
+            kids = [x for kv in n.value for x in kv]
+        else:
+            kids = []
+        for k in kids:
+            total += size(k)
+            if total > MAX_YAML_NODES:
+                raise SpecError([(str(path), f"YAML expands to more than {MAX_YAML_NODES} values "
+                                             "(nested anchors/aliases?); a spec is a few hundred. "
+                                             "Write the values out instead of nesting aliases")])
+        active.discard(id(n))
+        sizes[id(n)] = total
+        return total
+
+    size(node)
+
+
+def _strict_loader():
+    """yaml.SafeLoader that refuses duplicate mapping keys (PyYAML keeps the last one silently,
+    so a second `drafter:` block would quietly replace the first)."""
+
+    class StrictSafeLoader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return loader.construct_mapping(node, deep=deep)
+
+    StrictSafeLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return StrictSafeLoader
+
+
+def _load_yaml(text: str, where) -> Any:
+    """Safe-load one YAML document, refusing alias bombs and very deep nesting (SpecError
+    naming `where`); YAML syntax errors propagate as yaml.YAMLError."""
+    loader = _strict_loader()(text)  # a SafeLoader subclass: python tags never run
+    try:
+        node = loader.get_single_node()
+        if node is not None:
+            _check_yaml_size(node, where)
+        return loader.construct_document(node) if node is not None else None
+    except RecursionError:
+        raise SpecError([(str(where), "YAML nested too deeply; a spec is a few levels deep")])
+    finally:
+        loader.dispose()
+
+
+def read_yaml(path: Path) -> dict:
+    """Read YAML with the safe loader only (a !!python tag is an error and never runs).
+    Duplicate keys are an error. Raises SpecError naming the file (and line)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise SpecError([(str(path), f"cannot read spec file: {e.strerror}")])
+    except UnicodeDecodeError:
+        raise SpecError([(str(path), "not a text file (expected a YAML spec)")])
+    try:
+        data = _load_yaml(text, path)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SpecError([(str(path), f"not valid YAML for the safe loader (python tags are "
+                                     f"refused): {what}{where}")])
+    if data is None:
+        raise SpecError([(str(path), "the spec file is empty; start from specs/smollm2-sharegpt."
+                                     "yaml (see docs/spec-reference.md)")])
+    if not isinstance(data, dict):
+        raise SpecError([(str(path), f"the spec must be a YAML mapping (name: ..., target: ...), "
+                                     f"got a {type(data).__name__}")])
+    return data
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`stage.field=value` -> (dotted path, YAML-parsed value)."""
+    if "=" not in item:
+        raise SpecError([(item, "override must look like section.field=value")])
+    key, value = item.split("=", 1)
+    if not key.strip() or "" in key.strip().split("."):
+        raise SpecError([(item, "override must look like section.field=value (empty field name)")])
+    try:
+        parsed = _load_yaml(value, item[:60]) if value != "" else None
+    except yaml.YAMLError:
+        parsed = value
+    return key.strip(), parsed
+
+
+def apply_override(data: dict, dotted: str, value: Any) -> dict:
+    """Set data[a][b][c] = value for dotted 'a.b.c' (creating mappings); returns data."""
+    parts = dotted.split(".")
+    node = data
+    for p in parts[:-1]:
+        if isinstance(node, list):
+            node = node[_index(p)]
+            continue
+        if node.get(p) is None:
+            node[p] = {}
+        node = node[p]
+    if isinstance(node, list):
+        node[_index(parts[-1])] = value
+    else:
+        node[parts[-1]] = value
+    return data
+
+
+def _index(p: str) -> int:
+    """A list index in a dotted override path: 0, 1, ... (no negative or named indices)."""
+    if not p.isdigit():
+        raise ValueError(p)
+    return int(p)
+
+
+def _fill_target_geometry(data: dict) -> list[tuple[str, str]]:
+    """Read the target's own config (config.json or GGUF header) and merge it into data['target'].
+
+    A declared value that disagrees with the model's config is an error."""
+    tgt = data.get("target")
+    if not isinstance(tgt, dict) or not isinstance(tgt.get("path"), str):
+        return []
+    try:
+        cfg = read_target_config(expand_path(tgt["path"]))
+    except FileNotFoundError:
+        return []
+    except TargetConfigError as e:
+        return [("target.path", str(e))]
+    problems = []
+    for f in ("num_hidden_layers", "hidden_size", "vocab_size", "max_position_embeddings"):
+        have = cfg.get(f)
+        if have is None:
+            continue
+        declared = tgt.get(f)
+        if declared is not None and declared != have:
+            problems.append((f"target.{f}", f"declared {declared}, but the model's config says "
+                                            f"{have}. Fix the spec or point target.path at the "
+                                            "intended model."))
+        elif declared is None:
+            tgt[f] = have
+    return problems
+
+
+def load_spec(path: str | Path | None = None, overrides: list[str] = (), data: dict | None = None,
+              check_target: bool = True) -> Spec:
+    """Load, override and validate a spec. YAML and `-o a.b=value` overrides go through this one
+    function, which re-validates the whole spec.
+
+    Raises SpecError with (field path, message) pairs."""
+    if data is None:
+        data = read_yaml(Path(path))
+    data = copy.deepcopy(data)
+    for item in overrides:
+        k, v = parse_override(item)
+        try:
+            apply_override(data, k, v)
+        except (KeyError, IndexError, ValueError, TypeError, AttributeError):
+            raise SpecError([(k, "override path does not exist in the spec")])
+    problems = _fill_target_geometry(data) if check_target else []
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(problems + format_errors(e, data))
+    if problems:
+        raise SpecError(problems)
+    for v in spec.variants:
+        for k in v.overrides:
+            if k.split(".")[0] in ("name", "work_dir", "results", "variants", "executor"):
+                raise SpecError([(f"variants.{v.name}.overrides.{k}", "variants may not change "
+                                  "name, work_dir, results, executor or variants")])
+        variant_spec(spec, v.name, data)
+    return spec
+
+
+def variant_spec(spec: Spec, name: str, raw: dict | None = None) -> Spec:
+    """The spec with variant `name`'s overrides applied (re-validated)."""
+    v = next(v for v in spec.variants if v.name == name)
+    data = copy.deepcopy(spec.model_dump(mode="json") if raw is None else raw)
+    data["variants"] = []
+    for k, val in v.overrides.items():
+        try:
+            apply_override(data, k, val)
+        except (KeyError, IndexError, ValueError, TypeError, AttributeError):
+            raise SpecError([(f"variants.{name}.overrides.{k}", "path does not exist")])
+    try:
+        out = Spec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError([(f"variants.{name}", m) if m.startswith(p) else
+                         (f"variants.{name}: {p}", m) for p, m in format_errors(e, data)])
+    return out.model_copy(update={"variants": spec.variants})

