@@ -119,3 +119,23 @@ def _forward_triton(d: Eagle3Draft, kc, vc, ids, input_pos, prefix_len, tree_mas
                                      vocab=c.vocab_size)
     return DraftOut(out.view(B, T, H), logits.view(B, T, -1), top.view(B, T, topk),
                     lp.view(B, T, topk))
+
+
+def draft_round_greedy(drafter: Eagle3Draft, kc, vc, aux, best, pos, sel, K: int, rope=None,
+                       kernels: str = "auto"):
+    """jobs/engine_steps.draft_round_greedy through draft_forward (same inputs, same result):
+    step 0 over the K+1 verified positions pos [K+1] (aux [1, K+1, 3Ht], best [K+1] = the
+    verify's greedy tokens), then the greedy chain from the root row sel [1] (= m). Chain step j
+    sits at RoPE position / cache slot pos[sel] + j and attends the slots before it: prefix_len =
+    that slot. Returns the next verify input [1, K+1] = [bonus, d_1..d_K] (target ids)."""
+    o = draft_forward(drafter, kc, vc, best.view(1, K + 1), pos, pos[:1], aux=aux, rope=rope,
+                      kernels=kernels)
+    hidden, tid = o.out.index_select(1, sel), o.ids[0, :, 0].index_select(0, sel)  # [1, 1, H], [1]
+    toks, root = [best.index_select(0, sel), tid], pos.index_select(0, sel)
+    for j in range(1, K):
+        p = root + j
+        o = draft_forward(drafter, kc, vc, tid.view(1, 1), p, p, hidden=hidden, rope=rope,
+                          kernels=kernels)
+        hidden, tid = o.out, o.ids[0, :, 0]
+        toks.append(tid)
+    return torch.cat(toks).view(1, K + 1)

@@ -18,7 +18,11 @@ CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA and not INTERPRET else "cpu"
 needs_triton = pytest.mark.skipif(not (CUDA or INTERPRET),
                                   reason="Triton kernels need CUDA or TRITON_INTERPRET=1")
-gpu = [pytest.mark.gpu, pytest.mark.skipif(not CUDA or INTERPRET, reason="needs CUDA")]
+
+
+def gpu_test(f):
+    """Marks a test `gpu` (run on the device) and skips it without CUDA or when interpreting."""
+    return pytest.mark.gpu(pytest.mark.skipif(not CUDA or INTERPRET, reason="needs CUDA")(f))
 
 
 def patch_interpreter_bf16_dot() -> None:
