@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 BLOCK_M = 16  # query rows per program: fixed, so a row's numerics never depend on W
-NEG = -1.0e30  # finite "minus infinity" for running maxima: exp2(NEG - NEG) never NaNs
+NEG = tl.constexpr(-1.0e30)  # finite "minus infinity" for running maxima: exp2(NEG - NEG) != NaN
 
 
 def dense_mask(prefix_len: torch.Tensor, tree_mask: Optional[torch.Tensor], W: int,
@@ -61,14 +61,19 @@ def decode_attention_ref(q, k_cache, v_cache, prefix_len, tree_mask=None) -> tor
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+@torch.compiler.assume_constant_result
+def sm_count() -> int:
+    """This GPU's SM count (132 without CUDA: an H100/H200). A constant to torch.compile."""
+    return (torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+            if torch.cuda.is_available() else 132)
+
+
 def attention_splits(B: int, nkv: int, S: int, block_n: int = 64,
                      sms: Optional[int] = None) -> int:
     """Sequence splits (a power of 2, 1..16) for B * nkv (batch row, kv head) pairs over a cache
-    of S slots: enough programs to cover the SMs (`sms`, default this GPU's count, 132 off GPU),
-    never a split shorter than one key block."""
-    if sms is None:
-        sms = (torch.cuda.get_device_properties(0).multi_processor_count
-               if torch.cuda.is_available() else 132)
+    of S slots: enough programs to cover the SMs (`sms`, default sm_count()), never a split
+    shorter than one key block."""
+    sms = sm_count() if sms is None else sms
     s = 1
     while s < 16 and B * nkv * s * 2 <= sms and s * 2 * block_n <= S:
         s *= 2

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.linear import BM, Rows, load_rows, rms_ref, rows_ref
+from kernels.linear import BM, Rows, norm_chunk, rms_ref, rows_ref
 
 
 @triton.jit
@@ -38,11 +38,9 @@ def _head_kernel(a_base, a_bs, a_idx, a_part, a_out, a_os, g_ptr, w_ptr, logit_p
     ss = tl.zeros([BMc], tl.float32)
     for k0 in range(0, H, BK):
         kk = k0 + tl.arange(0, BK)
-        x = load_rows(a_base, a_bs, a_idx, a_part, a_out, a_os, M, H, rows, kk, pid == 0,
-                      BMc, BK, A_BASE, A_GATHER, A_PARTS, A_WRITE, DT)
-        ss += tl.sum(x * x, 1)
-        g = tl.load(g_ptr + kk, mask=kk < H, other=0.0).to(tl.float32)
-        xg = (x * g[None, :]).to(DT)
+        xg, sq = norm_chunk(a_base, a_bs, a_idx, a_part, a_out, a_os, g_ptr, M, H, rows, kk,
+                            pid == 0, BMc, BK, A_BASE, A_GATHER, A_PARTS, A_WRITE, DT)
+        ss += sq
         w = tl.load(w_ptr + n[:, None].to(tl.int64) * H + kk[None, :],
                     mask=nmask[:, None] & (kk < H)[None, :], other=0.0)
         acc += tl.dot(xg, tl.trans(w))

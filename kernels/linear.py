@@ -34,9 +34,9 @@ import triton.language as tl
 
 from jobs.draft_model import RMSNorm, apply_rope
 from jobs.llama import write_cache
-from kernels.attention import combine_splits
+from kernels.attention import BLOCK_M, combine_splits
 
-BM = 16  # rows per program (see the module docstring)
+BM = BLOCK_M  # rows per program (see the module docstring)
 
 
 @dataclass
@@ -112,6 +112,18 @@ def load_rows(base_ptr, base_stride, idx_ptr, part_ptr, out_ptr, out_stride, M, 
 
 
 @triton.jit
+def norm_chunk(base_ptr, base_stride, idx_ptr, part_ptr, out_ptr, out_stride, g_ptr, M, K, rows,
+               cols, write, BMc: tl.constexpr, BKc: tl.constexpr, HAS_BASE: tl.constexpr,
+               GATHER: tl.constexpr, PARTS: tl.constexpr, WRITE: tl.constexpr,
+               DT: tl.constexpr):
+    """One K-chunk of the single-pass RMSNorm: (x * g in DT [BMc, BKc], sum of x^2 [BMc])."""
+    x = load_rows(base_ptr, base_stride, idx_ptr, part_ptr, out_ptr, out_stride, M, K, rows, cols,
+                  write, BMc, BKc, HAS_BASE, GATHER, PARTS, WRITE, DT)
+    g = tl.load(g_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+    return (x * g[None, :]).to(DT), tl.sum(x * x, 1)
+
+
+@triton.jit
 def _qkv_kernel(a_base, a_bs, a_idx, a_part, a_out, a_os, a_g,
                 b_base, b_bs, b_idx, b_part, b_out, b_os, b_g,
                 wq, wk, wv, cos_ptr, sin_ptr, pos_ptr, cs_stride,
@@ -146,15 +158,12 @@ def _qkv_kernel(a_base, a_bs, a_idx, a_part, a_out, a_os, a_g,
         for k0 in range(0, H, BK):
             kk = k0 + tl.arange(0, BK)
             if seg == 0:
-                x = load_rows(a_base, a_bs, a_idx, a_part, a_out, a_os, M, H, rows, kk, write,
-                              BMc, BK, A_BASE, A_GATHER, A_PARTS, A_WRITE, DT)
-                g = tl.load(a_g + kk, mask=kk < H, other=0.0).to(tl.float32)
+                xg, sq = norm_chunk(a_base, a_bs, a_idx, a_part, a_out, a_os, a_g, M, H, rows, kk,
+                                    write, BMc, BK, A_BASE, A_GATHER, A_PARTS, A_WRITE, DT)
             else:
-                x = load_rows(b_base, b_bs, b_idx, b_part, b_out, b_os, M, H, rows, kk, write,
-                              BMc, BK, B_BASE, B_GATHER, B_PARTS, B_WRITE, DT)
-                g = tl.load(b_g + kk, mask=kk < H, other=0.0).to(tl.float32)
-            ss += tl.sum(x * x, 1)
-            xg = (x * g[None, :]).to(DT)
+                xg, sq = norm_chunk(b_base, b_bs, b_idx, b_part, b_out, b_os, b_g, M, H, rows, kk,
+                                    write, BMc, BK, B_BASE, B_GATHER, B_PARTS, B_WRITE, DT)
+            ss += sq
             kmask = (kk < H)[None, :]
             w1 = tl.load(w_ptr + c1[:, None] * KW + seg * H + kk[None, :], mask=kmask, other=0.0)
             w2 = tl.load(w_ptr + c2[:, None] * KW + seg * H + kk[None, :], mask=kmask, other=0.0)
@@ -253,11 +262,9 @@ def _gate_up_kernel(a_base, a_bs, a_idx, a_part, a_out, a_os, g_ptr, wg, wu, act
     ss = tl.zeros([BMc], tl.float32)
     for k0 in range(0, H, BK):
         kk = k0 + tl.arange(0, BK)
-        x = load_rows(a_base, a_bs, a_idx, a_part, a_out, a_os, M, H, rows, kk, pid == 0,
-                      BMc, BK, A_BASE, A_GATHER, A_PARTS, A_WRITE, DT)
-        ss += tl.sum(x * x, 1)
-        g = tl.load(g_ptr + kk, mask=kk < H, other=0.0).to(tl.float32)
-        xg = (x * g[None, :]).to(DT)
+        xg, sq = norm_chunk(a_base, a_bs, a_idx, a_part, a_out, a_os, g_ptr, M, H, rows, kk,
+                            pid == 0, BMc, BK, A_BASE, A_GATHER, A_PARTS, A_WRITE, DT)
+        ss += sq
         wm = nmask[:, None] & (kk < H)[None, :]
         accg += tl.dot(xg, tl.trans(tl.load(wg + n[:, None] * H + kk[None, :], mask=wm, other=0.0)))
         accu += tl.dot(xg, tl.trans(tl.load(wu + n[:, None] * H + kk[None, :], mask=wm, other=0.0)))
