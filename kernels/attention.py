@@ -19,7 +19,11 @@ are stacked, so each key block is loaded once for all of them. With splits > 1 (
 B * nkv alone would leave most SMs idle) each split writes an unnormalised partial (acc, running
 max m, denominator l, scores in log2 units) and a second pass combines them; the fused layer
 (kernels/llama_decode.py) does that combine inside its o_proj instead of a separate launch.
-Splits depend on (B, nkv, S) only, never on W or the length: the same rows give the same bits.
+Splits depend on (B, nkv, S) only, and key blocks sit at absolute slots (block i in split
+i % splits), so a query row meets the same blocks, in the same order, whatever W is and wherever
+the prefix ends (blocks it may not attend are exact no-ops): with the fixed 16-row tiles of every
+kernel, a row at position p gets the same bits from a 1-row decode at p and from row j of a
+W-row verify at p - j (the engine's losslessness, jobs/engine.py `width`).
 """
 
 from __future__ import annotations
@@ -81,6 +85,33 @@ def attention_splits(B: int, nkv: int, S: int, block_n: int = 64,
 
 
 @triton.jit
+def _attn_block(q, kb, vb, sks, svs, tm_ptr, start, total, plen, W, w, rmask, m_i, l_i, acc,
+                qk_scale, HD: tl.constexpr, BN: tl.constexpr, TREE: tl.constexpr):
+    """One online-softmax step over key slots start .. start+BN-1 (< total = plen + W): prefix
+    slots always, new slot plen + j by the tree / causal rule. A block a row may not attend is
+    an exact no-op for it (alpha = 1, p = 0)."""
+    n = start + tl.arange(0, BN)
+    nmask = n < total
+    d = tl.arange(0, HD)
+    k = tl.load(kb + n[:, None] * sks + d[None, :], mask=nmask[:, None], other=0.0)
+    s = tl.dot(q, tl.trans(k)) * qk_scale  # [BM, BN], log2 units
+    j = n - plen  # >= 0: new slot j
+    if TREE:
+        jj = tl.minimum(tl.maximum(j, 0), W - 1)
+        hit = tl.load(tm_ptr + w[:, None] * W + jj[None, :], mask=rmask[:, None], other=0)
+        newok = hit != 0
+    else:
+        newok = j[None, :] <= w[:, None]
+    ok = ((j < 0)[None, :] | newok) & nmask[None, :] & rmask[:, None]
+    s = tl.where(ok, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    v = tl.load(vb + n[:, None] * svs + d[None, :], mask=nmask[:, None], other=0.0)
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+
+
+@triton.jit
 def _attn_kernel(q_ptr, k_ptr, v_ptr, plen_ptr, tm_ptr, o_ptr, pacc_ptr, pm_ptr, pl_ptr,
                  sqb, sqh, sqw, skb, skh, sks, svb, svh, svs, sob, soh, sow,
                  W, NKV, NH, qk_scale,
@@ -102,35 +133,16 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, plen_ptr, tm_ptr, o_ptr, pacc_ptr, pm_ptr,
                 mask=rmask[:, None], other=0.0)
     plen = tl.load(plen_ptr + b).to(tl.int32)
     total = plen + W
-    chunk = tl.cdiv(tl.cdiv(total, SPLITS), BN) * BN
-    lo = split * chunk
-    hi = tl.minimum(lo + chunk, total)
     m_i = tl.full([BM], NEG, tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, HD], tl.float32)
     kb = k_ptr + b * skb + kvh * skh
     vb = v_ptr + b * svb + kvh * svh
-    for start in range(lo, hi, BN):
-        n = start + tl.arange(0, BN)
-        nmask = n < hi
-        k = tl.load(kb + n[:, None] * sks + d[None, :], mask=nmask[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale  # [BM, BN], log2 units
-        j = n - plen  # >= 0: new slot j
-        if TREE:
-            jj = tl.minimum(tl.maximum(j, 0), W - 1)
-            hit = tl.load(tm_ptr + w[:, None] * W + jj[None, :], mask=rmask[:, None], other=0)
-            newok = hit != 0
-        else:
-            newok = j[None, :] <= w[:, None]
-        ok = ((j < 0)[None, :] | newok) & nmask[None, :] & rmask[:, None]
-        s = tl.where(ok, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(vb + n[:, None] * svs + d[None, :], mask=nmask[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+    # key blocks at absolute slots [i*BN, (i+1)*BN), block i in split i % SPLITS: what a row meets
+    # depends on its own keys only, not on W or where the prefix ends (see the module docstring)
+    for blk in range(split, tl.cdiv(total, BN), SPLITS):
+        m_i, l_i, acc = _attn_block(q, kb, vb, sks, svs, tm_ptr, blk * BN, total, plen, W, w,
+                                    rmask, m_i, l_i, acc, qk_scale, HD, BN, TREE)
     if SPLITS == 1:
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(o_ptr + b * sob + head[:, None] * soh + w[:, None] * sow + d[None, :],

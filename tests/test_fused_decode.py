@@ -83,31 +83,36 @@ def test_target_forward_triton_matches_llama_forward(dtype):
     assert one.logits.shape == (2, 1, 97) and one.ids.shape == (2, 1, 1)
 
 
-def _greedy_vs_verify(m: Llama, W: int, P: int, dev) -> None:
-    """Greedy decode, each step one real token padded to W rows, then ONE verify of [t_0,
-    d_1..d_{W-1}] = those greedy tokens from the same cache state: identical argmaxes and
-    identical logits bits, row by row (asserts)."""
+def _greedy_vs_verify(m: Llama, W: int, P: int, dev, rows: int, S: int) -> None:
+    """Greedy decode, each step one real token padded to `rows` rows (W, or 1: a plain decode),
+    then ONE verify of [t_0, d_1..d_{W-1}] = those greedy tokens from the same cache state:
+    identical argmaxes and identical logits bits, row by row (asserts). The prompt is prefilled
+    by the torch path (both sides read the same prefix)."""
     V = m.config.vocab_size
     prompt = torch.randint(0, V, (1, P), generator=torch.Generator().manual_seed(2)).to(dev)
-    m.setup_cache(1, P + 2 * W + 8)
-    first = forward_triton(m, prompt, torch.arange(P, device=dev), torch.tensor([0], device=dev))
-    toks, rows = [int(first.ids[0, -1, 0])], []
+    m.setup_cache(1, S)
+    first = forward_torch(m, prompt, torch.arange(P, device=dev), torch.tensor([0], device=dev))
+    toks, got = [int(first.ids[0, -1, 0])], []
     for n in range(P, P + W):  # decode: row 0 real, rows 1.. padding (token 0)
-        ids = torch.tensor([[toks[-1]] + [0] * (W - 1)], device=dev)
-        o = forward_triton(m, ids, torch.arange(n, n + W, device=dev), torch.tensor([n], device=dev))
-        rows.append(o.logits[0, 0])
+        ids = torch.tensor([[toks[-1]] + [0] * (rows - 1)], device=dev)
+        o = forward_triton(m, ids, torch.arange(n, n + rows, device=dev),
+                           torch.tensor([n], device=dev))
+        got.append(o.logits[0, 0])
         toks.append(int(o.ids[0, 0, 0]))
     v = forward_triton(m, torch.tensor([toks[:W]], device=dev), torch.arange(P, P + W, device=dev),
                        torch.tensor([P], device=dev))  # the same slots, rewritten
     assert v.ids[0, :, 0].tolist() == toks[1:W + 1]
     for j in range(W):
-        assert torch.equal(v.logits[0, j], rows[j]), j
+        assert torch.equal(v.logits[0, j], got[j]), j
 
 
 @needs_triton
-def test_greedy_decode_over_w_rows_equals_a_w_row_verify_bit_for_bit():
-    """The lossless rule (jobs/engine.py `width`), at a tiny geometry."""
-    _greedy_vs_verify(_target(torch.bfloat16, std=0.3), 3, 5, DEV)
+@pytest.mark.parametrize("rows,P,S", [(3, 5, 24), (1, 62, 256)], ids=["W_rows", "1_row_splits"])
+def test_greedy_decode_equals_a_w_row_verify_bit_for_bit(rows, P, S):
+    """The lossless rule (jobs/engine.py `width`) at a tiny geometry: decode over W rows as the
+    engine runs it today, and over 1 row with 4 attention splits and the verify's keys crossing
+    a key-block boundary (slot 64): a row's bits do not depend on the row count."""
+    _greedy_vs_verify(_target(torch.bfloat16, std=0.3), 3, P, DEV, rows, S)
 
 
 @needs_triton
@@ -195,8 +200,10 @@ def test_gpu_smollm2_fused_forward_matches_and_is_deterministic(W, tree):
 
 
 @gpu_test
-def test_gpu_smollm2_greedy_decode_equals_verify_bit_for_bit():
-    _greedy_vs_verify(_smollm2(), 5, 40, "cuda")
+@pytest.mark.parametrize("rows", [5, 1])
+def test_gpu_smollm2_greedy_decode_equals_verify_bit_for_bit(rows):
+    """SmolLM2 geometry, 8 attention splits, keys crossing slot 64: W = 5 rows and 1 row."""
+    _greedy_vs_verify(_smollm2(), 5, 62, "cuda", rows, 512)
 
 
 @gpu_test
