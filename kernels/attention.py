@@ -210,7 +210,7 @@ def attention_partials(q, k_cache, v_cache, prefix_len, tree_mask, splits: int,
     tm = tree_mask if tree_mask is not None else prefix_len  # any pointer when causal
     if splits == 1:
         o = out if out is not None else q.new_empty(B, W, nh, hd).transpose(1, 2)
-        parts = (o, o, o)
+        parts = (q, q, q)  # unused: read-only stand-ins (never alias the written output)
     else:
         o = q  # unused
         f = dict(device=q.device, dtype=torch.float32)

@@ -327,7 +327,7 @@ def _linear_kernel(x_ptr, x_stride, pacc, pm, pl, w_ptr, out_ptr, M, N, K, NH,
 
 
 def linear_splitk(x: Optional[torch.Tensor], w: torch.Tensor, M: int, splitk: int,
-                  att: Optional[tuple] = None, block_n: int = 32,
+                  att: Optional[tuple] = None, block_n: int = 16,
                   block_k: int = 64) -> torch.Tensor:
     """x [M, K] (unit column stride) @ w[N, K]^T (contiguous) -> float32 partials [splitk, M, N]
     (their sum is the product; a Rows.parts for the consumer). att = (acc, m, l) attention

@@ -88,8 +88,9 @@ def forward_triton(target: Llama, ids, input_pos, prefix_len, tree_mask=None,
     M, H, nh, nkv, hd = B * W, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
     a0 = target.layers[0].self_attn
     if a0.k_cache is None or a0.k_cache.shape[0] != B or W > target.max_seq:
+        got = None if a0.k_cache is None else tuple(a0.k_cache.shape)
         raise ValueError(f"target_forward: cache for {B} rows of up to {target.max_seq} slots "
-                         f"needed (setup_cache); got {None if a0.k_cache is None else tuple(a0.k_cache.shape)}")
+                         f"needed (setup_cache); got {got}")
     eps, dev, dt = c.rms_norm_eps, ids.device, target.lm_head.weight.dtype
     pos = (input_pos if input_pos.dim() == 2 else input_pos[None].expand(B, W)).reshape(M)
     q = torch.empty(B, W, nh, hd, device=dev, dtype=dt)

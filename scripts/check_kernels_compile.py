@@ -96,7 +96,8 @@ def main(argv=None) -> int:
     seen, bad = set(), 0
     for fn, args, kwargs in record_launches():
         sig, const = signature(fn, args, kwargs)
-        key = (fn.__name__, tuple(sorted(sig.items())), tuple(sorted((k, str(v)) for k, v in const.items())))
+        key = (fn.__name__, tuple(sorted(sig.items())),
+               tuple(sorted((k, str(v)) for k, v in const.items())))
         if key in seen:
             continue
         seen.add(key)

@@ -19,6 +19,10 @@ DEV = "cuda" if CUDA and not INTERPRET else "cpu"
 needs_triton = pytest.mark.skipif(not (CUDA or INTERPRET),
                                   reason="Triton kernels need CUDA or TRITON_INTERPRET=1")
 
+# float32 tl.dot runs as TF32 on CUDA tensor cores: exact float32 comparisons are interpreter-only
+F32 = pytest.param(torch.float32, marks=pytest.mark.skipif(
+    DEV == "cuda", reason="float32 tl.dot is TF32 on CUDA; bf16 is compared there"))
+
 
 def gpu_test(f):
     """Marks a test `gpu` (run on the device) and skips it without CUDA or when interpreting."""

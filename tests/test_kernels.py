@@ -92,7 +92,8 @@ def test_norm_qkv_rope_matches_reference(two):
     outs = []
     for fn in (norm_qkv_rope, norm_qkv_rope_ref):
         q = torch.zeros(B, W, nh, hd, device=DEV, dtype=BF)
-        kc, vc = torch.zeros(B, nkv, S, hd, device=DEV, dtype=BF), torch.zeros(B, nkv, S, hd, device=DEV, dtype=BF)
+        kc = torch.zeros(B, nkv, S, hd, device=DEV, dtype=BF)
+        vc = torch.zeros_like(kc)
         xo = torch.zeros(M, H, device=DEV, dtype=BF)
         a, b = ((Rows(base=emb, idx=idx), Rows(parts=parts, out=xo)) if two else
                 (Rows(base=base, parts=parts, out=xo), None))

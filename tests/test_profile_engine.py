@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def pe():
-    spec = importlib.util.spec_from_file_location("profile_engine", ROOT / "scripts" / "profile_engine.py")
+    path = ROOT / "scripts" / "profile_engine.py"
+    spec = importlib.util.spec_from_file_location("profile_engine", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
