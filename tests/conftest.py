@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+
+def _interpret_triton_without_cuda() -> None:
+    """Without CUDA, Triton kernels (kernels/) run only under Triton's interpreter, and
+    TRITON_INTERPRET must be set before any `@triton.jit` decorates them (at import)."""
+    if "TRITON_INTERPRET" not in os.environ:
+        import torch
+        if not torch.cuda.is_available():
+            os.environ["TRITON_INTERPRET"] = "1"
+
+
+_interpret_triton_without_cuda()
 
 
 # ---- target model (jobs/target.py) -------------------------------------------------------------
