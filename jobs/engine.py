@@ -1,4 +1,4 @@
-"""Embedded EAGLE-3 speculative decoding engine (batch 1, chain drafts), gpt-fast style.
+"""Embedded EAGLE-3 speculative decoding engine (batch 1, chains and trees), gpt-fast style.
 
 One round (K = num_steps, chain, eagle_topk = 1):
     draft:   K draft tokens d_1..d_K from the drafter's recurrence over its own static KV cache
@@ -25,8 +25,9 @@ drafter's step 0 after a verify always runs K+1 rows (padded past m, see draft_e
 m is picked inside the graph by a tensor index, and positions/slots are views of a device arange.
 Only prefill and the prompt's step 0 (length = prompt) run eagerly. See Engine for the guarantees.
 
-Tree drafting (eagle_topk > 1) is NOT implemented in the embedded engine: `Engine` raises
-ValueError for it; use backend: sglang for trees.
+Trees (eagle_topk > 1, num_draft_tokens N): jobs/tree.py builds the tree as SGLang 0.5.23 does,
+verifies it in one target forward with a tree mask, accepts a path (greedy or tree sampling) and
+commits its KV; a round is two graphs and one device-to-host copy at any temperature.
 
 Metrics: tau = tokens per verify pass including the bonus token; accept_per_pos[j] = fraction of
 rounds in which draft j+1 was accepted (sums to tau - 1).
@@ -47,6 +48,7 @@ from jobs.engine_steps import (accept_greedy, accept_sample, decode,
                                draft_chain_greedy, draft_extend, draft_probs_target,
                                draft_round_greedy, draft_step, prefill, probs, sample, verify)
 from jobs.llama import Llama
+from jobs.tree import draft_tree, draft_tree_round, max_draft_tokens, verify_tree
 
 
 # ----------------------------------------------------------------------------------------------
@@ -73,12 +75,20 @@ class Stats:
         return [sum(a > j for a in self.accepted) / max(self.rounds, 1) for j in range(K)]
 
 
-def default_width(target: Llama, num_steps: int) -> Optional[int]:
-    """The Engine `width` to share between a baseline and engines of up to `num_steps`:
-    num_steps + 1 for a bf16/fp16 target (its 1-row and (K+1)-row forwards round differently),
-    None (1-row decode) for float32."""
+def default_width(target: Llama, num_steps: int, num_draft_tokens: int = 0) -> Optional[int]:
+    """The Engine `width` to share between a baseline and engines of up to `num_steps` and up to
+    `num_draft_tokens` tree rows: max(num_steps + 1, num_draft_tokens) for a bf16/fp16 target
+    (its 1-row and multi-row forwards round differently), None (1-row decode) for float32."""
     low = target.lm_head.weight.dtype in (torch.bfloat16, torch.float16)
-    return num_steps + 1 if low else None
+    return max(num_steps + 1, num_draft_tokens) if low else None
+
+
+def slots_needed(prompt_tokens: int, max_new: int, num_steps: int, rows: int,
+                 eagle_topk: int = 1) -> int:
+    """Cache slots (Engine max_seq) a generation needs: prompt + max_new, a round's overrun and
+    the root's offset (2 * num_steps + 2), then the larger of the verify's `rows` (W) and the
+    drafter's tree slots past its root ((num_steps - 1) * eagle_topk)."""
+    return prompt_tokens + max_new + 2 * num_steps + 2 + max(rows, (num_steps - 1) * eagle_topk)
 
 
 def _private(fn: Callable) -> Callable:
@@ -94,47 +104,57 @@ def _private(fn: Callable) -> Callable:
 class Engine:
     """Batch-1 engine over our Llama target and an exported EAGLE-3 drafter (or none = baseline).
 
-    Greedy (temperature 0) rounds cost two graph launches and ONE device-to-host sync: the drafter's
+    Chains (eagle_topk 1): greedy rounds are two graphs and ONE device-to-host sync, the drafter's
     whole round (draft_round_greedy: step 0 over the verified rows + the K-step chain) and the
-    target's verify, whose greedy tokens come back together with the drafts in one copy.
-    Sampling rounds (`sampling=True`) draft step by step (multinomial on the host side of each
-    step) through draft_extend / draft_step.
+    target's verify, whose greedy tokens come back with the drafts in one copy; sampling rounds
+    (`sampling=True`) draft step by step (draft_extend / draft_step, multinomial per step).
+    Trees (eagle_topk > 1, num_draft_tokens N <= max_draft_tokens): at any temperature two graphs
+    and one host copy per round, draft_tree_round and verify_tree (jobs/tree.py); sampling=True
+    adds the sampling verify graph.
 
-    Compiled mode compiles the fixed-shape steps with torch.compile(fullgraph=True,
-    dynamic=False): decode [1, 1], verify [1, K+1], and for the drafter either
-    draft_round_greedy + draft_chain_greedy (the prompt's first chain) or, with sampling=True,
-    draft_extend [1, K+1] + draft_step [1, 1]. Every call passes tensors of ONE shape and stride
-    per step; positions, slots and the accepted-prefix index are device tensors, never Python
-    ints, so nothing varies per round or per prompt (prefill and the prompt's step 0, the only
-    variable-length steps, run eagerly). `cuda_graph=True` on CUDA uses mode="reduce-overhead"
-    (inductor + CUDA graphs) and is ignored on CPU; `compile_backend` ("eager", "aot_eager",
-    "inductor") compiles on any device without CUDA graphs (tests: the dynamo guards are the same).
+    Compiled mode compiles the fixed-shape steps (module docstring: static shapes) with
+    torch.compile(fullgraph=True, dynamic=False). `cuda_graph=True` on CUDA uses
+    mode="reduce-overhead" (inductor + CUDA graphs) and is ignored on CPU; `compile_backend`
+    ("eager", "aot_eager", "inductor") compiles on any device without CUDA graphs (tests: the
+    dynamo guards are the same). No silent fallback: the steps are compiled once at
+    construction, then every generate runs under torch.compiler stance "fail_on_recompile", so
+    a new shape raises instead of recompiling (or, past dynamo's recompile limit, falling back);
+    a graph break raises (fullgraph); dynamo's suppress_errors (compile errors -> eager) is
+    refused.
 
-    No silent fallback: the steps are compiled once at construction, then every generate runs
-    under torch.compiler stance "fail_on_recompile", so a new shape raises instead of recompiling
-    (or, past dynamo's recompile limit, falling back); a graph break raises (fullgraph); dynamo's
-    suppress_errors (compile errors -> eager) is refused.
-    `width` W (>= K+1): every target forward after the prefill runs W rows, the verify and the
-    baseline's decode alike. In bf16 a 1-row and a (K+1)-row forward round
-    differently, so a plain decode baseline and the speculative output drift apart after a few
-    dozen tokens (measured on the H200: 24 of 80 MT-bench prompts identical over 256 tokens);
-    with one W for both, every row is computed by the same kernels and the greedy outputs are
-    identical (tests/test_engine.py, bf16 on CPU). None: verify runs K+1 rows, decode 1.
-    Raises ValueError for eagle_topk > 1 (trees are not implemented here), for width < K+1, and
-    from generate for temperature > 0 on a compiled engine built without sampling=True."""
+    `width` W (>= N): every target forward after the prefill runs W rows, the verify and the
+    baseline's decode alike. In bf16 a 1-row and a (K+1)-row forward round differently, so a
+    plain decode baseline and the speculative output drift apart after a few dozen tokens
+    (measured on the H200: 24 of 80 MT-bench prompts identical over 256 tokens); with one W for
+    both, every row is computed by the same kernels and chain outputs are identical
+    (tests/test_engine.py, bf16 on CPU). A tree row attends its ancestors at other slots than a
+    decode row does, which can reorder the attention's reductions: in bf16 trees are identical
+    but for near-ties. None: verify runs N rows, decode 1.
+    Raises ValueError for an inconsistent eagle_topk / num_draft_tokens (SGLang's rules), for
+    width < N, and from generate for temperature > 0 on a compiled engine built without
+    sampling=True."""
 
     def __init__(self, target: Llama, drafter: Optional[Eagle3Draft] = None, num_steps: int = 3,
                  eagle_topk: int = 1, max_seq: int = 4096, cuda_graph: bool = False,
                  compile_backend: Optional[str] = None, sampling: bool = False,
-                 width: Optional[int] = None):
-        if eagle_topk != 1:
-            raise ValueError(f"eagle_topk = {eagle_topk}: the embedded engine drafts chains only "
-                             "(eagle_topk 1); use backend: sglang for tree drafting")
-        if width is not None and width < num_steps + 1:
-            raise ValueError(f"width = {width}: the verify forward needs at least num_steps + 1 = "
-                             f"{num_steps + 1} rows")
+                 width: Optional[int] = None, num_draft_tokens: Optional[int] = None):
+        N = num_draft_tokens or (num_steps + 1 if eagle_topk == 1 else None)
+        if N is None:
+            raise ValueError("num_draft_tokens: required when eagle_topk > 1 (SGLang's "
+                             "--speculative-num-draft-tokens)")
+        if eagle_topk == 1 and N != num_steps + 1:
+            raise ValueError(f"num_draft_tokens = {N}: with eagle_topk 1 it must equal "
+                             f"num_steps + 1 = {num_steps + 1}")
+        if not 2 <= N <= max_draft_tokens(num_steps, eagle_topk):
+            raise ValueError(f"num_draft_tokens = {N}: must be in 2..1 + topk + (num_steps-1) * "
+                             f"topk^2 = {max_draft_tokens(num_steps, eagle_topk)} (SGLang's bound)")
+        if width is not None and width < N:
+            raise ValueError(f"width = {width}: the verify forward needs at least num_draft_tokens"
+                             f" = {N} rows")
         self.target, self.drafter, self.K, self.sampling = target, drafter, num_steps, sampling
-        self.W = width or num_steps + 1  # rows of every verify forward
+        self.topk, self.N = eagle_topk, N
+        self.D = min(num_steps, N - 1)  # the most drafts a round can accept (the tree's depth)
+        self.W = width or N  # rows of every verify forward
         self.decode_rows = width or 1  # rows of every baseline decode forward
         self.V = target.config.vocab_size
         p = target.lm_head.weight
@@ -153,10 +173,16 @@ class Engine:
         self.slots = torch.arange(max_seq, device=self.device)
         self.steps = dict(decode=decode, verify=verify,
                           extend=draft_extend, step=draft_step,
-                          chain=draft_chain_greedy, round=draft_round_greedy)
+                          chain=draft_chain_greedy, round=draft_round_greedy,
+                          tree=draft_tree, tree_round=draft_tree_round, tree_verify=verify_tree,
+                          tree_verify_sample=_private(verify_tree))
         # the steps a compiled engine compiles (the others are never called by it)
-        self.hot = ["decode", "verify"] + ([] if drafter is None else
-                                           ["extend", "step"] if sampling else ["chain", "round"])
+        if eagle_topk > 1:
+            self.hot = ["decode"] + ([] if drafter is None else ["tree", "tree_round", "tree_verify"]
+                                     + (["tree_verify_sample"] if sampling else []))
+        else:
+            self.hot = ["decode", "verify"] + ([] if drafter is None else ["extend", "step"]
+                                               if sampling else ["chain", "round"])
         if compile_backend is not None:
             kw = dict(backend=compile_backend)
         elif cuda_graph and self.device.type == "cuda":
@@ -186,6 +212,10 @@ class Engine:
         K, dev, V, S = self.K, self.device, self.V, self.steps
         tok = torch.zeros(1, dtype=torch.long, device=dev)
         S["decode"](self.target, tok.view(1, 1), self.slots[1:1 + self.decode_rows])
+        if self.topk > 1:
+            if self.drafter is not None:
+                self._warm_up_tree(tok)
+            return
         toks = torch.zeros(1, K + 1, dtype=torch.long, device=dev)
         _, vaux, best = S["verify"](self.target, toks, self.slots[1:1 + self.W])
         vaux, best = vaux.clone(), best.clone()  # CUDA graphs: the next replay reuses the buffers
@@ -207,6 +237,31 @@ class Engine:
                    self.slots, K, V)
         S["round"](d, self.dk, self.dv, vaux, best, self.slots[1:K + 2], self.slots,
                    self.slots[1:2], K, V)
+
+    def _warm_up_tree(self, tok):
+        """The tree steps, from a zero root (the shapes and strides of draft_extend's output)."""
+        d, S, sl = self.drafter, self.steps, self.slots
+        root = torch.zeros(1, 1, d.config.hidden_size, device=self.device, dtype=d.fc.weight.dtype)
+        rlog = torch.zeros(1, d.config.draft_vocab_size, device=self.device)
+        tree = self._clone(S["tree"](d, self.dk, self.dv, tok, root, rlog, sl[1:2], sl, self.K,
+                                     self.topk, self.N, self.V))
+        for name in ["tree_verify"] + (["tree_verify_sample"] if self.sampling else []):
+            paux, nxt, m, _ = self._clone(S[name](self.target, *tree, sl[2:3], sl[:self.W], sl,
+                                                  self.D, *self._uniforms(name, 1.0, None)))
+        S["tree_round"](d, self.dk, self.dv, paux, nxt, sl[2:self.D + 3], sl, m, self.K,
+                        self.topk, self.N, self.V)
+
+    def _uniforms(self, name, temperature, gen) -> tuple:
+        """The sampling verify's extra inputs: (temperature [1], uniforms [N]); () for greedy."""
+        if name == "tree_verify":
+            return ()
+        return (torch.full((1,), temperature, device=self.device),
+                torch.rand(self.N, generator=gen, device=self.device))
+
+    @staticmethod
+    def _clone(ts) -> list:
+        """Copies of a compiled step's outputs (CUDA graphs reuse output buffers on replay)."""
+        return [t.clone() for t in ts]
 
     @contextlib.contextmanager
     def _sealed(self):
@@ -269,7 +324,8 @@ class Engine:
         a drafter it replaces it; with one, the drafter still runs (same compiled steps and cache
         traffic) but its drafts are replaced by the forced ones before the verify.
         Raises ValueError for temperature > 0 on a compiled engine built without sampling=True."""
-        assert self.drafter is not None or draft_fn is not None, "no drafter: use generate_baseline"
+        if self.drafter is None and (draft_fn is None or self.topk > 1):
+            raise ValueError("no drafter (a tree needs one for its shape): use generate_baseline")
         if temperature > 0 and self.compiled and not self.sampling:
             raise ValueError("temperature > 0 needs Engine(..., sampling=True): this compiled "
                              "engine has only the greedy draft graphs")
@@ -278,7 +334,9 @@ class Engine:
         self._sync()
         t0 = time.perf_counter()
         with self._sealed():
-            if temperature <= 0 and not self.sampling:
+            if self.topk > 1:
+                out = self._tree_loop(ids, max_new, temperature, gen, stop_ids, draft_fn, st, t0)
+            elif temperature <= 0 and not self.sampling:
                 out = self._greedy_loop(ids, max_new, stop_ids, draft_fn, st, t0)
             else:
                 out = self._sampling_loop(ids, max_new, temperature, gen, stop_ids, draft_fn, st,
@@ -294,21 +352,29 @@ class Engine:
         st.new_tokens = len(out)
         return out, st
 
+    def _start(self, ids, temperature, gen, st, t0):
+        """Prefill ids [1, T] (cache slots 0..T-1; st.prefill_s), the first token [1], then the
+        drafter's step 0 over the prompt (eager: T varies), (aux_i, token i+1) at position i.
+        Returns (first [1], root out [1, 1, H], root logits [1, Vd]); no root without a drafter."""
+        logits, aux = prefill(self.target, ids)
+        first = sample(logits[:, -1], temperature, gen)  # [1]
+        self._sync()
+        st.prefill_s = time.perf_counter() - t0
+        if self.drafter is None:
+            return first, None, None
+        n, sl = ids.shape[1], self.slots
+        nxt = torch.cat([ids[:, 1:], first.view(1, 1)], dim=1)
+        return (first, *draft_extend(self.drafter, self.dk, self.dv, aux, nxt, sl[:n], sl,
+                                     sl[n - 1:n]))
+
     def _greedy_loop(self, ids, max_new, stop_ids, draft_fn, st, t0) -> list:
         """Greedy rounds; returns the raw token list (may overrun max_new / stops). Per round: one
         verify graph, one host copy of (drafts, target argmax), one drafter graph."""
         K, V, dev, d, S = self.K, self.V, self.device, self.drafter, self.steps
-        logits, aux = prefill(self.target, ids)
-        first = logits[0, -1:].argmax(-1)  # [1]
-        out = [int(first)]
-        n = ids.shape[1]  # target cache length; out[-1] sits at position n, not yet in the cache
-        self._sync()
-        st.prefill_s = time.perf_counter() - t0
+        first, root, rlog = self._start(ids, 0.0, None, st, t0)
+        out, n = [int(first)], ids.shape[1]  # out[-1] sits at position n, not yet in the cache
         toks = None  # the next verify input [1, K+1] = [t_n, d_1..d_K]
-        if d is not None:  # step 0 over the prompt (eager: T varies): (aux_i, token i+1) at i
-            nxt = torch.cat([ids[:, 1:], first.view(1, 1)], dim=1)
-            root, rlog = draft_extend(d, self.dk, self.dv, aux, nxt, self.slots[:n], self.slots,
-                                      self.slots[n - 1:n])
+        if d is not None:
             toks = S["chain"](d, self.dk, self.dv, first, root, rlog, self.slots[n - 1:n],
                               self.slots, K, V).clone()
             self._sync()
@@ -326,11 +392,8 @@ class Engine:
                 m += 1
             t3 = time.perf_counter()
             st.verify_s += t3 - t2
-            st.rounds += 1
-            st.accepted.append(m)
             new = target_best[:m + 1]  # accepted drafts (= the target's argmax) + bonus
-            out.extend(new)
-            if any(t in stop_ids for t in new):  # a stop token, possibly mid-round: done
+            if self._record(st, m, new, out, stop_ids):
                 break
             if d is not None and len(out) < max_new:
                 toks = S["round"](d, self.dk, self.dv, vaux, best, self.slots[n:n + K + 1],
@@ -340,21 +403,47 @@ class Engine:
             n += m + 1
         return out
 
+    def _tree_loop(self, ids, max_new, temperature, gen, stop_ids, draft_fn, st, t0) -> list:
+        """Tree rounds (greedy or sampling); returns the raw token list (may overrun max_new /
+        stops). Per round: one verify_tree graph (forward, acceptance, KV commit), one host copy
+        of [m, accepted tokens], one draft_tree_round graph."""
+        D, dev, d, S, sl = self.D, self.device, self.drafter, self.steps, self.slots
+        tree_args = (self.K, self.topk, self.N, self.V)
+        first, root, rlog = self._start(ids, temperature, gen, st, t0)
+        out, n = [int(first)], ids.shape[1]  # out[-1] sits at position n, not yet in the cache
+        tree = self._clone(S["tree"](d, self.dk, self.dv, first, root, rlog, sl[n - 1:n], sl,
+                                     *tree_args))
+        self._sync()
+        st.draft_s += time.perf_counter() - t0 - st.prefill_s
+        name = "tree_verify" if temperature <= 0 else "tree_verify_sample"
+        while len(out) < max_new and out[-1] not in stop_ids:
+            if draft_fn is not None:  # forced tokens on the drafter's tree (tests)
+                forced = self._forced(draft_fn, out, tree[1][1:].tolist())
+                tree[0] = torch.tensor([[out[-1]] + forced], device=dev)
+            t2 = time.perf_counter()
+            paux, nxt, m_t, host = self._clone(S[name](self.target, *tree, sl[n:n + 1],
+                                                       sl[:self.W], sl, D,
+                                                       *self._uniforms(name, temperature, gen)))
+            host = host.tolist()  # the round's one device->host sync
+            m, new = host[0], host[1:host[0] + 2]  # accepted drafts + bonus
+            t3 = time.perf_counter()
+            st.verify_s += t3 - t2
+            if self._record(st, m, new, out, stop_ids):
+                break
+            if len(out) < max_new:
+                tree = self._clone(S["tree_round"](d, self.dk, self.dv, paux, nxt,
+                                                   sl[n:n + D + 1], sl, m_t, *tree_args))
+                self._sync()
+                st.draft_s += time.perf_counter() - t3
+            n += m + 1
+        return out
+
     def _sampling_loop(self, ids, max_new, temperature, gen, stop_ids, draft_fn, st, t0) -> list:
         """Rounds drafted step by step (sampling, or greedy on an engine built with
         sampling=True); returns the raw token list (may overrun max_new / stops)."""
         K, V, dev, d, S = self.K, self.V, self.device, self.drafter, self.steps
-        logits, aux = prefill(self.target, ids)
-        tok = sample(logits[:, -1], temperature, gen)
-        out = [int(tok)]
-        n = ids.shape[1]  # target cache length; out[-1] sits at position n, not yet in the cache
-        self._sync()
-        st.prefill_s = time.perf_counter() - t0
-        root_out = root_logits = None
-        if d is not None:  # step 0 over the prompt (eager: T varies): (aux_i, token i+1) at i
-            nxt = torch.cat([ids[:, 1:], tok.view(1, 1)], dim=1)
-            root_out, root_logits = draft_extend(d, self.dk, self.dv, aux, nxt, self.slots[:n],
-                                                 self.slots, self.slots[n - 1:n])
+        tok, root_out, root_logits = self._start(ids, temperature, gen, st, t0)
+        out, n = [int(tok)], ids.shape[1]  # out[-1] sits at position n, not yet in the cache
         while len(out) < max_new and out[-1] not in stop_ids:
             # draft K tokens
             self._sync()
@@ -381,11 +470,8 @@ class Engine:
             t3 = time.perf_counter()
             st.draft_s += t2 - t1
             st.verify_s += t3 - t2
-            st.rounds += 1
-            st.accepted.append(m)
             new = [int(x) for x in drafts[:m]] + [bonus]
-            out.extend(new)
-            if any(t in stop_ids for t in new):  # a stop token, possibly mid-round: done
+            if self._record(st, m, new, out, stop_ids):
                 break
             # rollback = the new length; aux at accepted positions n..n+m feed the drafter, over
             # a fixed K+1 rows (padding past m); the root row m is selected by a tensor index
@@ -427,15 +513,28 @@ class Engine:
             hidden, dlog = hidden.clone(), lg[:, -1].clone()
         return torch.cat(drafts), (torch.cat(qs) if qs else None)
 
-    def _forced(self, draft_fn, out) -> list:
-        """draft_fn(out, K) -> exactly K target ids (tests); ValueError otherwise."""
-        forced = list(draft_fn(list(out), self.K))
-        if len(forced) != self.K:
-            raise ValueError(f"draft_fn returned {len(forced)} drafts; num_steps is {self.K}")
+    @staticmethod
+    def _record(st: Stats, m: int, new: list, out: list, stop_ids) -> bool:
+        """Count a round that accepted m drafts and append its tokens `new` to out. True when one
+        is a stop token (possibly mid-round): generation ends there."""
+        st.rounds += 1
+        st.accepted.append(m)
+        out.extend(new)
+        return any(t in stop_ids for t in new)
+
+    def _forced(self, draft_fn, out, parents=None) -> list:
+        """Forced drafts (tests): chains call draft_fn(out, K) -> K target ids; trees call
+        draft_fn(out, parents) -> N-1 target ids for nodes 1..N-1, parents = their parent nodes
+        (0 = the root) as the drafter built the tree. ValueError for another count."""
+        want = self.K if parents is None else self.N - 1
+        forced = list(draft_fn(list(out), self.K if parents is None else parents))
+        if len(forced) != want:
+            raise ValueError(f"draft_fn returned {len(forced)} drafts; the engine verifies "
+                             f"{want} (num_steps {self.K}, num_draft_tokens {self.N})")
         return forced
 
     def _check_len(self, ids, max_new):
-        need = ids.shape[1] + max_new + 2 * self.K + 2 + self.W
+        need = slots_needed(ids.shape[1], max_new, self.K, self.W, self.topk)
         if need > self.max_seq:
             raise ValueError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new}) needs "
                              f"{need} cache slots; the engine has max_seq = {self.max_seq}")
