@@ -11,8 +11,14 @@
   hf_lookup     HF generate(prompt_lookup_num_tokens=10)
   base          the embedded engine without a drafter (one decode step per token; W rows with --width)
   base_1row     with --width: the plain 1-row decode, the speed reference ("vs plain engine baseline")
-  spec          the embedded engine with an EAGLE-3 drafter dir (tau, tok/s, speedup vs base_1row
-                when present, else base; "same tokens" always vs base)
+  spec K/k/N    the embedded engine with an EAGLE-3 drafter dir, one row per --configs entry
+                (num_steps/eagle_topk/num_draft_tokens: chains K/1/K+1, trees k > 1; tau, tok/s,
+                speedup vs base_1row when present, else base; "same tokens" always vs base)
+
+--verify-cost CHAIN,TREE (default 4/1/5,3/4/16) also times one compiled target verify of each
+(engines of their own width: K+1 rows for the chain, N for the tree; the tree's includes its
+acceptance and KV commit), median of 50 at the longest prompt's length, and prints the ratio
+(issue 18: a verify of 16 tree tokens should cost <= 1.3x a verify of 5 chain tokens).
 
 Each path: one warm-up generation, then --repeats timed passes over the prompts (the built-in
 prompt, or the first --mtbench N MT-bench questions); tok/s = tokens / seconds of the median
@@ -23,6 +29,8 @@ passes; should be 0, a note is printed otherwise). Writes JSON + a markdown tabl
   python scripts/bench_engine.py --draft runs/demo/export --new 64 --out bench_engine
   python scripts/bench_engine.py --draft DIR --mtbench 8 --new 256 --steps 4 --cuda-graph --repeats 1
   python scripts/bench_engine.py --random-draft --new 32 --repeats 2 --cuda-graph   # no drafter dir
+  python scripts/bench_engine.py --draft DIR --mtbench 8 --new 256 --cuda-graph --repeats 1 \
+      --configs 4/1/5,5/4/8,3/4/16 --verify-cost 4/1/5,3/4/16
 """
 
 from __future__ import annotations
@@ -116,6 +124,53 @@ def hf_static_generate(hf, prompts, n, compile_config=None):
     return fn
 
 
+def parse_configs(text: str) -> list[tuple[int, int, int]]:
+    """'4/1/5,3/4/16' -> [(num_steps, eagle_topk, num_draft_tokens), ...]; ValueError naming
+    the bad entry (the Engine checks SGLang's rules on each)."""
+    out = []
+    for item in filter(None, text.split(",")):
+        parts = item.split("/")
+        if len(parts) != 3 or not all(x.isdigit() and int(x) > 0 for x in parts):
+            raise ValueError(f"{item!r}: a config is num_steps/eagle_topk/num_draft_tokens, "
+                             "positive integers, e.g. 4/1/5 or 3/4/16")
+        out.append(tuple(int(x) for x in parts))
+    return out
+
+
+def config_name(c) -> str:
+    return "spec " + "/".join(map(str, c))
+
+
+def verify_ms(e, n: int, iters: int = 50) -> float:
+    """Median ms of one compiled verify step of Engine e at cache length n: the chain's verify
+    [1, K+1] over e.W rows, or the tree's verify_tree over e.W rows (forward, acceptance, KV
+    commit) with a chain-shaped tree (the cost does not depend on the tree's shape). Tokens 0;
+    it writes cache rows n.. that the next prefill rewrites."""
+    dev, N, sl = e.device, e.N, e.slots
+    toks = torch.zeros(1, N, dtype=torch.long, device=dev)
+    if e.topk == 1:
+        def fn():
+            return e.steps["verify"](e.target, toks, sl[n:n + e.W])
+    else:
+        ar = torch.arange(N, device=dev)
+        tree = (toks, ar - 1, ar[:, None] >= ar[None, :], ar)
+
+        def fn():
+            return e.steps["tree_verify"](e.target, *tree, sl[n:n + 1], sl[:e.W], sl, e.D)
+    ts = []
+    with torch.inference_mode():
+        for i in range(iters + 3):  # 3 warm-up calls
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            if i >= 3:
+                ts.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(ts)
+
+
 def random_smollm2(device: str, dtype: str):
     """An HF LlamaForCausalLM with SmolLM2-135M's geometry and random weights."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -141,7 +196,12 @@ def main(argv=None):
     ap.add_argument("--new", type=int, default=64, help="new tokens per prompt")
     ap.add_argument("--mtbench", type=int, default=0, help="use the first N MT-bench questions "
                     "(first turns, chat template) instead of the built-in prompt")
-    ap.add_argument("--steps", type=int, default=3, help="num_steps (chain)")
+    ap.add_argument("--steps", type=int, default=3, help="num_steps of the one chain config "
+                    "when --configs is not given")
+    ap.add_argument("--configs", default=None, help="comma list of num_steps/eagle_topk/"
+                    "num_draft_tokens, e.g. 4/1/5,5/4/8,3/4/16 (default: STEPS/1/STEPS+1)")
+    ap.add_argument("--verify-cost", default="4/1/5,3/4/16", help="CHAIN,TREE configs whose "
+                    "verify steps are timed against each other (needs a drafter); none: skip")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
@@ -154,16 +214,25 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.steps < 1 or a.new < 2 or a.repeats < 1:
         ap.error("--steps >= 1, --new >= 2 (one verify round at least) and --repeats >= 1")
+    try:
+        configs = parse_configs(a.configs or f"{a.steps}/1/{a.steps + 1}")
+        vcost = [] if a.verify_cost == "none" else parse_configs(a.verify_cost)
+    except ValueError as e:
+        ap.error(f"--configs / --verify-cost: {e}")
+    if len(vcost) not in (0, 2):
+        ap.error("--verify-cost takes two configs, CHAIN,TREE (e.g. 4/1/5,3/4/16), or none")
+    Kmax = max(c[0] for c in configs + vcost)
+    Nmax = max(c[2] for c in configs + vcost)
     if not 0 <= a.mtbench <= 80 or (a.mtbench and a.random_target):
         ap.error("--mtbench takes 0..80 (MT-bench has 80 questions) and needs the real target "
                  "(not --random-target: random weights have no tokenizer)")
-    if a.width not in ("auto", "none") and not (a.width.isdigit() and int(a.width) > a.steps):
-        ap.error(f"--width: auto, none, or an integer >= --steps + 1 = {a.steps + 1} "
+    if a.width not in ("auto", "none") and not (a.width.isdigit() and int(a.width) >= Nmax):
+        ap.error(f"--width: auto, none, or an integer >= the largest num_draft_tokens = {Nmax} "
                  f"(got {a.width!r})")
     torch.set_num_threads(min(torch.get_num_threads(), 16))
 
     from jobs.draft_model import load_exported
-    from jobs.engine import Engine, default_width
+    from jobs.engine import Engine, default_width, slots_needed
     from jobs.llama import from_hf_model
     if a.random_target:
         hf, cfg = random_smollm2(a.device, a.dtype)
@@ -186,7 +255,7 @@ def main(argv=None):
     T = max(ids.shape[1] for ids in prompts)
     skip = set(filter(None, a.skip.split(",")))
     res = {"device": str(dev), "dtype": str(next(hf.parameters()).dtype), "prompts": len(prompts),
-           "max_prompt_tokens": T, "new_tokens": N, "steps": a.steps, "cuda_graph": a.cuda_graph,
+           "max_prompt_tokens": T, "new_tokens": N, "configs": configs, "cuda_graph": a.cuda_graph,
            "repeats": a.repeats, "rows": {}}
     total = N * len(prompts)
 
@@ -214,39 +283,46 @@ def main(argv=None):
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
         from engine_helpers import export_drafter
         draft_dir = export_drafter(Path(tempfile.mkdtemp()) / "d", hf.config, aux, draft_vocab=2048)
-    width = (default_width(target, a.steps) if a.width == "auto" else
+    width = (default_width(target, Kmax, Nmax) if a.width == "auto" else
              None if a.width == "none" else int(a.width))
     res["width"] = width
-    max_seq = T + N + 3 * a.steps + 8 + (width or 0)
+    max_seq = max(slots_needed(T, N, K, max(width or 0, n), k) for K, k, n in configs + vcost)
     if width is not None:  # the plain 1-row decode, for reference
-        b1 = Engine(target, None, num_steps=a.steps, max_seq=max_seq, cuda_graph=a.cuda_graph)
+        b1 = Engine(target, None, num_steps=Kmax, max_seq=max_seq, cuda_graph=a.cuda_graph)
         s, outs, nc = timed(lambda ids: b1.generate_baseline(ids, N)[0], prompts, dev, a.repeats)
         res["rows"]["base_1row"] = row(s, outs, compiles_in_timed_pass=nc)
-    base = Engine(target, None, num_steps=a.steps, max_seq=max_seq, cuda_graph=a.cuda_graph,
+    base = Engine(target, None, num_steps=Kmax, max_seq=max_seq, cuda_graph=a.cuda_graph,
                   width=width)
     s, outs, nc = timed(lambda ids: base.generate_baseline(ids, N)[0], prompts, dev, a.repeats)
     res["rows"]["base"] = row(s, outs, compiles_in_timed_pass=nc)
-    if draft_dir is not None:
-        d = load_exported(draft_dir, target.embed_tokens.weight, device=dev,
-                          dtype=target.lm_head.weight.dtype)
-        eng = Engine(target, d, num_steps=a.steps, max_seq=max_seq, cuda_graph=a.cuda_graph,
-                     width=width)
+    d = None if draft_dir is None else load_exported(draft_dir, target.embed_tokens.weight,
+                                                     device=dev, dtype=target.lm_head.weight.dtype)
+    for c in configs if d is not None else []:
+        K, k, n = c
+        eng = Engine(target, d, num_steps=K, eagle_topk=k, num_draft_tokens=n, max_seq=max_seq,
+                     cuda_graph=a.cuda_graph, width=width)
         s, runs, nc = timed(lambda ids: eng.generate(ids, N), prompts, dev, a.repeats)
         sts = [st for _, st in runs]
         rounds = sum(st.rounds for st in sts)
         tau = sum(sum(st.accepted) + st.rounds for st in sts) / rounds
-        res["rows"]["spec"] = row(
-            s, [o for o, _ in runs], tau=tau, compiles_in_timed_pass=nc,
-            accept_per_pos=[sum(st.accept_per_pos(a.steps)[j] * st.rounds for st in sts) / rounds
-                            for j in range(a.steps)],
+        res["rows"][config_name(c)] = row(
+            s, [o for o, _ in runs], tau=tau, compiles_in_timed_pass=nc, num_steps=K,
+            eagle_topk=k, num_draft_tokens=n,
+            accept_per_pos=[sum(st.accept_per_pos(K)[j] * st.rounds for st in sts) / rounds
+                            for j in range(K)],
             draft_ms_per_round=1000 * sum(st.draft_s for st in sts) / rounds,
             verify_ms_per_round=1000 * sum(st.verify_s for st in sts) / rounds)
+    if d is not None and vcost:  # each verify at its own width (K+1 or N rows)
+        ms = [verify_ms(Engine(target, d, num_steps=K, eagle_topk=k, num_draft_tokens=n,
+                               max_seq=max_seq, cuda_graph=a.cuda_graph), T) for K, k, n in vcost]
+        res["verify_cost"] = {"configs": vcost, "prefix_tokens": T, "ms": ms,
+                              "ratio": ms[1] / ms[0]}
     # speed is compared with the plain 1-row decode (what runs without speculation); tokens with
     # the W-row decode (bit-exact reference), as in the bench stage (jobs/bench.py)
     out = res["rows"]["base"]["tokens"]
     b = res["rows"].get("base_1row", res["rows"]["base"])["tok_s"]
-    if "spec" in res["rows"]:
-        res["rows"]["spec"]["speedup_vs_base"] = res["rows"]["spec"]["tok_s"] / b
+    for c in configs if d is not None else []:
+        res["rows"][config_name(c)]["speedup_vs_base"] = res["rows"][config_name(c)]["tok_s"] / b
     for r in res["rows"].values():
         if "tok_s" in r:
             r["vs_base"] = r["tok_s"] / b
@@ -262,6 +338,11 @@ def main(argv=None):
         same = r["tokens"] == out
         lines.append(f"| {name} | {r['tok_s']:.1f} | {r['ms_per_token']:.2f} | {r['vs_base']:.2f}x | "
                      f"{r.get('tau', float('nan')):.2f} | {same} |")
+    if "verify_cost" in res:
+        v = res["verify_cost"]
+        lines += ["", f"verify cost at {T} prefix tokens (own width, median of 50): "
+                  f"{config_name(v['configs'][0])} {v['ms'][0]:.3f} ms, "
+                  f"{config_name(v['configs'][1])} {v['ms'][1]:.3f} ms, ratio {v['ratio']:.2f}x"]
     late = [f"{k} ({r['compiles_in_timed_pass']})" for k, r in res["rows"].items()
             if r.get("compiles_in_timed_pass")]
     if late:
