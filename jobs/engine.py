@@ -15,19 +15,18 @@ root r feeds the previous step's pre-norm output as hidden, the previous draft a
 position r+j, cache slot r+j (it attends to the prefix slots <= r and chain slots r+1..r+j, the
 same keys as TTT step j). Draft ids map to target ids through d2t OFFSETS (target = i + d2t[i]).
 
-Greedy rounds run as two graphs (the drafter's whole round, then the target's verify) and ONE
-device-to-host copy (drafts + the target's argmax): a 135M target on an H200 is launch-bound, so
-host round trips between draft steps, not FLOPs, set the cost of a round.
-
-Static shapes (torch.compile / CUDA graphs): every compiled step sees one input shape AND stride
-per engine whatever the accept length m or the prompt length: verify always runs W >= K+1 rows, the
-drafter's step 0 after a verify always runs K+1 rows (padded past m, see draft_extend), the root row
-m is picked inside the graph by a tensor index, and positions/slots are views of a device arange.
-Only prefill and the prompt's step 0 (length = prompt) run eagerly. See Engine for the guarantees.
-
 Trees (eagle_topk > 1, num_draft_tokens N): jobs/tree.py builds the tree as SGLang 0.5.23 does,
 verifies it in one target forward with a tree mask, accepts a path (greedy or tree sampling) and
-commits its KV; a round is two graphs and one device-to-host copy at any temperature.
+commits its KV. Greedy chain rounds and all tree rounds are two graphs (the drafter's whole round,
+then the target's verify) and ONE device-to-host copy: a 135M target on an H200 is launch-bound,
+so host round trips between draft steps, not FLOPs, set the cost of a round.
+
+Static shapes (torch.compile / CUDA graphs): every compiled step sees one input shape AND stride
+per engine whatever the accept length m or the prompt length: verify always runs W >= N rows, the
+drafter's step 0 after a verify always runs D+1 rows (D = the most drafts a round accepts, K for a
+chain; padded past m, see draft_extend), the root row m is picked inside the graph by a tensor
+index, and positions/slots are views of a device arange. Only prefill and the prompt's step 0
+(length = prompt) run eagerly. See Engine for the guarantees.
 
 Metrics: tau = tokens per verify pass including the bonus token; accept_per_pos[j] = fraction of
 rounds in which draft j+1 was accepted (sums to tau - 1).
@@ -48,7 +47,7 @@ from jobs.engine_steps import (accept_greedy, accept_sample, decode,
                                draft_chain_greedy, draft_extend, draft_probs_target,
                                draft_round_greedy, draft_step, prefill, probs, sample, verify)
 from jobs.llama import Llama
-from jobs.tree import draft_tree, draft_tree_round, max_draft_tokens, verify_tree
+from jobs.tree import check_shape, draft_tree, draft_tree_round, verify_tree
 
 
 # ----------------------------------------------------------------------------------------------
@@ -104,13 +103,11 @@ def _private(fn: Callable) -> Callable:
 class Engine:
     """Batch-1 engine over our Llama target and an exported EAGLE-3 drafter (or none = baseline).
 
-    Chains (eagle_topk 1): greedy rounds are two graphs and ONE device-to-host sync, the drafter's
-    whole round (draft_round_greedy: step 0 over the verified rows + the K-step chain) and the
-    target's verify, whose greedy tokens come back with the drafts in one copy; sampling rounds
-    (`sampling=True`) draft step by step (draft_extend / draft_step, multinomial per step).
-    Trees (eagle_topk > 1, num_draft_tokens N <= max_draft_tokens): at any temperature two graphs
-    and one host copy per round, draft_tree_round and verify_tree (jobs/tree.py); sampling=True
-    adds the sampling verify graph.
+    Chains (eagle_topk 1): greedy rounds run draft_round_greedy (step 0 over the verified rows +
+    the K-step chain) and verify, whose greedy tokens come back with the drafts in one copy;
+    sampling rounds (`sampling=True`) draft step by step (draft_extend / draft_step).
+    Trees (jobs/tree.py check_shape): draft_tree_round and verify_tree at any temperature;
+    sampling=True adds the sampling verify graph.
 
     Compiled mode compiles the fixed-shape steps (module docstring: static shapes) with
     torch.compile(fullgraph=True, dynamic=False). `cuda_graph=True` on CUDA uses
@@ -138,19 +135,7 @@ class Engine:
                  eagle_topk: int = 1, max_seq: int = 4096, cuda_graph: bool = False,
                  compile_backend: Optional[str] = None, sampling: bool = False,
                  width: Optional[int] = None, num_draft_tokens: Optional[int] = None):
-        N = num_draft_tokens or (num_steps + 1 if eagle_topk == 1 else None)
-        if N is None:
-            raise ValueError("num_draft_tokens: required when eagle_topk > 1 (SGLang's "
-                             "--speculative-num-draft-tokens)")
-        if eagle_topk == 1 and N != num_steps + 1:
-            raise ValueError(f"num_draft_tokens = {N}: with eagle_topk 1 it must equal "
-                             f"num_steps + 1 = {num_steps + 1}")
-        if not 2 <= N <= max_draft_tokens(num_steps, eagle_topk):
-            raise ValueError(f"num_draft_tokens = {N}: must be in 2..1 + topk + (num_steps-1) * "
-                             f"topk^2 = {max_draft_tokens(num_steps, eagle_topk)} (SGLang's bound)")
-        if width is not None and width < N:
-            raise ValueError(f"width = {width}: the verify forward needs at least num_draft_tokens"
-                             f" = {N} rows")
+        N = check_shape(num_steps, eagle_topk, num_draft_tokens, width)
         self.target, self.drafter, self.K, self.sampling = target, drafter, num_steps, sampling
         self.topk, self.N = eagle_topk, N
         self.D = min(num_steps, N - 1)  # the most drafts a round can accept (the tree's depth)
@@ -175,7 +160,7 @@ class Engine:
                           extend=draft_extend, step=draft_step,
                           chain=draft_chain_greedy, round=draft_round_greedy,
                           tree=draft_tree, tree_round=draft_tree_round, tree_verify=verify_tree,
-                          tree_verify_sample=_private(verify_tree))
+                          tree_verify_sample=verify_tree)
         # the steps a compiled engine compiles (the others are never called by it)
         if eagle_topk > 1:
             self.hot = ["decode"] + ([] if drafter is None else ["tree", "tree_round", "tree_verify"]

@@ -62,6 +62,29 @@ def max_draft_tokens(num_steps: int, topk: int) -> int:
     return 1 + topk + (num_steps - 1) * topk ** 2
 
 
+def check_shape(num_steps: int, eagle_topk: int, num_draft_tokens: Optional[int],
+                width: Optional[int] = None) -> int:
+    """SGLang 0.5.23's rules on a speculative shape -> num_draft_tokens N (None: num_steps + 1
+    for a chain). ValueError, naming the field, when a tree lacks N, a chain's N is not
+    num_steps + 1 (SGLang would reset it), N is outside 2..max_draft_tokens, or the verify
+    `width` is below N."""
+    N = num_draft_tokens or (num_steps + 1 if eagle_topk == 1 else None)
+    if N is None:
+        raise ValueError("num_draft_tokens: required when eagle_topk > 1 (SGLang's "
+                         "--speculative-num-draft-tokens)")
+    if eagle_topk == 1 and N != num_steps + 1:
+        raise ValueError(f"num_draft_tokens = {N}: with eagle_topk 1 it must equal num_steps + 1"
+                         f" = {num_steps + 1}")
+    bound = max_draft_tokens(num_steps, eagle_topk)
+    if not 2 <= N <= bound:
+        raise ValueError(f"num_draft_tokens = {N}: must be in 2..1 + topk + (num_steps-1) * "
+                         f"topk^2 = {bound} (SGLang's bound)")
+    if width is not None and width < N:
+        raise ValueError(f"width = {width}: the verify forward needs at least num_draft_tokens "
+                         f"= {N} rows")
+    return N
+
+
 def prefix_tree_mask(prefix_len: torch.Tensor, tree_mask: torch.Tensor,
                      slots_all: torch.Tensor) -> torch.Tensor:
     """The attention mask of Q new query rows over a static cache: prefix_len [1] int, tree_mask
