@@ -305,12 +305,13 @@ class Engine:
                  gen: Optional[torch.Generator] = None, stop_ids=(),
                  draft_fn: Optional[Callable] = None) -> tuple[list, Stats]:
         """Speculative decoding. ids [1, T] -> (new token ids (at most max_new), Stats).
-        `draft_fn(out_tokens, K) -> list of K target ids` forces the drafts (tests only): without
-        a drafter it replaces it; with one, the drafter still runs (same compiled steps and cache
+        `draft_fn` forces the drafts (tests only; signatures: _forced): without a drafter it
+        replaces it (chains); with one, the drafter still runs (same compiled steps and cache
         traffic) but its drafts are replaced by the forced ones before the verify.
-        Raises ValueError for temperature > 0 on a compiled engine built without sampling=True."""
+        Raises ValueError for temperature > 0 on a compiled engine built without sampling=True,
+        and without a drafter for a tree (its shape comes from the drafter)."""
         if self.drafter is None and (draft_fn is None or self.topk > 1):
-            raise ValueError("no drafter (a tree needs one for its shape): use generate_baseline")
+            raise ValueError("no drafter (a tree's shape needs one): use generate_baseline")
         if temperature > 0 and self.compiled and not self.sampling:
             raise ValueError("temperature > 0 needs Engine(..., sampling=True): this compiled "
                              "engine has only the greedy draft graphs")
