@@ -71,7 +71,11 @@ def load_prompt_set(name: str, spec, n: int | None = None) -> list[dict]:
         return humaneval(n)
     if name == "sharegpt":
         return sharegpt_holdout(spec.data, n)
-    raise StageError(f"stages.bench.prompt_sets: unknown set {name!r} (mtbench, humaneval, sharegpt)")
+    import difflib
+    close = difflib.get_close_matches(name, ["mtbench", "humaneval", "sharegpt"], n=1, cutoff=0.5)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise StageError(f"stages.bench.prompt_sets: unknown set {name!r} (mtbench, humaneval, "
+                     f"sharegpt).{hint}")
 
 
 def render(tokenizer, messages: list[dict]) -> list[int]:
