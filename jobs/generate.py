@@ -16,8 +16,9 @@ but change nothing: they rewrite the slot just past their valid tokens. Attentio
 slots < kv_len (the live maximum rounded up to `kv_bucket`), so its cost follows the real
 lengths, not S; kv_len is a dynamic dimension of the ONE compiled graph (mark_dynamic), and CUDA
 graphs record one graph per bucket value. GQA decode attention runs SDPA with the g = nh/nkv
-query heads of a KV group as g query rows (no repeated K/V); `attention="triton"` switches to
-kernels.decode_attention.decode_attention(q, k_cache, v_cache, prefix_len, tree_mask).
+query heads of a KV group as g query rows (no repeated K/V); `kernels="triton"` switches to
+kernels.attention.decode_attention(q, k_cache, v_cache, prefix_len, None) (the contract:
+row b's new key sits at slot prefix_len[b] = pos[b]).
 
 Host loop (Generator.run): `sync_every` decode steps, then ONE device->host copy of (done,
 n_gen, pos); the next `sync_every` steps are launched at once, and while they run the host
@@ -36,7 +37,6 @@ with the kv_len bucket (on CPU float32 they did not in the tests; bf16 kernels m
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -129,15 +129,14 @@ def decode_step(target: Llama, cur, pos, n_gen, limit, done, seed, out, kv_slots
                 temperature, top_p, vhash, mode: str, kernel: Optional[Callable] = None):
     """One token for every row, in place on the state (see the module docstring for the
     tensors). kv_slots [kv_len] = arange(kv_len): attention reads slots < kv_len (kv_len > every
-    live pos). stop_ids [MAX_STOP] (-1 = unused). kernel: decode_attention(q, k, v, prefix_len,
-    tree_mask) or None (SDPA with a mask). No host sync."""
+    live pos). stop_ids [MAX_STOP] (-1 = unused). kernel: kernels.attention.decode_attention or
+    None (SDPA with a mask). No host sync."""
     live = ~done
     mask = (kv_slots[None, :] <= pos[:, None])[:, None, None, :]  # [R, 1, 1, kv_len]
     if kernel is None:
         attn = sdpa_decode
-    else:
-        tree = torch.ones(1, 1, dtype=torch.bool, device=pos.device)
-        attn = lambda q, k, v, m: kernel(q, k, v, pos, tree)  # noqa: E731
+    else:  # the contract: the new key of row b is at slot pos[b], causal (tree_mask None)
+        attn = lambda q, k, v, m: kernel(q, k, v, pos, None)  # noqa: E731
     logits, _ = target(cur[:, None], pos[:, None], mask=mask, kv_len=kv_slots.shape[0], attn=attn)
     nxt = pick(logits[:, 0], mode, temperature, top_p, seed, n_gen, vhash)  # [R]
     col = n_gen.clamp(max=out.shape[1] - 1)[:, None]  # [R, 1]
@@ -165,13 +164,17 @@ class Generator:
     per value used). sync_every: decode steps between host syncs (a row that finishes idles at
     most that many steps). refill_min: prefill new requests only once this many rows are free
     (an eager prefill costs a fixed launch overhead on CUDA); default rows // 16 on CUDA, 1 on
-    CPU. prefill_tokens: padded tokens per prefill forward. attention: "sdpa" or "triton".
-    Raises ValueError for bad sizes and, from run, for a prompt that does not fit max_seq."""
+    CPU. prefill_tokens: padded tokens per prefill forward. kernels (the project's switch,
+    kernels/__init__.py): "triton" = the decode step's attention through
+    kernels.attention.decode_attention (reads only each row's own slots, so its cost follows
+    every row's length, not the bucket's), "torch" = SDPA, "auto" = triton on CUDA. The
+    matmuls stay cuBLAS: the fused forward (kernels/llama_decode.py) is built for <= ~64 rows.
+    Raises ValueError for bad sizes or kernels and, from run, for a prompt that does not fit."""
 
     def __init__(self, target: Llama, rows: int, max_seq: int, max_new: int,
                  cuda_graph: bool = False, compile_backend: Optional[str] = None,
                  kv_bucket: int = 128, sync_every: int = 8, refill_min: Optional[int] = None,
-                 prefill_tokens: int = 16384, attention: str = "sdpa"):
+                 prefill_tokens: int = 16384, kernels: str = "torch"):
         if rows < 1 or max_new < 1 or max_seq < 2:
             raise ValueError(f"Generator: rows ({rows}), max_new ({max_new}) >= 1 and max_seq "
                              f"({max_seq}) >= 2 needed")
@@ -194,15 +197,11 @@ class Generator:
         self.stop_ids = torch.full((MAX_STOP,), -1, dtype=torch.long, device=dev)
         self.temperature = torch.ones(1, device=dev)
         self.top_p = torch.ones(1, device=dev)
-        if attention not in ("sdpa", "triton"):
-            raise ValueError(f"attention = {attention!r}: use sdpa or triton")
-        self.kernel = None
-        if attention == "triton":
-            try:
-                self.kernel = importlib.import_module("kernels.decode_attention").decode_attention
-            except ImportError as e:
-                raise ValueError(f"attention = triton: kernels.decode_attention is not available "
-                                 f"({e}); use attention: sdpa") from e
+        from kernels import resolve_kernels
+        self.kernel = None  # decode attention: SDPA over the kv_len slice (torch) or the kernel
+        if resolve_kernels(kernels, dev) == "triton":
+            from kernels.attention import decode_attention
+            self.kernel = decode_attention
         self.state = (self.cur, self.pos, self.n_gen, self.limit, self.done, self.seed, self.out)
         kw = (dict(backend=compile_backend) if compile_backend is not None else
               dict(mode="reduce-overhead") if cuda_graph and dev.type == "cuda" else None)
@@ -314,9 +313,11 @@ class Generator:
         def launch():
             top = max(p for p, r in zip(host_pos, row_req) if r is not None) + self.sync_every + 1
             kv_len = min(self.S, -(-top // self.kv_bucket) * self.kv_bucket)
+            if self.kernel is not None:  # it bounds each row itself: the whole cache, static
+                kv_len = self.S + 1
             kv_lens.add(kv_len)
             kv_slots = self.slots[:kv_len]
-            if self.compiled:
+            if self.compiled and self.kernel is None:
                 torch._dynamo.mark_dynamic(kv_slots, 0, min=2, max=self.S)
             for _ in range(self.sync_every):
                 self.step(self.target, *self.state, kv_slots, self.stop_ids, self.temperature,

@@ -113,7 +113,8 @@ def make_generator(target, params, max_length: int, compile_backend=None) -> Gen
     width = max(params.max_new_tokens, params.synthetic_max_tokens if params.synthetic_prompts
                 else 1)
     return Generator(target, rows=params.batch_size, max_seq=max_length + width, max_new=width,
-                     cuda_graph=params.cuda_graph, compile_backend=compile_backend)
+                     cuda_graph=params.cuda_graph, compile_backend=compile_backend,
+                     kernels=params.kernels)
 
 
 def synthesize(gen: Generator, tok, params, guard, progress=True) -> tuple[list, dict]:

@@ -54,6 +54,9 @@ class RegenerateStage(Strict):
     shard_conversations: int = Field(1024, ge=1, description="Conversations per output shard "
                                      "(gzip JSONL; a killed run resumes after the last shard).")
     cuda_graph: bool = Field(True, description="CUDA graphs for the decode step (CUDA only).")
+    kernels: Literal["auto", "triton", "torch"] = Field(
+        "torch", description="Decode attention: triton = kernels.attention (reads each row's own "
+        "length), torch = SDPA over the longest live row, auto = triton on CUDA.")
 
 
 class ExtractStage(Strict):

@@ -70,7 +70,7 @@ def first_turns(n: int, max_length: int, tok) -> list[list[dict]]:
     """[system +] first user turn of the first n ShareGPT training conversations whose prompt
     is shorter than max_length tokens."""
     from jobs.data import load_conversations
-    from runner.spec import Data
+    from runner.spec.schema import Data
     convs, _, _ = load_conversations(Data(max_samples=max(4 * n, 64), max_length=max_length))
     out = []
     for c in convs:
@@ -101,7 +101,7 @@ def compare(a, hf, tok, target) -> dict:
     hf_s = time.perf_counter() - t0
     ids = [render(tok, m) for m in prompts]
     gen = Generator(target, rows=a.rows, max_seq=max(map(len, ids)) + a.new + 1, max_new=a.new,
-                    cuda_graph=a.cuda_graph, sync_every=a.sync_every)
+                    cuda_graph=a.cuda_graph, sync_every=a.sync_every, kernels=a.kernels)
     warm = [Request(("w", i), ids[i], caps[i]) for i in range(min(len(ids), a.rows))]
     gen.run(warm, lambda r: None)  # compile + CUDA-graph capture outside the timed pass
     done = []  # no stop ids: each answer is exactly as long as HF's for that prompt
@@ -122,12 +122,13 @@ def e2e(a, tok, target) -> dict:
     from jobs.contamination import bench_guard
     from jobs.data import load_conversations
     from jobs.regenerate import regenerate
-    from runner.spec import Data, RegenerateStage
+    from runner.spec.schema import Data
+    from runner.stages import RegenerateStage
     real = load_conversations(Data(max_samples=a.real, max_length=a.max_length))[0] \
         if a.real else []
     p = RegenerateStage(max_new_tokens=a.new, batch_size=a.rows, max_turns=a.max_turns,
                         synthetic_prompts=a.synthetic, synthetic_max_tokens=a.synthetic_tokens,
-                        cuda_graph=a.cuda_graph, shard_conversations=4096)
+                        cuda_graph=a.cuda_graph, shard_conversations=4096, kernels=a.kernels)
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
         guard = bench_guard(SimpleNamespace(data=Data(holdout=0)))  # MT-bench + HumanEval
@@ -156,6 +157,8 @@ def main(argv=None):
     ap.add_argument("--sync-every", type=int, default=8)
     ap.add_argument("--max-length", type=int, default=2048, help="prompt tokens at most")
     ap.add_argument("--cuda-graph", action="store_true")
+    ap.add_argument("--kernels", choices=["torch", "triton", "auto"], default="torch",
+                    help="decode attention: SDPA (torch) or kernels.attention (triton)")
     ap.add_argument("--real", type=int, default=0, help="e2e: ShareGPT conversations")
     ap.add_argument("--synthetic", type=int, default=0, help="e2e: synthetic conversations")
     ap.add_argument("--synthetic-tokens", type=int, default=128)
@@ -170,6 +173,7 @@ def main(argv=None):
     dev = next(hf.parameters()).device
     res = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
            "dtype": str(next(hf.parameters()).dtype), "cuda_graph": a.cuda_graph,
+           "kernels": a.kernels,
            "random_target": a.random_target, "geometry": a.geometry, "args": vars(a)}
     if a.mode in ("compare", "both"):
         res["compare"] = compare(a, hf, tok, target)
@@ -178,7 +182,8 @@ def main(argv=None):
         res["e2e"] = e2e(a, tok, target)
     out = Path(a.out)
     out.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str))
-    md = [f"# bench_generate ({res['device']}, {res['dtype']}, cuda_graph {a.cuda_graph})", ""]
+    md = [f"# bench_generate ({res['device']}, {res['dtype']}, cuda_graph {a.cuda_graph}, "
+          f"kernels {a.kernels})", ""]
     if "compare" in res:
         c = res["compare"]
         md += ["| path | batch | new tokens | seconds | new tok/s |", "|---|---|---|---|---|",
