@@ -171,24 +171,26 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
     conversation through `writer`. Jobs start longest first (most turns, longest first turn), so
     the multi-turn ones do not form the tail. Returns the Generator's stats."""
     from tqdm import tqdm
-    from jobs.prompts import render
+    from jobs.prompts import render, render_batch
     jobs = sorted(jobs, key=lambda j: (-len(j.users), -len(j.users[0]["content"])))
     bar = tqdm(unit="tok", desc="regenerate", disable=not progress, smoothing=0.1)
     finished = [0]
 
-    def request(job: Conv):
+    def request(job: Conv, ids=None):
         turn = len(job.finish)
-        ids = render(tok, job.messages + [job.users[turn]])
+        ids = ids if ids is not None else render(tok, job.messages + [job.users[turn]])
         if len(ids) >= max_length:
             writer.add(job.record(cut="prompt_too_long") if turn else
                        job.record(dropped="prompt_too_long"))
             return None
         return Request(job, ids, params.max_new_tokens, seed_of(params.seed, job.id, turn))
 
-    def first_turns():
-        for j in jobs:
-            if (r := request(j)) is not None:
-                yield r
+    def first_turns():  # tokenised 256 at a time, in one batched call each
+        for i in range(0, len(jobs), 256):
+            chunk = jobs[i:i + 256]
+            for j, ids in zip(chunk, render_batch(tok, [j.messages + j.users[:1] for j in chunk])):
+                if (r := request(j, ids)) is not None:
+                    yield r
 
     def done(r):
         job: Conv = r.key

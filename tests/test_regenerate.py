@@ -47,6 +47,17 @@ def test_kill_mid_way_then_resume_equals_an_uninterrupted_run(tmp_path):
     assert len(keep) == info["records"] - info["dropped"] and all("messages" in k for k in keep)
 
 
+def test_render_batch_equals_render(smollm2_tokenizer):
+    """The batched prompt tokenisation of the regenerate stage gives render()'s ids."""
+    from jobs.prompts import render, render_batch
+    convs = [[{"role": "user", "content": c}] for c in ("Hi", "  spaces  and\nnewlines ",
+                                                        "Unicode: naïve café — 東京")]
+    convs.append([{"role": "system", "content": "Be brief."}, *convs[0],
+                  {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "2+2?"}])
+    assert render_batch(smollm2_tokenizer, convs) == [render(smollm2_tokenizer, c) for c in convs]
+    assert render_batch(smollm2_tokenizer, []) == []
+
+
 def test_user_turn_prefix_and_filters(smollm2_tokenizer):
     """The Magpie prefix is rendered from the tokenizer's own template (ChatML: the default
     system turn + the user header), the turn stops at <|im_end|>; the filters drop by reason
