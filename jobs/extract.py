@@ -319,15 +319,25 @@ def gather_shards(res: dict) -> dict:
 
 
 def _conversations(ctx: StageContext) -> tuple[list, dict]:
-    from jobs.data import clean_records, load_conversations, read_records
+    from jobs.data import clean_records, load_conversations
     if "regenerate" in ctx.inputs:
-        path = Path(ctx.inputs["regenerate"]) / "conversations.jsonl"
-        records, info = read_records(path)
+        from jobs.regen_store import read_conversations
+        try:
+            records, info = read_conversations(Path(ctx.inputs["regenerate"]))
+        except (OSError, ValueError) as e:
+            raise StageError(f"extract: the regenerate artifact is unreadable ({e}); rerun "
+                             "with --force regenerate")
         convs, rep = clean_records(records)
-        return convs, {"source": "regenerate", "path": str(path), **info, **rep,
-                       "train": len(convs)}
+        return convs, {"source": "regenerate", **info, **rep, "train": len(convs)}
+    from jobs.contamination import bench_guard
     train, _holdout, report = load_conversations(ctx.spec.data)
-    return train, report
+    guard = bench_guard(ctx.spec)  # no bench prompt in the training data
+    kept = [c for c in train if not guard.conversation(c)]
+    report["dropped_contaminated"] = len(train) - len(kept)
+    if not kept:
+        raise StageError("data: every training conversation holds a bench prompt (MT-bench, "
+                         "HumanEval or the holdout's); use other data")
+    return kept, {**report, "train": len(kept)}
 
 
 def _write_json(path: Path, obj) -> None:

@@ -71,32 +71,47 @@ class Attention(nn.Module):
         self.k_cache: Optional[torch.Tensor] = None  # [B, nkv, S, hd]
         self.v_cache: Optional[torch.Tensor] = None
 
-    def forward(self, x, cos, sin, mask, slots):
-        """x [B, T, H]; cos/sin [1 or B, T, hd]; mask [1 or B, 1, T, S] bool (True = attend);
-        slots [T] or [B, T] int64: the cache rows the T new keys/values are written to (per
-        batch row when 2-D). -> [B, T, H]"""
+    def forward(self, x, cos, sin, mask, slots, kv_len=None, attn=None, rows=None):
+        """x [B, T, H]; cos/sin [1 or B, T, hd]; mask [1 or B, 1, T, S'] bool (True = attend;
+        S' = kv_len or S); slots [T] or [B, T] int64: the cache rows the T new keys/values are
+        written to (per batch row when 2-D). kv_len: attend only cache slots < kv_len (cost
+        follows the live lengths, not S). attn(q [B, nh, T, hd], k [B, nkv, S', hd], v, mask)
+        -> [B, nh, T, hd] replaces SDPA (a decode kernel). rows [B] int64: the cache batch rows
+        these inputs use (default 0..B-1; batched prefill into freed rows). -> [B, T, H]"""
         B, T, _ = x.shape
         c = self.c
         q = self.q_proj(x).view(B, T, c.num_attention_heads, c.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        write_cache(self.k_cache, k, slots)  # static cache write
-        write_cache(self.v_cache, v, slots)
-        o = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask,
-                                           enable_gqa=c.num_attention_heads != c.num_key_value_heads)
+        write_cache(self.k_cache, k, slots, rows)  # static cache write
+        write_cache(self.v_cache, v, slots, rows)
+        kc, vc = self.k_cache, self.v_cache
+        if kv_len is not None:
+            kc, vc = kc[:, :, :kv_len], vc[:, :, :kv_len]
+        if rows is not None:
+            kc, vc = kc.index_select(0, rows), vc.index_select(0, rows)
+        if attn is not None:
+            o = attn(q, kc, vc, mask)
+        else:
+            o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask,
+                                               enable_gqa=c.num_attention_heads != c.num_key_value_heads)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
 
 
-def write_cache(cache: torch.Tensor, new: torch.Tensor, slots: torch.Tensor) -> None:
-    """cache [B, nkv, S, hd] <- new [B, nkv, T, hd] at rows `slots`: [T] (the same rows for every
-    batch row: one index_copy_) or [B, T] (row b writes its own slots[b]). In place."""
+def write_cache(cache: torch.Tensor, new: torch.Tensor, slots: torch.Tensor,
+                rows: Optional[torch.Tensor] = None) -> None:
+    """cache [Bc, nkv, S, hd] <- new [B, nkv, T, hd] at rows `slots`: [T] (the same rows for every
+    batch row: one index_copy_) or [B, T] (row b writes its own slots[b]). rows [B]: the cache
+    batch rows written (default 0..B-1, B = Bc). In place."""
     new = new.to(cache.dtype)
-    if slots.dim() == 1:
+    if rows is None and slots.dim() == 1:
         cache.index_copy_(2, slots, new)
-    else:
-        b = torch.arange(cache.shape[0], device=cache.device)[:, None]  # [B, 1]
-        cache.transpose(1, 2)[b, slots] = new.transpose(1, 2)  # [B, T, nkv, hd]
+        return
+    b = (torch.arange(cache.shape[0], device=cache.device) if rows is None else rows)[:, None]
+    if slots.dim() == 1:
+        slots = slots[None].expand(new.shape[0], -1)
+    cache.transpose(1, 2)[b, slots] = new.transpose(1, 2)  # [B, T, nkv, hd]
 
 
 class Block(nn.Module):
@@ -107,8 +122,8 @@ class Block(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, slots):
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, slots)
+    def forward(self, x, cos, sin, mask, slots, kv_len=None, attn=None, rows=None):
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, slots, kv_len, attn, rows)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -148,26 +163,35 @@ class Llama(nn.Module):
         return [t for l in self.layers for t in (l.self_attn.k_cache, l.self_attn.v_cache)]
 
     def forward(self, ids: torch.Tensor, input_pos: torch.Tensor, last_only: bool = False,
-                slots: Optional[torch.Tensor] = None, mask: Optional[torch.Tensor] = None):
+                slots: Optional[torch.Tensor] = None, mask: Optional[torch.Tensor] = None,
+                kv_len: Optional[int] = None, attn=None, rows: Optional[torch.Tensor] = None,
+                select: Optional[torch.Tensor] = None):
         """ids [B, T] int64; input_pos [T] or [B, T] int64: the RoPE positions of these tokens
         (2-D: per batch row, e.g. batched generation where rows have different lengths).
         slots: the cache rows they are written to, same shape as input_pos; default input_pos.
-        mask [1 or B, 1, T, S] bool (True = attend); default: cache row <= position (causal
+        mask [1 or B, 1, T, S'] bool (True = attend); default: cache row <= position (causal
         over the static cache; right only when slots == input_pos). A tree verify passes its
         own slots (node order) and mask (ancestors), its positions being prefix + depth.
+        Batched generation (jobs/generate.py) also passes kv_len (attend slots < kv_len only;
+        S' = kv_len), attn (a decode-attention function, see Attention), rows [B] (the cache
+        batch rows used) and select [B] (logits only at column select[b] of row b: the last
+        real token of a right-padded row).
         Returns (logits [B, T or 1, V] float32, aux [B, T, len(aux_ids)*H] or None)."""
         x = self.embed_tokens(ids)  # [B, T, H]
         pos = input_pos if input_pos.dim() == 2 else input_pos[None]  # [1 or B, T]
         cos, sin = self.rope_cos[pos], self.rope_sin[pos]  # [1 or B, T, hd]
         if mask is None:
-            mask = (self.slots <= pos[..., None])[:, None]  # [1 or B, 1, T, S]
+            ar = self.slots if kv_len is None else self.slots[:kv_len]
+            mask = (ar <= pos[..., None])[:, None]  # [1 or B, 1, T, S']
         slots = input_pos if slots is None else slots
         aux = []
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, mask, slots)
+            x = layer(x, cos, sin, mask, slots, kv_len, attn, rows)
             if i in self.aux_ids:
                 aux.append(x)
-        if last_only:
+        if select is not None:
+            x = x[torch.arange(x.shape[0], device=x.device), select][:, None]  # [B, 1, H]
+        elif last_only:
             x = x[:, -1:]
         logits = self.lm_head(self.norm(x)).float()
         return logits, (torch.cat(aux, dim=-1) if aux else None)

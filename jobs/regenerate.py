@@ -1,36 +1,54 @@
-"""The optional regenerate stage: replace assistant turns with the target's own responses.
+"""The optional regenerate stage: replace assistant turns with the target's own responses, and
+answer prompts the target writes itself.
 
 EAGLE-3's recipe: a drafter trained on what the target itself says is accepted more often than
-one trained on another model's answers. For every training conversation (jobs.data; the holdout
-is never touched), turn by turn, the prompt is the conversation so far (with the already
-regenerated replies) rendered by the tokenizer's chat template with the generation prompt; the
-target's reply (greedy when temperature is 0, else temperature/top-p sampling, seeded) replaces
-the original assistant turn. Conversations at the same turn are batched (left padding), sorted
-by prompt length so that a batch pads little.
+one trained on another model's answers. Generation runs on the embedded engine
+(jobs/generate.py: our Llama, static KV cache, continuous batching, a CUDA-graphed decode step).
 
-A conversation stops at the turn where its prompt alone exceeds data.max_length (extraction
-would truncate everything after it anyway) or where the target answers with nothing; the
-remaining turns are dropped and counted. Output: ctx.out_dir/conversations.jsonl
-({"messages": [{"role", "content"}]} per line, read by the extract stage) and report.json.
+Real conversations (jobs.data's training split; the holdout is never touched): every user turn
+(or the first `max_turns`) is answered in order, each prompt being the conversation so far with
+the target's OWN earlier answers, rendered by the tokenizer's chat template with the generation
+prompt. A conversation keeps its cache row across turns (its next turn is prefilled on top of the
+cached prefix as soon as its answer finished), so the turns of many conversations interleave.
+Synthetic conversations (`synthetic_prompts: N`, jobs/synthetic.py): the target writes N user
+turns from the template's user-turn prefix (sampled at synthetic_temperature/top_p), degenerate
+and duplicate ones are dropped (counted by reason), and the rest are answered like real turns.
+No contamination (jobs/contamination.py): a conversation with a user turn of a bench set
+(MT-bench, HumanEval, the data.holdout first turns) is dropped before generation, a synthetic
+prompt likewise.
+
+Answers are greedy at temperature 0, else sampled (temperature/top-p), seeded per conversation
+and turn. A conversation stops at the turn whose prompt alone reaches data.max_length (dropped
+when that is its first turn), or where the target answers with nothing; counted. Output
+(jobs/regen_store.py): gzip JSONL shards, atomic, resumed after a kill without duplicates or
+losses; the extract stage reads them with regen_store.read_conversations.
 """
 
 from __future__ import annotations
 
 import json
-import time
+import math
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from jobs.generate import M31, Generator, Request
+from jobs.regen_store import SYNTHETIC, ShardWriter, read_gz_jsonl, read_records, write_gz_jsonl
 from runner.errors import StageError
-from runner.files import atomic_path, atomic_write
+from runner.files import atomic_write
 from runner.stage import StageContext
 
 
 @torch.inference_mode()
 def generate_batch(model, tok, prompts: list[list[dict]], max_new_tokens: int,
-                   temperature: float, top_p: float) -> tuple[list[str], int]:
-    """One reply per prompt conversation. Returns (texts, generated token count)."""
+                   temperature: float, top_p: float, counts: list | None = None
+                   ) -> tuple[list[str], int]:
+    """HF generate (the stage's path before jobs/generate.py; scripts/bench_generate.py
+    measures against it). One reply per prompt conversation. Returns (texts, generated token
+    count); `counts`, when given, gets each reply's token count appended."""
     texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
              for p in prompts]
     side, pad = tok.padding_side, tok.pad_token
@@ -56,88 +74,244 @@ def generate_batch(model, tok, prompts: list[list[dict]], max_new_tokens: int,
         if tok.eos_token_id in row:
             row = row[:row.index(tok.eos_token_id) + 1]
         n += len(row)
+        if counts is not None:
+            counts.append(len(row))
         replies.append(tok.decode(row, skip_special_tokens=True).strip())
     return replies, n
 
 
-def regenerate(model, tok, convs: list[list[dict]], params, max_length: int,
-               progress: bool = True) -> tuple[list[list[dict]], dict]:
-    """Regenerate every assistant turn of `convs` (batched across conversations per turn).
+# ----------------------------------------------------------------------------------------------
+# the embedded path
 
-    Returns (new conversations, report {"turns", "tokens_generated", "cut_prompt_too_long",
-    "cut_empty_reply", "cut_max_turns" (user turns dropped by params.max_turns),
-    "dropped_conversations", "seconds"})."""
+
+def seed_of(seed: int, *key) -> int:
+    """A per-sequence sampling seed in [0, 2^31) from the stage seed and a key."""
+    return zlib.crc32(":".join(map(str, (seed,) + key)).encode()) & M31
+
+
+@dataclass
+class Conv:
+    """One conversation in flight: its turns so far and what is left to answer."""
+
+    id: str
+    source: str
+    index: int
+    users: list  # the user turns to answer, in order
+    messages: list  # system turn (if any) + the finished exchanges
+    finish: list = field(default_factory=list)
+    answer_tokens: list = field(default_factory=list)
+
+    def record(self, cut=None, dropped=None) -> dict:
+        return {"id": self.id, "source": self.source, "index": self.index,
+                "messages": self.messages, "finish": self.finish,
+                "answer_tokens": self.answer_tokens, "cut": cut, "dropped": dropped}
+
+
+def make_generator(target, params, max_length: int, compile_backend=None) -> Generator:
+    """The Generator of the stage: params.batch_size rows, max_seq = data.max_length +
+    max_new_tokens (a prompt below max_length always gets its whole answer budget)."""
+    width = max(params.max_new_tokens, params.synthetic_max_tokens if params.synthetic_prompts
+                else 1)
+    return Generator(target, rows=params.batch_size, max_seq=max_length + width, max_new=width,
+                     cuda_graph=params.cuda_graph, compile_backend=compile_backend,
+                     kernels=params.kernels)
+
+
+def synthesize(gen: Generator, tok, params, guard, progress=True) -> tuple[list, dict]:
+    """Magpie: params.synthetic_prompts user turns written by the target. Candidates are made in
+    up to 4 rounds (each sized by the keep rate so far) until enough survive jobs.synthetic.select.
+    Returns (kept [(index, text)], report {candidates, kept, dropped {reason: n}, tokens, seconds})."""
     from tqdm import tqdm
-    if not getattr(tok, "chat_template", None):
-        raise StageError("the target tokenizer has no chat template; regenerate needs one")
-    torch.manual_seed(params.seed)
-    out = [[t for t in c if t["role"] == "system"][:1] for c in convs]
-    user_turns = [[t for t in c if t["role"] == "user"] for c in convs]
-    rep = {"turns": 0, "tokens_generated": 0, "cut_prompt_too_long": 0, "cut_empty_reply": 0,
-           "cut_max_turns": 0}
-    if params.max_turns is not None:
-        rep["cut_max_turns"] = sum(max(0, len(u) - params.max_turns) for u in user_turns)
-        user_turns = [u[:params.max_turns] for u in user_turns]
-    alive = [True] * len(convs)
-    bar = tqdm(total=sum(len(u) for u in user_turns), unit="turn", desc="regenerate",
-               disable=not progress)
-    t0 = time.perf_counter()
-    for turn in range(max((len(u) for u in user_turns), default=0)):
-        todo = []
-        for i, u in enumerate(user_turns):
-            if not alive[i] or turn >= len(u):
-                continue
-            prompt = out[i] + [u[turn]]
-            n = len(tok.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True,
-                                            return_dict=True)["input_ids"])
-            if n >= max_length:
-                alive[i] = False
-                rep["cut_prompt_too_long"] += 1
-                bar.update(len(u) - turn)
-                continue
-            todo.append((n, i))
-        todo = [i for _n, i in sorted(todo)]  # batch similar prompt lengths: less left padding
-        for b in range(0, len(todo), params.batch_size):
-            idx = todo[b:b + params.batch_size]
-            replies, n = generate_batch(model, tok, [out[i] + [user_turns[i][turn]] for i in idx],
-                                        params.max_new_tokens, params.temperature, params.top_p)
-            rep["tokens_generated"] += n
-            for i, r in zip(idx, replies):
-                if not r:
-                    alive[i] = False
-                    rep["cut_empty_reply"] += 1
-                    bar.update(len(user_turns[i]) - turn)
-                    continue
-                out[i] += [user_turns[i][turn], {"role": "assistant", "content": r}]
-                rep["turns"] += 1
-                bar.update(1)
+    from jobs.synthetic import select, user_turn_prefix
+    prefix, stop = user_turn_prefix(tok)
+    want, cands, tokens, secs = params.synthetic_prompts, [], 0, 0.0
+    bar = tqdm(unit="tok", desc="synthetic prompts", disable=not progress, smoothing=0.1)
+    kept, drops = [], Counter()
+    for _round in range(4):
+        rate = len(kept) / len(cands) if cands else 0.8
+        n = min(math.ceil((want - len(kept)) / max(rate, 0.05) * 1.2) + 8, 20 * want)
+        first = len(cands)
+        reqs = (Request(i, prefix, params.synthetic_max_tokens,
+                        seed_of(params.seed, "syn-candidate", i)) for i in range(first, first + n))
+
+        def done(r):
+            cands.append((r.key, tok.decode(r.tokens, skip_special_tokens=True).strip(),
+                          r.finish == "stop"))
+        st = gen.run(reqs, done, params.synthetic_temperature, params.synthetic_top_p, stop, bar)
+        tokens, secs = tokens + st["new_tokens"], secs + st["seconds"]
+        kept, drops = select(cands, guard, want)
+        if len(kept) >= want:
+            break
     bar.close()
-    rep["seconds"] = time.perf_counter() - t0
-    kept = [c for c in out if any(t["role"] == "assistant" for t in c)]
-    rep["dropped_conversations"] = len(out) - len(kept)
-    return kept, rep
+    return kept, {"candidates": len(cands), "kept": len(kept), "dropped": dict(drops),
+                  "tokens": tokens, "seconds": secs}
+
+
+def real_conversations(convs, params, guard) -> tuple[list, Counter]:
+    """Conv jobs of the real training conversations (ids real-NNNNNN by data order), without the
+    contaminated ones. Returns (jobs, {"contaminated": n, "cut_max_turns": user turns cut})."""
+    jobs, rep = [], Counter()
+    for i, c in enumerate(convs):
+        if guard is not None and guard.conversation(c):
+            rep["contaminated"] += 1
+            continue
+        users = [t for t in c if t["role"] == "user"]
+        if params.max_turns is not None and len(users) > params.max_turns:
+            rep["cut_max_turns"] += len(users) - params.max_turns
+            users = users[:params.max_turns]
+        if users:
+            jobs.append(Conv(f"real-{i:06d}", "real", i, users,
+                             [t for t in c if t["role"] == "system"][:1]))
+    return jobs, rep
+
+
+def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: ShardWriter,
+           progress=True) -> dict:
+    """Answer every turn of `jobs` (Conv) on the continuous batch, writing one record per
+    conversation through `writer`. Jobs start longest first (most turns, longest first turn), so
+    the multi-turn ones do not form the tail. Returns the Generator's stats."""
+    from tqdm import tqdm
+    from jobs.prompts import render, render_batch
+    jobs = sorted(jobs, key=lambda j: (-len(j.users), -len(j.users[0]["content"])))
+    bar = tqdm(unit="tok", desc="regenerate", disable=not progress, smoothing=0.1)
+    finished = [0]
+
+    def request(job: Conv, ids=None):
+        turn = len(job.finish)
+        ids = ids if ids is not None else render(tok, job.messages + [job.users[turn]])
+        if len(ids) >= max_length:
+            writer.add(job.record(cut="prompt_too_long") if turn else
+                       job.record(dropped="prompt_too_long"))
+            return None
+        return Request(job, ids, params.max_new_tokens, seed_of(params.seed, job.id, turn))
+
+    def first_turns():  # tokenised 256 at a time, in one batched call each
+        for i in range(0, len(jobs), 256):
+            chunk = jobs[i:i + 256]
+            for j, ids in zip(chunk, render_batch(tok, [j.messages + j.users[:1] for j in chunk])):
+                if (r := request(j, ids)) is not None:
+                    yield r
+
+    def done(r):
+        job: Conv = r.key
+        text = tok.decode(r.tokens, skip_special_tokens=True).strip()
+        if not text:
+            writer.add(job.record(cut="empty_reply") if job.finish else
+                       job.record(dropped="empty_reply"))
+            return None
+        job.messages = job.messages + [job.users[len(job.finish)],
+                                       {"role": "assistant", "content": text}]
+        job.finish.append(r.finish)
+        job.answer_tokens.append(len(r.tokens))
+        if len(job.finish) == len(job.users):
+            writer.add(job.record())
+            finished[0] += 1
+            bar.set_postfix(conversations=finished[0], refresh=False)
+            return None
+        return request(job)
+
+    st = gen.run(first_turns(), done, params.temperature, params.top_p,
+                 [tok.eos_token_id] if tok.eos_token_id is not None else [], bar)
+    writer.flush()
+    bar.close()
+    return st
+
+
+def summarize(records: list, pre: Counter, syn: dict | None) -> dict:
+    """Stage metrics over ALL records (resumed ones included): conversations, turns and answer
+    tokens per source, mean answer length, EOS vs length-cap fractions, drops by reason."""
+    m: dict = {}
+    for src in ("real", "synthetic"):
+        rs = [r for r in records if r["source"] == src and not r["dropped"]]
+        m[f"conversations_{src}"] = len(rs)
+        m[f"turns_{src}"] = sum(len(r["finish"]) for r in rs)
+        m[f"answer_tokens_{src}"] = (sum(sum(r["answer_tokens"]) for r in rs), "tok")
+    fin = [f for r in records for f in r["finish"]]
+    toks = [t for r in records for t in r["answer_tokens"]]
+    m["conversations"] = m["conversations_real"] + m["conversations_synthetic"]
+    m["turns"] = len(fin)
+    m["mean_answer_tokens"] = (sum(toks) / max(len(toks), 1), "tok")
+    m["eos_fraction"] = sum(f == "stop" for f in fin) / max(len(fin), 1)
+    m["length_cap_fraction"] = sum(f == "length" for f in fin) / max(len(fin), 1)
+    drops = Counter({f"dropped_{k}": v for k, v in pre.items() if k != "cut_max_turns"})
+    drops.update(f"dropped_{r['dropped']}" for r in records if r["dropped"])
+    drops.update(f"cut_{r['cut']}" for r in records if r["cut"])
+    for k, v in (syn or {}).get("dropped", {}).items():
+        drops[f"dropped_synthetic_{k}"] += v
+    m["cut_max_turns"] = pre.get("cut_max_turns", 0)
+    m.update(sorted(drops.items()))
+    return m
+
+
+def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path, guard=None,
+               progress: bool = True, compile_backend=None) -> dict:
+    """Regenerate `convs` (+ params.synthetic_prompts synthetic ones) into out_dir's shards,
+    resuming what an earlier run left there. target: our Llama (jobs.llama.from_hf_model).
+    Returns the report: metrics (see summarize), generation tokens/s and sizes."""
+    if not getattr(tok, "chat_template", None):
+        raise StageError("target.chat_template: the target tokenizer has no chat template; "
+                         "regenerate needs one")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gen = make_generator(target, params, max_length, compile_backend)
+    syn, kept, syn_path = None, [], out_dir / SYNTHETIC
+    if params.synthetic_prompts:
+        if syn_path.is_file():  # a resumed run: the prompts were written before answering
+            recs = read_gz_jsonl(syn_path)
+            syn = {**recs[0]["meta"], "tokens": 0, "seconds": 0.0, "resumed": True}
+            kept = [(r["index"], r["content"]) for r in recs[1:]]
+        else:
+            kept, syn = synthesize(gen, tok, params, guard, progress)
+            write_gz_jsonl(syn_path, [{"meta": syn}] +
+                           [{"index": i, "content": t} for i, t in kept])
+    jobs, pre = real_conversations(convs, params, guard)
+    jobs += [Conv(f"syn-{i:06d}", "synthetic", i, [{"role": "user", "content": t}], [])
+             for i, t in kept]
+    writer = ShardWriter(out_dir, params.shard_conversations)
+    done_ids = {r["id"] for r in writer.done}
+    todo = [j for j in jobs if j.id not in done_ids]
+    st = answer(gen, tok, todo, params, max_length, writer, progress) if todo else \
+        {"new_tokens": 0, "seconds": 0.0, "prefill_tokens": 0, "reused_tokens": 0}
+    records = read_records(out_dir)
+    ids = [r["id"] for r in records]
+    if len(ids) != len(set(ids)) or set(ids) != {j.id for j in jobs}:
+        raise StageError(f"regenerate: {out_dir} holds {len(ids)} records for {len(jobs)} "
+                         "conversations (duplicates or losses); remove the partial directory "
+                         "and run again")
+    m = summarize(records, pre, syn)
+    gen_tokens = st["new_tokens"] + (syn or {}).get("tokens", 0)
+    gen_secs = st["seconds"] + (syn or {}).get("seconds", 0.0)
+    m["tokens_generated"] = (gen_tokens, "tok")
+    m["tokens_per_s"] = (gen_tokens / max(gen_secs, 1e-9), "tok/s")
+    m["generation_seconds"] = (gen_secs, "s")
+    m["resumed_conversations"] = writer.resumed
+    m["prefill_tokens"] = (st["prefill_tokens"], "tok")
+    m["reused_prefix_tokens"] = (st["reused_tokens"], "tok")
+    m["output_bytes"] = (writer.bytes, "B")
+    if syn:
+        m["synthetic_candidates"] = syn["candidates"]
+        m["synthetic_prompt_tokens"] = (syn.get("tokens", 0), "tok")
+    return m
 
 
 def run(ctx: StageContext) -> dict:
-    """Regenerate the spec's training conversations into ctx.out_dir/conversations.jsonl."""
+    """Regenerate the spec's training conversations (+ synthetic ones) into ctx.out_dir/shards."""
+    from jobs.contamination import bench_guard
     from jobs.data import load_conversations
+    from jobs.llama import from_hf_model
     from jobs.target import load_target
     spec, p, out = ctx.spec, ctx.params, Path(ctx.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     train, _holdout, data_report = load_conversations(spec.data)
-    model, tok, _cfg = load_target(spec)
-    convs, rep = regenerate(model, tok, train, p, spec.data.max_length)
-    if not convs:
-        raise StageError(f"regenerate: no conversation kept ({rep}); raise data.max_length "
+    guard = bench_guard(spec)
+    hf, tok, _cfg = load_target(spec)
+    target = from_hf_model(hf)
+    del hf
+    m = regenerate(target, tok, train, p, spec.data.max_length, out, guard)
+    if not m["conversations"]:
+        raise StageError(f"regenerate: no conversation kept ({m}); raise data.max_length "
                          "(prompts longer than it are cut) or check the target")
-    with atomic_path(out / "conversations.jsonl") as tmp, open(tmp, "w") as f:
-        for c in convs:
-            f.write(json.dumps({"messages": c}, ensure_ascii=False) + "\n")
-    atomic_write(out / "report.json",
-                      json.dumps({"data": data_report, "regenerate": rep}, indent=1, default=str))
-    secs = max(rep["seconds"], 1e-9)
-    return {"conversations": len(convs), "turns": rep["turns"],
-            "tokens_generated": (rep["tokens_generated"], "tok"),
-            "tokens_per_s": (rep["tokens_generated"] / secs, "tok/s"),
-            "cut_prompt_too_long": rep["cut_prompt_too_long"],
-            "cut_empty_reply": rep["cut_empty_reply"], "cut_max_turns": rep["cut_max_turns"]}
+    atomic_write(out / "report.json", json.dumps(
+        {"data": data_report, "bench_prompts_guarded": guard.size,
+         "regenerate": {k: (v[0] if isinstance(v, tuple) else v) for k, v in m.items()}},
+        indent=1, default=str))
+    return m

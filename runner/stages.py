@@ -35,11 +35,28 @@ class RegenerateStage(Strict):
     max_new_tokens: int = Field(512, ge=1, description="Tokens per regenerated turn.")
     temperature: float = Field(0.0, ge=0, description="0 = greedy.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling when temperature > 0.")
-    batch_size: int = Field(8, ge=1, description="Conversations per generate call.")
+    batch_size: int = Field(8, ge=1, description="Sequences in flight (rows of the continuous "
+                            "batch; a finished row takes the next prompt). E.g. 512 on an H200.")
     max_turns: Optional[int] = Field(None, ge=1, description="Regenerate only the first N user "
                                      "turns of each conversation and drop the rest (counted); "
-                                     "null = all turns.")
-    seed: int = Field(0, description="Sampling seed.")
+                                     "null = every turn, each conditioned on the target's own "
+                                     "earlier answers.")
+    seed: int = Field(0, description="Sampling seed (per conversation and turn).")
+    synthetic_prompts: int = Field(0, ge=0, description="Also answer N user turns the target "
+                                   "writes itself from its chat template's user-turn prefix "
+                                   "(Magpie); degenerate and duplicate ones are dropped, counted.")
+    synthetic_temperature: float = Field(1.0, gt=0, description="Sampling temperature of the "
+                                         "synthetic user turns (> 0: greedy would write one).")
+    synthetic_top_p: float = Field(1.0, gt=0, le=1, description="Nucleus of the synthetic user "
+                                   "turns.")
+    synthetic_max_tokens: int = Field(128, ge=1, description="Tokens per synthetic user turn; "
+                                      "one that does not end by then is dropped (no_eos).")
+    shard_conversations: int = Field(1024, ge=1, description="Conversations per output shard "
+                                     "(gzip JSONL; a killed run resumes after the last shard).")
+    cuda_graph: bool = Field(True, description="CUDA graphs for the decode step (CUDA only).")
+    kernels: Literal["auto", "triton", "torch"] = Field(
+        "torch", description="Decode attention: triton = kernels.attention (reads each row's own "
+        "length), torch = SDPA over the longest live row, auto = triton on CUDA.")
 
 
 class ExtractStage(Strict):

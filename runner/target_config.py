@@ -152,3 +152,33 @@ def read_gguf_config(path: Path) -> dict:
         "hidden_act": "silu",
         "tie_word_embeddings": None,
     }
+
+
+def read_chat_template(path: Path) -> bool | None:
+    """Whether the target at `path` (HF folder, config.json or GGUF file) ships a chat template:
+    tokenizer_config.json's chat_template, chat_template.jinja / chat_template.json (newer
+    transformers), or the GGUF header's tokenizer.chat_template. None when it cannot tell (no
+    tokenizer files, unreadable header). Reads no weights, imports no torch."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".json":
+        path = path.parent
+    if path.is_dir():
+        if (path / "chat_template.jinja").is_file() or (path / "chat_template.json").is_file():
+            return True
+        tc = path / "tokenizer_config.json"
+        if tc.is_file():
+            try:
+                return bool(json.loads(tc.read_text(encoding="utf-8")).get("chat_template"))
+            except (OSError, ValueError, AttributeError):
+                return None
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) != 1:
+            return None
+        path = ggufs[0]
+    if path.is_file() and path.suffix == ".gguf":
+        try:
+            return bool(read_gguf_metadata(path).get("tokenizer.chat_template"))
+        except (TargetConfigError, struct.error, UnicodeDecodeError, OverflowError, MemoryError,
+                ValueError, OSError):
+            return None
+    return None

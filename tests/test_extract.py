@@ -375,7 +375,9 @@ def test_target_loader_caches_gguf_as_hf_folder(smollm2, smollm2_path, tmp_path)
 
 
 def test_regenerate_then_extract_reads_it(smollm2, tmp_path):
-    """Assistant turns become the target's own greedy replies; extract consumes them."""
+    """Every assistant turn becomes the target's own greedy reply, each turn conditioned on its
+    OWN earlier answers (user turns kept); extract consumes the shards."""
+    from jobs.regen_store import read_records
     from jobs.regenerate import run as regen_run
     from runner.spec.load import load_spec
     model, tok, _ = smollm2
@@ -399,16 +401,20 @@ def test_regenerate_then_extract_reads_it(smollm2, tmp_path):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("jobs.target.load_target", lambda *a, **k: smollm2)
         m = regen_run(ctx)
-    got = [json.loads(x)["messages"] for x in (rdir / "conversations.jsonl").read_text().splitlines()]
-    assert m["conversations"] == 2 and m["turns"] == 3
+    got = [r["messages"] for r in read_records(rdir)]
+    assert m["conversations"] == 2 and m["turns"] == 3 and m["conversations_real"] == 2
     assert [t["content"] for t in got[0] if t["role"] == "user"] == ["What is 2+2?", "And 3+3?"]
-    # the first reply is exactly the target's greedy continuation of the first prompt
-    enc = tok.apply_chat_template(got[1][:1], add_generation_prompt=True, return_tensors="pt",
-                                  return_dict=True)
-    with torch.inference_mode():
-        ref = model.generate(**enc, max_new_tokens=6, do_sample=False, temperature=None,
-                             top_p=None, top_k=None)[0, enc["input_ids"].shape[1]:]
-    assert got[1][1]["content"] == tok.decode(ref, skip_special_tokens=True).strip() != "cat"
+
+    def hf_reply(msgs):
+        enc = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt",
+                                      return_dict=True)
+        with torch.inference_mode():
+            ref = model.generate(**enc, max_new_tokens=6, do_sample=False, temperature=None,
+                                 top_p=None, top_k=None)[0, enc["input_ids"].shape[1]:]
+        return tok.decode(ref, skip_special_tokens=True).strip()
+    # each reply is exactly the target's greedy continuation of the conversation so far
+    assert got[1][1]["content"] == hf_reply(got[1][:1]) != "cat"
+    assert got[0][3]["content"] == hf_reply(got[0][:3]) != "seven"
     ectx = StageContext(spec=spec, stage="extract", variant="base", run_id="t",
                         inputs={"regenerate": rdir}, out_dir=tmp_path / "feat",
                         db_path=tmp_path / "r.duckdb")
@@ -423,9 +429,11 @@ def test_regenerate_then_extract_reads_it(smollm2, tmp_path):
     assert tok.decode(ids) == got[1][1]["content"] + "<|im_end|>"
 
 
-def test_regenerate_max_turns_keeps_first_turns(smollm2):
+def test_regenerate_max_turns_keeps_first_turns(smollm2, tmp_path):
     """max_turns 1: one regenerated exchange per conversation, later user turns dropped and
     counted (first-turn regeneration is EAGLE-3's cheap variant of the recipe)."""
+    from jobs.llama import from_hf_model
+    from jobs.regen_store import read_records
     from jobs.regenerate import regenerate
     from runner.stages import RegenerateStage
     model, tok, _ = smollm2
@@ -433,10 +441,11 @@ def test_regenerate_max_turns_keeps_first_turns(smollm2):
               {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "7"}],
              [{"role": "user", "content": "Name a color."}, {"role": "assistant", "content": "x"}]]
     p = RegenerateStage(max_new_tokens=4, batch_size=2, max_turns=1)
-    out, rep = regenerate(model, tok, convs, p, max_length=128, progress=False)
+    m = regenerate(from_hf_model(model), tok, convs, p, 128, tmp_path, progress=False)
+    out = [r["messages"] for r in read_records(tmp_path)]
     assert [[t["role"] for t in c] for c in out] == [["user", "assistant"]] * 2
     assert [c[0]["content"] for c in out] == ["What is 2+2?", "Name a color."]
-    assert rep["cut_max_turns"] == 1 and rep["turns"] == 2
+    assert m["cut_max_turns"] == 1 and m["turns"] == 2
     with pytest.raises(ValueError, match="max_turns"):
         RegenerateStage(max_turns=0)
 

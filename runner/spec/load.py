@@ -18,7 +18,7 @@ from runner.errors import SpecError, TargetConfigError
 from runner.files import expand_path
 from runner.spec.messages import format_errors
 from runner.spec.schema import Spec
-from runner.target_config import read_target_config
+from runner.target_config import read_chat_template, read_target_config
 
 MAX_YAML_NODES = 100_000  # a real spec has a few hundred; aliases count once per use
 
@@ -185,6 +185,22 @@ def _fill_target_geometry(data: dict) -> list[tuple[str, str]]:
     return problems
 
 
+def _check_chat_template(data: dict) -> list[tuple[str, str]]:
+    """A regenerate stage renders prompts with the target's chat template: one must exist
+    (tokenizer_config.json / chat_template.jinja, or the GGUF header's tokenizer.chat_template,
+    read without loading the model). Unknown (no target files) is not an error here."""
+    tgt, stages = data.get("target"), data.get("stages")
+    if not (isinstance(stages, dict) and stages.get("regenerate") is not None
+            and isinstance(tgt, dict) and isinstance(tgt.get("path"), str)):
+        return []
+    if read_chat_template(expand_path(tgt["path"])) is False:
+        return [("target.chat_template", f"the target at {tgt['path']} has no chat template "
+                 "(tokenizer_config.json, chat_template.jinja or the GGUF header's "
+                 "tokenizer.chat_template); stages.regenerate needs one. Use an instruct "
+                 "model, or add a chat_template to its tokenizer_config.json.")]
+    return []
+
+
 def load_spec(path: str | Path | None = None, overrides: list[str] = (), data: dict | None = None,
               check_target: bool = True) -> Spec:
     """Load, override and validate a spec. YAML and `-o a.b=value` overrides go through this one
@@ -200,7 +216,7 @@ def load_spec(path: str | Path | None = None, overrides: list[str] = (), data: d
             apply_override(data, k, v)
         except (KeyError, IndexError, ValueError, TypeError, AttributeError):
             raise SpecError([(k, "override path does not exist in the spec")])
-    problems = _fill_target_geometry(data) if check_target else []
+    problems = _fill_target_geometry(data) + _check_chat_template(data) if check_target else []
     try:
         spec = Spec.model_validate(data)
     except ValidationError as e:

@@ -1,10 +1,11 @@
 """Pydantic validation errors -> (field path, message) pairs a user can act on: unknown keys with
-"did you mean", missing fields with their description, the executor's kind, and the cross-field
+"did you mean", misspelt names of a fixed set (Literal) with "did you mean", missing fields with their description, the executor's kind, and the cross-field
 rules' own `field: message` lines (runner/spec/schema.py)."""
 
 from __future__ import annotations
 
 import difflib
+import re
 import typing
 from typing import Any
 
@@ -84,6 +85,10 @@ def format_errors(err: ValidationError, data: dict) -> list[tuple[str, str]]:
             continue
         value = e.get("input")
         shown = "" if isinstance(value, dict) else f" (got {_short_repr(value)})"
+        if e["type"] == "literal_error" and isinstance(value, str):  # a misspelt name
+            close = difflib.get_close_matches(value, re.findall(r"'([^']*)'", msg), n=1,
+                                              cutoff=0.5)
+            shown += f". Did you mean '{close[0]}'?" if close else ""
         problems.append((path, f"{msg}{shown}"))
     return problems
 

@@ -9,7 +9,7 @@ mkdir -p "$OUT/r"
 SPEC=${SPEC:-specs/smollm2-sharegpt-gpu.yaml}   # any GPU spec; work_dir runs/<name>
 # copy whatever exists to $OUT even when a stage fails or the time box ends
 W=runs/$(basename "$SPEC" .yaml)
-trap 'cp runs/*.duckdb "$OUT/r/" 2>/dev/null; tar czf "$OUT/r/state.tgz" runs/*.duckdb.spool $W/logs $W/bench $W/train/*/train_metrics.json 2>/dev/null; for c in $W/regenerate/*/conversations.jsonl; do [ -f "$c" ] && gzip -c "$c" > "$OUT/r/regenerated.jsonl.gz"; done' EXIT
+trap 'cp runs/*.duckdb "$OUT/r/" 2>/dev/null; tar czf "$OUT/r/state.tgz" runs/*.duckdb.spool $W/logs $W/bench $W/train/*/train_metrics.json 2>/dev/null; for d in $W/regenerate/*/shards; do [ -d "$d" ] && cat "$d"/part-*.jsonl.gz > "$OUT/r/regenerated.jsonl.gz"; done' EXIT
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 if [ "${1:-0}" -gt 0 ]; then
   timeout --signal=INT "$1" python3 -m runner apply $SPEC 2>&1 | tr '\r' '\n' | grep -v "it/s\]$\|tok/s\]$\|prompt/s\]$" | tail -30

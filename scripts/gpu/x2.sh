@@ -20,7 +20,7 @@ SCALE=${SCALE:-n500 n2000}
 W=runs/$(basename "$SPEC" .yaml)
 DB=$(python3 -c "import yaml; print(yaml.safe_load(open('$SPEC'))['results']['path'])")
 X=/tmp/xr; mkdir -p $X   # script outputs and logs: they come back inside state.tgz (8 files at most)
-trap 'cp runs/*.duckdb "$OUT/r/" 2>/dev/null; cp /tmp/gpu*.log $X/ 2>/dev/null; tar czf "$OUT/r/state.tgz" runs/*.duckdb.spool $W/logs $W/bench $W/train/*/train_metrics.json $X 2>/dev/null; [ "$1" = train ] && for c in $W/regenerate/*/conversations.jsonl; do [ -f "$c" ] && gzip -c "$c" > "$OUT/r/regenerated.jsonl.gz"; done' EXIT
+trap 'cp runs/*.duckdb "$OUT/r/" 2>/dev/null; cp /tmp/gpu*.log $X/ 2>/dev/null; tar czf "$OUT/r/state.tgz" runs/*.duckdb.spool $W/logs $W/bench $W/train/*/train_metrics.json $X 2>/dev/null; [ "$1" = train ] && for d in $W/regenerate/*/shards; do [ -d "$d" ] && cat "$d"/part-*.jsonl.gz > "$OUT/r/regenerated.jsonl.gz"; done' EXIT
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"

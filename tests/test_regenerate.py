@@ -1,0 +1,141 @@
+"""The regenerate stage on the embedded engine: resume after a kill, synthetic prompts, no
+contamination, metrics, and its validation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import regen_helpers
+from jobs.contamination import BenchGuard, bench_guard, normalize
+from jobs.regen_store import SHARDS, SYNTHETIC, read_conversations, read_records
+from runner.errors import SpecError
+from runner.spec.load import load_spec
+from runner.stages import RegenerateStage
+
+HELPER = Path(__file__).with_name("regen_helpers.py")
+
+
+def test_kill_mid_way_then_resume_equals_an_uninterrupted_run(tmp_path):
+    """A run SIGKILLed after its third shard resumes to exactly the records of a run that was
+    never interrupted: every conversation once (no duplicates, no losses), same answers."""
+    ref = regen_helpers.run(tmp_path / "ref")
+    out = tmp_path / "killed"
+    p = subprocess.run([sys.executable, str(HELPER), str(out), "2"], capture_output=True)
+    assert p.returncode == -9, p.stderr.decode()[-2000:]
+    shards = sorted(x.name for x in (out / SHARDS).iterdir())
+    assert shards[:3] == ["part-00000.jsonl.gz", "part-00001.jsonl.gz", "part-00002.jsonl.gz"]
+    assert len(shards) < len(list((tmp_path / "ref" / SHARDS).iterdir()))  # killed mid-way
+    assert (out / SYNTHETIC).is_file()  # the synthetic prompts survive the kill
+    m = regen_helpers.run(out)
+    assert m["resumed_conversations"] == 12
+    assert read_records(out) == read_records(tmp_path / "ref")
+    ids = [r["id"] for r in read_records(out)]
+    assert len(ids) == len(set(ids)) == 35  # 30 real + 5 synthetic
+    assert {k: m[k] for k in ref if k.startswith(("conversations", "turns", "answer", "cut_",
+                                                   "dropped", "eos", "length"))} == \
+        {k: ref[k] for k in ref if k.startswith(("conversations", "turns", "answer", "cut_",
+                                                 "dropped", "eos", "length"))}
+    assert ref["conversations_synthetic"] == 5 and ref["conversations_real"] > 0
+    assert ref["length_cap_fraction"] + ref["eos_fraction"] == pytest.approx(1.0)
+    assert ref["tokens_per_s"][1] == "tok/s" and ref["tokens_per_s"][0] > 0
+    keep, info = read_conversations(out)  # the extract stage's reader
+    assert len(keep) == info["records"] - info["dropped"] and all("messages" in k for k in keep)
+
+
+def test_render_batch_equals_render(smollm2_tokenizer):
+    """The batched prompt tokenisation of the regenerate stage gives render()'s ids."""
+    from jobs.prompts import render, render_batch
+    convs = [[{"role": "user", "content": c}] for c in ("Hi", "  spaces  and\nnewlines ",
+                                                        "Unicode: naïve café — 東京")]
+    convs.append([{"role": "system", "content": "Be brief."}, *convs[0],
+                  {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "2+2?"}])
+    assert render_batch(smollm2_tokenizer, convs) == [render(smollm2_tokenizer, c) for c in convs]
+    assert render_batch(smollm2_tokenizer, []) == []
+
+
+def test_user_turn_prefix_and_filters(smollm2_tokenizer):
+    """The Magpie prefix is rendered from the tokenizer's own template (ChatML: the default
+    system turn + the user header), the turn stops at <|im_end|>; the filters drop by reason
+    and keep the lowest index of duplicates."""
+    from jobs.synthetic import degenerate, select, user_turn_prefix
+    ids, stop = user_turn_prefix(smollm2_tokenizer)
+    text = smollm2_tokenizer.decode(ids)
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>user\n")
+    assert stop == [smollm2_tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    assert degenerate("How do I bake bread at home?", False) == "no_eos"
+    assert degenerate("", True) == "empty"
+    assert degenerate("Hi there", True) == "too_short"
+    assert degenerate("buy now " * 10, True) == "repetitive"
+    assert degenerate("How do I bake bread at home?", True) is None
+    guard = BenchGuard(["Compose an engaging travel blog post about a recent trip to Hawaii."])
+    cands = [(3, "How do I bake bread at home?", True), (1, "how do I bake  bread at home", True),
+             (2, "Compose an engaging travel blog post about a recent trip to Hawaii!", True),
+             (0, "Explain recursion to a child, please.", True), (4, "", True)]
+    kept, drops = select(cands, guard, want=5)
+    assert kept == [(0, "Explain recursion to a child, please."),
+                    (1, "how do I bake  bread at home")]
+    assert drops == {"contaminated": 1, "duplicate": 1, "empty": 1}
+
+
+def test_no_bench_prompt_enters_training_data(tmp_path, sharegpt_path):
+    """MT-bench, HumanEval and holdout prompts (exact, re-cased, or pasted into a longer turn)
+    never reach the regenerated data, nor the extract stage's real data."""
+    from jobs.data import load_conversations
+    from jobs.prompts import humaneval, mtbench
+    from jobs.regenerate import real_conversations
+    spec = load_spec(data={
+        "name": "c", "work_dir": str(tmp_path), "target": {"path": "x", "num_hidden_layers": 30,
+                                                            "hidden_size": 576, "vocab_size": 49152},
+        "drafter": {"draft_vocab_size": 64}, "data": {"max_samples": 40, "holdout": 4}},
+        check_target=False)
+    guard = bench_guard(spec)
+    train, hold, _ = load_conversations(spec.data)
+    mt, he = mtbench()[5]["messages"][0]["content"], humaneval()[7]["messages"][0]["content"]
+    first_hold = next(t["content"] for t in hold[0] if t["role"] == "user")
+    a = [{"role": "assistant", "content": "ok"}]
+    bad = [[{"role": "user", "content": mt.upper()}] + a,
+           [{"role": "user", "content": "Hello!"}] + a +
+           [{"role": "user", "content": "Please help: " + he + " Thanks."}] + a,
+           [{"role": "user", "content": first_hold}] + a]
+    clean = [[{"role": "user", "content": "What is the tallest mountain in Europe?"}] + a]
+    jobs, rep = real_conversations(bad + clean + train, RegenerateStage(), guard)
+    assert rep["contaminated"] >= 3
+    assert "real-000003" in {j.id for j in jobs}  # the clean one stays
+    assert not {"real-000000", "real-000001", "real-000002"} & {j.id for j in jobs}
+    for j in jobs:  # nothing of a bench set survives, by the guard's own normalised test
+        assert not any(guard.contaminated(u["content"]) for u in j.users)
+    assert normalize(mt) in guard.exact and guard.size > 80 + 164
+
+
+def _spec_dir(tmp_path, template: bool) -> Path:
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "llama", "num_hidden_layers": 8, "hidden_size": 64, "vocab_size": 128,
+        "max_position_embeddings": 512, "num_attention_heads": 4}))
+    cfg = {"chat_template": "{{ messages }}"} if template else {}
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_validation_needs_a_chat_template_and_suggests_names(tmp_path):
+    """No chat template: `runner validate` fails on target.chat_template (read from
+    tokenizer_config.json, no model loaded); a misspelt name gets a did-you-mean."""
+    d = _spec_dir(tmp_path, template=False)
+    data = {"name": "v", "target": {"path": str(d)}, "drafter": {"draft_vocab_size": 64},
+            "stages": {"regenerate": {}}}
+    with pytest.raises(SpecError) as e:
+        load_spec(data=data)
+    assert e.value.problems[0][0] == "target.chat_template"
+    load_spec(data={**data, "stages": {}})  # no regenerate stage: no template needed
+    (d / "chat_template.jinja").write_text("{{ messages }}")
+    load_spec(data=data)
+    with pytest.raises(SpecError, match="Did you mean 'sharegpt'"):
+        load_spec(data={**data, "data": {"source": "sharegtp"}})
+    with pytest.raises(SpecError, match="Did you mean 'humaneval'"):
+        load_spec(data={**data, "stages": {"bench": {"prompt_sets": ["human_eval"]}}})
