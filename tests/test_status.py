@@ -119,3 +119,20 @@ def test_no_results_yet_is_a_clean_error(tmp_path, capsys):
     args = ["status", "--results", str(tmp_path / "none.duckdb")]
     assert main(args) == 1
     assert capsys.readouterr().err.startswith("error: no results at")
+
+
+def test_a_slurm_stage_whose_job_ended_is_dead(tmp_path, capsys, monkeypatch):
+    import runner.slurm.probes
+    db = tmp_path / "r.duckdb"
+    store = Store(db)
+    _run(store, "r1", "2026-01-01 00:00:00", pid=_gone_pid())
+    for stage, job in (("extract", "17"), ("train", "18")):
+        store.emit("stages", dict(run_id="r1", variant="base", stage=stage, status="running",
+                                  started_at="2026-01-01 00:00:01", job_id=job, host="node9",
+                                  executor="slurm"))
+    monkeypatch.setattr(runner.slurm.probes, "live_states",
+                        lambda ids: {"17": "CANCELLED by 0", "18": "RUNNING"})
+    got = _status(db, capsys)
+    assert {s["stage"]: s["status"] for s in got["stages"]} == {
+        "extract": "dead (Slurm CANCELLED by 0)", "train": "running"}
+    assert got["status"] == "running (runner apply is gone; its Slurm jobs go on)"
