@@ -30,6 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from runner.drafts.layout import ARCH, eagle_config, target_rope
+from runner.spec.geometry import draft_geometry
 
 
 @dataclass
@@ -55,14 +56,12 @@ class DraftConfig:
     def from_spec(cls, spec, target_config: dict) -> "DraftConfig":
         """Resolve the drafter geometry from the spec, defaulting to the target's config."""
         d, t = spec.drafter, target_config
-        H = d.hidden_size or t["hidden_size"]
-        heads = d.num_attention_heads or t["num_attention_heads"]
-        head_dim = d.head_dim or t.get("head_dim") or H // heads
+        g, problems = draft_geometry(d, t, t["hidden_size"])  # validate has reported these
+        if problems:
+            raise ValueError("; ".join(f"{f}: {m}" for f, m in problems))
         rope = target_rope(t)  # transformers-5 configs nest rope_theta
         return cls(
-            hidden_size=H, num_attention_heads=heads,
-            num_key_value_heads=d.num_key_value_heads or t.get("num_key_value_heads") or heads,
-            head_dim=head_dim, intermediate_size=d.intermediate_size or t["intermediate_size"],
+            **g,
             vocab_size=t["vocab_size"], draft_vocab_size=d.draft_vocab_size,
             target_hidden_size=t["hidden_size"], aux_layer_ids=list(spec.aux_ids),
             max_position_embeddings=max(d.max_position_embeddings or 0,

@@ -68,12 +68,14 @@ def _render_plan(plan) -> str:
         lines.append(f"  {i}. {p.id:<22} {p.action:<4}  key {p.key[:12]}  {p.reason}")
     n = sum(p.action == "run" for p in plan.stages)
     lines.append(f"{n} stage(s) to run")
+    lines += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(lines)
 
 
 def _selection_args(p) -> None:
     """--force / --only / --variant, shared by plan and apply (runner.plan.build_plan)."""
-    p.add_argument("--force", action="append", metavar="STAGE", help="rerun STAGE")
+    p.add_argument("--force", action="append", metavar="STAGE",
+                   help="rerun STAGE and everything downstream of it")
     p.add_argument("--only", action="append", metavar="STAGE", help="run only STAGE")
     p.add_argument("--variant", action="append", metavar="NAME",
                    help="run only variant NAME ('base' = the spec itself) and what it needs")
@@ -107,7 +109,7 @@ def cmd_apply(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from runner.results import status
+    from runner.status import status
     return status(_results_path(args), args.json, spec_name=_load(args).name if args.spec else None)
 
 
@@ -176,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable plan")
     _selection_args(p)
     _selection_args(add("apply", cmd_apply, "execute the plan and print a results table"))
-    p = add("status", cmd_status, "stages of the latest run (and Slurm job states)",
+    p = add("status", cmd_status, "the latest run now: its stages, the one in progress, dead "
+            "runs marked (pid/host or Slurm job state)",
             spec_optional=True)
     p.add_argument("--json", action="store_true")
     p.add_argument("--results", help="DuckDB file (default from the spec or runs/results.duckdb)")

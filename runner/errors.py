@@ -56,3 +56,12 @@ class TargetConfigError(RunnerError):
 
 class ReportError(RunnerError):
     """No report can be drawn (no results file, no bench rows); the message says what to run."""
+
+
+class EnvVarError(RunnerError):
+    """A spec path names an environment variable that is not set (or a malformed `${...}`);
+    `name` is the variable."""
+
+    def __init__(self, name: str, message: str):
+        self.name = name
+        super().__init__(message)

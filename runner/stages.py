@@ -24,6 +24,7 @@ from pydantic import Field, create_model, model_validator
 from runner.drafts.rules import rules_for, spec_draft_tokens_problem
 from runner.errors import PlanError
 from runner.spec.base import Strict
+from runner.spec.server import extra_args_problems, host_problem
 
 # ----------------------------------------------------------------------------------------------
 # the stages' spec blocks
@@ -119,14 +120,25 @@ class SglangOptions(Strict):
     """How the sglang backend launches servers."""
 
     python: str = Field("python3", description="Interpreter that has sglang installed.")
-    host: str = Field("127.0.0.1", description="Bind address (loopback only).")
+    host: str = Field("127.0.0.1", description="Bind address: loopback only (127.0.0.1, ::1, "
+                      "localhost).")
     port: int = Field(30000, ge=1024, le=65535, description="Speculative server port; baseline "
                       "uses port+1.")
     tp: int = Field(1, ge=1, description="--tp-size.")
     startup_timeout_s: float = Field(900, gt=0, description="Health-check timeout.")
     request_timeout_s: float = Field(600, gt=0, description="Per-request timeout.")
     cuda_graph_max_bs: Optional[int] = Field(None, ge=1, description="--cuda-graph-max-bs.")
-    extra_args: list[str] = Field(default_factory=list, description="Extra server argv items.")
+    extra_args: list[str] = Field(default_factory=list, description="Extra server argv items "
+                                  "(appended last); flags the runner sets itself are refused.")
+
+    @model_validator(mode="after")
+    def _guards(self):
+        problems = extra_args_problems(self.extra_args)
+        if (bad := host_problem(self.host)) is not None:
+            problems.append(bad)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
 
 
 class BenchStage(Strict):
@@ -165,6 +177,9 @@ class StageKind:
     files: tuple[str, ...] = ()  # external inputs hashed into the key: "target", "data"
     data_parallel: bool = False  # runs executor.nproc_per_node ranks (one per GPU)
     checkpointable: bool = False  # a Slurm timeout/preemption requeues it; it resumes
+    # (spec, {upstream stage: its artifact.json}) -> why the stage cannot run on those inputs,
+    # or None; runner plan calls it when the upstream is complete, run_stage before the stage
+    check: Optional[Callable[[Any, dict], Optional[str]]] = None
 
     @property
     def module(self) -> str:
@@ -175,6 +190,25 @@ def _target(d: dict) -> dict:
     """The target fields every stage that runs the target depends on."""
     return {k: d["target"][k] for k in ("path", "dtype", "num_hidden_layers", "hidden_size",
                                         "vocab_size", "chat_template")}
+
+
+def _train_check(spec, manifests: dict) -> str | None:
+    """train.num_samples must fit the extract (train would otherwise clamp it silently and a
+    data-scaling sweep would get duplicate points): the extract's `samples` metric."""
+    p, n = spec.stages.train, (manifests.get("extract") or {}).get("metrics", {}).get("samples")
+    if not isinstance(n, int):
+        return None
+    avail = n - p.eval_samples
+    if avail < 1:
+        return (f"stages.train.eval_samples = {p.eval_samples}: the extract holds {n} samples, "
+                "so none are left to train on. Lower train.eval_samples or extract more data "
+                "(data.max_samples).")
+    if p.num_samples is not None and p.num_samples > avail:
+        return (f"stages.train.num_samples = {p.num_samples}: the extract holds {n} samples and "
+                f"train.eval_samples holds out {p.eval_samples}, so {avail} are available. Set "
+                f"num_samples <= {avail} (or null = all), or extract more data "
+                "(data.max_samples).")
+    return None
 
 
 REGISTRY: tuple[StageKind, ...] = (
@@ -191,7 +225,7 @@ REGISTRY: tuple[StageKind, ...] = (
     StageKind("train", TrainStage, "Train the drafter with TTT.", needs=lambda spec: ("extract",),
               key=lambda spec, d: {"target": _target(d), "drafter": d["drafter"],
                                    "aux_layer_ids": spec.aux_ids, "train": d["stages"]["train"]},
-              data_parallel=True, checkpointable=True),
+              data_parallel=True, checkpointable=True, check=_train_check),
     StageKind("export", ExportStage, "Write the SGLang draft directory.",
               needs=lambda spec: ("train", "extract"),
               key=lambda spec, d: {"drafter": d["drafter"], "export": d["stages"]["export"]}),

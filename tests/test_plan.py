@@ -32,9 +32,15 @@ def make_spec(tmp: Path, overrides=(), variants=None):
     data_file = tmp / "data.jsonl"
     if not data_file.exists():
         data_file.write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n')
+    target = tmp / "target"  # plan refuses a missing input file; no weights are ever loaded
+    if not target.exists():
+        target.mkdir()
+        (target / "config.json").write_text(json.dumps(
+            {"num_hidden_layers": 30, "hidden_size": 576, "vocab_size": 49152,
+             "num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536}))
     data = {
         "name": "p", "work_dir": str(tmp / "work"),
-        "target": {"path": str(tmp / "no-model.gguf"), "num_hidden_layers": 30,
+        "target": {"path": str(target), "num_hidden_layers": 30,
                    "hidden_size": 576, "vocab_size": 49152},
         "drafter": {"aux_layer_ids": [1, 14, 26], "draft_vocab_size": 4096},
         "data": {"source": "jsonl", "path": str(data_file)},

