@@ -242,7 +242,11 @@ def _check_chat_template(data: dict) -> list[tuple[str, str]]:
     if not (isinstance(stages, dict) and stages.get("regenerate") is not None
             and isinstance(tgt, dict) and isinstance(tgt.get("path"), str)):
         return []
-    if read_chat_template(expand_path(tgt["path"])) is False:
+    try:
+        has = read_chat_template(expand_path(tgt["path"]))
+    except (SpecError, EnvVarError, OSError):  # a bad target.path: the path checks report it
+        return []
+    if has is False:
         return [("target.chat_template", f"the target at {tgt['path']} has no chat template "
                  "(tokenizer_config.json, chat_template.jinja or the GGUF header's "
                  "tokenizer.chat_template); stages.regenerate needs one. Use an instruct "
