@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
+
+# The Triton kernels (kernels/) run on CPU tensors only through Triton's interpreter, which must
+# be chosen before triton is first imported (kernels/_triton.py says why).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 # ---- target model (jobs/target.py) -------------------------------------------------------------
