@@ -259,6 +259,16 @@ class Eagle3Draft(nn.Module):
         return draft_ids + self.d2t[draft_ids]
 
     # -- training: one TTT step --
+    def ttt_qkv(self, ids, hidden, positions):
+        """The layer up to attention: ids [B, T], hidden [B, T, H], positions [B, T] (RoPE) ->
+        q [B, nh, T, hd], k, v [B, nkv, T, hd]."""
+        x = self.midlayer.attn_input(self.embed(ids), hidden)
+        return self.midlayer.self_attn.qkv(x, positions)
+
+    def ttt_out(self, hidden, o):
+        """The layer after attention: hidden [B, T, H], o [B, nh, T, hd] -> pre-norm out [B, T, H]."""
+        return self.midlayer.finish(hidden, self.midlayer.self_attn.out(o))
+
     def ttt_step(self, ids, hidden, positions, cache: list, causal_mask,
                  attend=ttt_attention) -> torch.Tensor:
         """One TTT step. ids [B, T] (tokens fed at this step), hidden [B, T, H] (fc(aux) at step
@@ -266,12 +276,10 @@ class Eagle3Draft(nn.Module):
         positions + j), cache: list of (k, v) of earlier steps, appended in place.
         attend(q, ks, vs, causal_mask): the TTT attention (kernels/ttt_attention.py; its fast
         paths take a Segments as the mask). Returns the pre-norm output [B, T, H]."""
-        j = len(cache)
-        x = self.midlayer.attn_input(self.embed(ids), hidden)
-        q, k, v = self.midlayer.self_attn.qkv(x, positions + j)
+        q, k, v = self.ttt_qkv(ids, hidden, positions + len(cache))
         cache.append((k, v))
         o = attend(q, [c[0] for c in cache], [c[1] for c in cache], causal_mask)
-        return self.midlayer.finish(hidden, self.midlayer.self_attn.out(o))
+        return self.ttt_out(hidden, o)
 
     # -- inference: one step over a static KV cache --
     def cached_step(self, ids, hidden, positions, k_cache, v_cache, slots, mask) -> torch.Tensor:

@@ -164,16 +164,19 @@ def prepare(samples: list[dict], K: int, head: dict, eps: float, device,
 
 class Impl(NamedTuple):
     """Which paths the fast step takes: attn "torch" | "flex" | "triton" (kernels/
-    ttt_attention.py), ce "torch" | "triton" (kernels/soft_ce.py), compile (torch.compile the
-    K-step unroll; CUDA only: the CPU tests run eager)."""
+    ttt_attention.py), ce "torch" | "triton" (kernels/soft_ce.py), compile: the torch.compile
+    backend of the layer pieces of `unroll` ("inductor" on CUDA; None = eager, as the CPU tests
+    run; "aot_eager" traces them on the CPU without code generation)."""
     attn: str = "torch"
     ce: str = "torch"
-    compile: bool = False
+    compile: str | None = None
 
     @classmethod
     def best(cls, device) -> "Impl":
         """Triton attention and CE, compiled, on CUDA; the PyTorch references on the CPU."""
-        return cls("triton", "triton", True) if torch.device(device).type == "cuda" else cls()
+        if torch.device(device).type == "cuda":
+            return cls("triton", "triton", "inductor")
+        return cls()
 
 
 def step_masks(batch: dict, tgt: TargetLogits, K: int):
@@ -198,26 +201,43 @@ def fast_loss_counts(batch: dict, tgt: TargetLogits, K: int) -> torch.Tensor:
     return step_masks(batch, tgt, K)[2].sum((1, 2))
 
 
-def unroll(model, aux, ids, pos, seg: Segments, attend_fn) -> torch.Tensor:
-    """K draft steps (Eagle3Draft.ttt_step) over packed rows. aux [R, T, 3*Ht], ids [K, R, T],
-    pos [R, T], seg Segments [R, T]. Returns the normed hidden of every step [K, R, T, H]."""
-    h, cache, outs = model.project(aux), [], []
-    for j in range(ids.shape[0]):
-        h = model.ttt_step(ids[j], h, pos, cache, seg, attend_fn)
-        outs.append(model.norm(h))
-    return torch.stack(outs)
+def _out_norm(model, hidden, o):
+    h = model.ttt_out(hidden, o)
+    return h, model.norm(h)
 
 
 _COMPILED: dict = {}
 
 
-def _unroll_fn(impl: Impl):
-    fn = lambda m, a, i, p, s: unroll(m, a, i, p, s, attend(impl.attn))  # noqa: E731
-    if not impl.compile:
+def _compiled(fn, backend: str | None):
+    """fn under torch.compile(backend), built once per (fn, backend); fn itself when None."""
+    if backend is None:
         return fn
-    if impl.attn not in _COMPILED:
-        _COMPILED[impl.attn] = torch.compile(fn, dynamic=False)
-    return _COMPILED[impl.attn]
+    if (fn, backend) not in _COMPILED:
+        _COMPILED[fn, backend] = torch.compile(fn, backend=backend, dynamic=False)
+    return _COMPILED[fn, backend]
+
+
+def unroll(model, aux, ids, pos, seg: Segments, impl: "Impl") -> torch.Tensor:
+    """K draft steps (Eagle3Draft.ttt_step's recurrence) over packed rows. aux [R, T, 3*Ht],
+    ids [K, R, T], pos [R, T], seg Segments [R, T]. Returns the normed hidden of every step
+    [K, R, T, H]. Compiled, the layer before and after attention are one graph each, reused by
+    every step (one compilation, not K); flex attention is compiled on its own."""
+    qkv = _compiled(type(model).ttt_qkv, impl.compile)
+    out = _compiled(_out_norm, impl.compile)
+    att = attend(impl.attn)
+    if impl.attn == "flex" and impl.compile:  # one graph per step (its key count differs)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                                   2 * ids.shape[0])
+        att = _compiled(att, impl.compile)
+    h, ks, vs, hn = model.project(aux), [], [], []
+    for j in range(ids.shape[0]):
+        q, k, v = qkv(model, ids[j], h, pos + j)
+        ks.append(k)
+        vs.append(v)
+        h, n = out(model, h, att(q, ks, vs, seg))
+        hn.append(n)
+    return torch.stack(hn)
 
 
 def _gemm_dtype(x: torch.Tensor) -> torch.dtype:
@@ -238,7 +258,7 @@ def fast_ttt_loss(model, batch: dict, tgt: TargetLogits, K: int, decay: float,
     w_step = decay ** torch.arange(K, device=den.device, dtype=torch.float64) / den
     w = (trained * w_step[:, None, None]).float()  # [K, R, T]
     seg = Segments(batch["start"], batch["end"])
-    hn = _unroll_fn(impl)(model, batch["aux"], ids, batch["pos"], seg)  # [K, R, T, H]
+    hn = unroll(model, batch["aux"], ids, batch["pos"], seg, impl)  # [K, R, T, H]
     loss, ce, amax = fused_soft_ce(hn.flatten(0, 2), model.lm_head.weight, tgt.logits, tgt.lse,
                                    tidx.flatten(), w.flatten(), _gemm_dtype(hn), impl=impl.ce)
     with torch.no_grad():

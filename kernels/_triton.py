@@ -19,8 +19,13 @@ def available() -> bool:
     return True
 
 
+def interpreting() -> bool:
+    """Whether Triton kernels run through the interpreter in this process (CPU tensors)."""
+    return available() and os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def check_device(device) -> None:
     """Raise a one-line error (with the fix) when a kernel cannot run on `device`."""
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if device.type != "cuda" and not interpreting():
         raise RuntimeError(f"a Triton kernel got {device.type} tensors: set TRITON_INTERPRET=1 "
                            "before importing triton (the interpreter), or use impl='torch'")

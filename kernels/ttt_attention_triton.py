@@ -240,8 +240,9 @@ def _bwd(do: torch.Tensor, q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor,
 
 @_bwd.register_fake
 def _(do, q, k0, v0, kx, vx, o, lse, start, end):
-    return (torch.empty_like(q), torch.empty_like(k0), torch.empty_like(v0), torch.empty_like(kx),
-            torch.empty_like(vx))
+    # as the real op: dq in q's layout, the rest contiguous
+    return (torch.empty_like(q), k0.new_empty(k0.shape), v0.new_empty(v0.shape),
+            kx.new_empty(kx.shape), vx.new_empty(vx.shape))
 
 
 def _setup(ctx, inputs, output):

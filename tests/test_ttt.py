@@ -73,12 +73,16 @@ def test_fast_loss_equals_ttt_loss(kw):
         assert fast[3]["pos"].shape[0] < len(LENGTHS)  # really packed: fewer rows than samples
 
 
-@pytest.mark.skipif(not _triton.available(), reason="needs triton (interpreter on the CPU)")
-def test_fast_loss_with_the_triton_kernels_equals_ttt_loss():
+@pytest.mark.skipif(not _triton.interpreting(), reason="needs triton and TRITON_INTERPRET=1")
+def test_fast_loss_with_the_triton_kernels_compiled_equals_ttt_loss():
+    """The GPU configuration on the CPU: Triton attention and CE (interpreter), the K-step unroll
+    under torch.compile (aot_eager: dynamo + AOT autograd with the attention custom op, no code
+    generation)."""
     m, used, head, samples = _setup(seed=1)
-    samples = samples[:3]
+    samples = samples[:2]
     ref = _reference(m, used, head, samples)
-    fast = _fast(m, used, head, samples, FT.Impl("triton", "triton"), seq_len=24)
+    torch._dynamo.reset()
+    fast = _fast(m, used, head, samples, FT.Impl("triton", "triton", "aot_eager"), seq_len=16)
     _assert_same(ref, fast, [n for n, _ in m.named_parameters()])
 
 
@@ -148,3 +152,77 @@ def test_pack_rejects_empty_batches():
          "aux_hidden": torch.zeros(1, 3), "last_hidden": torch.zeros(1, 1)}
     with pytest.raises(ValueError, match="fewer than 2 tokens"):
         FT.pack_samples([s], K=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# on the GPU: the configuration the train stage runs (Triton kernels, compiled layer pieces)
+
+
+def _gpu_case(seed=0):
+    """SmolLM2's drafter geometry, samples of mixed lengths packed into 512-position rows."""
+    g = torch.Generator().manual_seed(seed)
+    c = DraftConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                    intermediate_size=1536, vocab_size=4096, draft_vocab_size=2048,
+                    target_hidden_size=576, aux_layer_ids=[1, 2, 3])
+    torch.manual_seed(seed)
+    m = Eagle3Draft(c, torch.randn(4096, 576, generator=g) * 0.02).cuda()
+    used = torch.randperm(4096, generator=g)[:2048].sort().values
+    m.d2t.copy_(used - torch.arange(2048))
+    m.t2d[used.cuda()] = True
+    head = {"norm": torch.ones(576).cuda(), "lm_head": (torch.randn(4096, 576) * 0.05).cuda()}
+    samples = [{"input_ids": torch.randint(0, 4096, (L,), generator=g),
+                "loss_mask": (torch.rand(L, generator=g) > 0.3).to(torch.uint8),
+                "aux_hidden": torch.randn(L, 3 * 576, generator=g),
+                "last_hidden": torch.randn(L, 576, generator=g)} for L in (300, 513, 120, 90)]
+    return m, used.cuda(), head, samples
+
+
+def _cuda(samples):
+    return [{k: v.cuda() for k, v in s.items()} for s in samples]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("attn", ["triton", "flex"])
+def test_gpu_fast_loss_matches_ttt_loss(attn):
+    """float32: the compiled fast step against ttt_loss (tf32 in the Triton dots: 1e-3)."""
+    m, used, head, samples = _gpu_case()
+    b = TR.make_batch(_cuda(samples), 4)
+    ref, st = TR.ttt_loss(m, b, TR.target_dist(b["tgt_hidden"], head, used, m.t2d, 1e-5), 4, 0.8)
+    g_ref = torch.autograd.grad(ref, list(m.parameters()))
+    fb, ft = FT.prepare(samples, 4, FT.split_head(head, used), 1e-5, "cuda", seq_len=512)
+    loss, fs = FT.fast_ttt_loss(m, fb, ft, 4, 0.8, impl=FT.Impl(attn, "triton", "inductor"))
+    g = torch.autograd.grad(loss, list(m.parameters()))
+    assert fb["pos"].shape[0] == 2  # 512 positions fill a row; 299 + 119 + 89 share the other
+    assert float(loss.detach()) == pytest.approx(float(ref.detach()), rel=1e-3)
+    assert torch.allclose(fs["count"], st["count"])
+    assert (fs["correct"] - st["correct"]).abs().max() <= 2  # tf32 near-ties
+    for (n, _), a, c in zip(m.named_parameters(), g_ref, g):
+        assert (a - c).abs().max() <= 1e-2 * a.abs().max(), n
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_fast_step_has_no_host_sync_and_bf16_loss_is_close():
+    m, used, head, samples = _gpu_case(seed=1)
+    impl = FT.Impl.best("cuda")
+    fb, ft = FT.prepare([{k: v.bfloat16() if v.is_floating_point() else v for k, v in s.items()}
+                         for s in samples], 4, FT.split_head(head, used), 1e-5, "cuda",
+                        seq_len=512)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss, _ = FT.fast_ttt_loss(m, fb, ft, 4, 0.8, impl=impl)  # compiles
+    loss.backward()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss2, st = FT.fast_ttt_loss(m, fb, ft, 4, 0.8, impl=impl)
+        loss2.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert st["loss"].device.type == "cuda"
+    b = TR.make_batch(_cuda(samples), 4)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        ref, _ = TR.ttt_loss(m, b, TR.target_dist(b["tgt_hidden"], head, used, m.t2d, 1e-5), 4,
+                             0.8)
+    assert float(loss2.detach()) == pytest.approx(float(ref), rel=2e-2)
