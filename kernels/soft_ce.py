@@ -44,9 +44,10 @@ def _rows_fn(impl: str):
     raise ValueError(f"soft CE impl {impl!r}: choose 'torch' or 'triton'")
 
 
-def default_chunk_rows(vocab: int, itemsize: int, budget_bytes: int = 1 << 28) -> int:
+def default_chunk_rows(vocab: int, itemsize: int, budget_bytes: int = 1 << 27) -> int:
     """Rows per chunk so that one chunk's [rows, vocab] logits take about budget_bytes
-    (256 MiB by default), a multiple of 128 (whole GEMM tiles), at least 128."""
+    (128 MiB by default: 2048 rows of a 32000-token bf16 draft vocab), a multiple of 128 (whole
+    GEMM tiles), at least 128."""
     return max(128, budget_bytes // (vocab * itemsize) // 128 * 128)
 
 

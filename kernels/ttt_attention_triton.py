@@ -23,21 +23,35 @@ from kernels.ttt_attention import Segments
 
 
 @triton.jit
+def _query_block(START, T, H: tl.constexpr, G: tl.constexpr, BM: tl.constexpr,
+                 BN: tl.constexpr):
+    """A query-block program (grid: query blocks x B*H): its row b, head h (and KV head hk),
+    query rows rm [BM], their validity mm, their samples' starts st, and the step-0 key range
+    [lo, hi) it walks (from the earliest start to the diagonal)."""
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    rm = pid_m * BM + tl.arange(0, BM)
+    mm = rm < T
+    st = tl.load(START + b * T + rm, mask=mm, other=T)
+    lo = (tl.min(st, 0) // BN) * BN
+    return bh, b, h, h // G, rm, mm, st, lo, tl.minimum((pid_m + 1) * BM, T)
+
+
+@triton.jit
+def _sees(rm, rn, st):
+    """[BM, BN]: query rm attends step-0 key rn (causal, same sample)."""
+    return (rn[None, :] <= rm[:, None]) & (rn[None, :] >= st[:, None])
+
+
+@triton.jit
 def _fwd_kernel(Q, K0, V0, KX, VX, START, O, LSE,
                 sqb, sqh, sqt, skb, skh, skt, sxx, sxb, sxh, sxt, sob, soh, sot,
                 T, NX, scale,
                 H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                 BM: tl.constexpr, BN: tl.constexpr):
-    pid_m, bh = tl.program_id(0), tl.program_id(1)
-    b, h = bh // H, bh % H
-    hk = h // G
-    rm = pid_m * BM + tl.arange(0, BM)
+    bh, b, h, hk, rm, mm, st, lo, hi = _query_block(START, T, H, G, BM, BN)
     rd = tl.arange(0, D)
-    mm = rm < T
     q = tl.load(Q + b * sqb + h * sqh + rm[:, None] * sqt + rd[None, :], mask=mm[:, None], other=0.0)
-    st = tl.load(START + b * T + rm, mask=mm, other=T)
-    lo = (tl.min(st, 0) // BN) * BN
-    hi = tl.minimum((pid_m + 1) * BM, T)
     m_i = tl.full([BM], -1.0e30, tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
@@ -47,8 +61,7 @@ def _fwd_kernel(Q, K0, V0, KX, VX, START, O, LSE,
         nm = rn < T
         k = tl.load(kb + rn[:, None] * skt + rd[None, :], mask=nm[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k)) * scale  # [BM, BN] float32
-        ok = (rn[None, :] <= rm[:, None]) & (rn[None, :] >= st[:, None])
-        s = tl.where(ok, s, float("-inf"))
+        s = tl.where(_sees(rm, rn, st), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
@@ -122,21 +135,14 @@ def _bwd_q_kernel(Q, K0, V0, KX, VX, DO, LSE, DELTA, START, DQ, DKX, DVX,
                   T, NX, scale,
                   H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr):
-    pid_m, bh = tl.program_id(0), tl.program_id(1)
-    b, h = bh // H, bh % H
-    hk = h // G
-    rm = pid_m * BM + tl.arange(0, BM)
+    bh, b, h, hk, rm, mm, st, lo, hi = _query_block(START, T, H, G, BM, BN)
     rd = tl.arange(0, D)
-    mm = rm < T
     qo = b * sqb + h * sqh + rm[:, None] * sqt + rd[None, :]
     q = tl.load(Q + qo, mask=mm[:, None], other=0.0)
     do = tl.load(DO + b * sob + h * soh + rm[:, None] * sot + rd[None, :], mask=mm[:, None],
                  other=0.0)
     lse = tl.load(LSE + bh * T + rm, mask=mm, other=0.0)
     dl = tl.load(DELTA + bh * T + rm, mask=mm, other=0.0)
-    st = tl.load(START + b * T + rm, mask=mm, other=T)
-    lo = (tl.min(st, 0) // BN) * BN
-    hi = tl.minimum((pid_m + 1) * BM, T)
     dq = tl.zeros([BM, D], tl.float32)
     kb, vb = K0 + b * skb + hk * skh, V0 + b * skb + hk * skh
     for n in range(lo, hi, BN):
@@ -145,8 +151,7 @@ def _bwd_q_kernel(Q, K0, V0, KX, VX, DO, LSE, DELTA, START, DQ, DKX, DVX,
         k = tl.load(kb + rn[:, None] * skt + rd[None, :], mask=nm[:, None], other=0.0)
         v = tl.load(vb + rn[:, None] * skt + rd[None, :], mask=nm[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k)) * scale
-        ok = (rn[None, :] <= rm[:, None]) & (rn[None, :] >= st[:, None])
-        p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)
+        p = tl.where(_sees(rm, rn, st), tl.exp(s - lse[:, None]), 0.0)
         dp = tl.dot(do, tl.trans(v))
         ds = p * (dp - dl[:, None])
         dq += tl.dot(ds.to(k.dtype), k)
