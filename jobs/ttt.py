@@ -11,9 +11,11 @@ trained positions. `fast_ttt_loss` equals `ttt_loss` on the same samples (tests/
 
 Packed batch (`pack_samples`), R rows of T positions, E = T + K - 1 (step j reads columns
 j..j+T-1 of the extended tensors):
-    aux [R, T, 3*Ht]   aux features of each position          pos [R, T] int64  position in its sample
+    aux [R, T, 3*Ht]   aux features of each position
+    pos [R, T] int64   position within its sample (RoPE)
     ids [R, E] int64   ids[o + r] = token r+1 of the sample at offset o
-    tgt_hidden [R, E, Ht] last_hidden at token r+1            pmask [R, E] bool token r+2 is assistant
+    tgt_hidden [R, E, Ht]  last_hidden at token r+1
+    pmask [R, E] bool  token r+2 is an assistant token
     rem [R, T] int64   positions left in the sample after this one (-1 = padding): step j reads
                        column i+j only while j <= rem, so the TTT shift never crosses a sample
     start, end [R, T] int32  the sample's first / one-past-last position (attention segments)
@@ -104,7 +106,12 @@ class TargetLogits(NamedTuple):
     extended tensors (row index r * E + c):
     logits [R*E, Vd] (the head's dtype: bf16 on CUDA) over the draft vocab, lse [R*E] float32
     (their logsumexp), draft_id [R*E] int64 = the target's FULL-vocab argmax as a draft id, or -1
-    when it is outside the draft vocab (such rows get no loss; accuracy counts them as misses)."""
+    when it is outside the draft vocab (such rows get no loss; accuracy counts them as misses).
+    Why logits in the head's dtype and not float32 probabilities (today's target_dist): on CUDA
+    the head is bf16 and its GEMM output is already bf16-rounded, so storing it loses nothing;
+    it is a quarter of float32 p's bytes, one copy serves all K steps (rows are shared through
+    the CE's row index), and p = exp(logits - lse) costs nothing in the CE kernel, which reads
+    the row anyway."""
     logits: torch.Tensor
     lse: torch.Tensor
     draft_id: torch.Tensor

@@ -53,12 +53,13 @@ def default_chunk_rows(vocab: int, itemsize: int, budget_bytes: int = 1 << 27) -
 
 class _FusedSoftCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, zt, lse_t, tidx, w, dtype, chunk_rows, impl):
+    def forward(ctx, h, weight, zt, lse_t, tidx, w, dtype, chunk_rows, impl, grad):
         rows = _rows_fn(impl)
         with torch.autocast(h.device.type, enabled=False):
             Wc = weight.detach().to(dtype)
-            dh = torch.empty_like(h)
-            dW = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32)
+            dh = torch.empty_like(h) if grad else h.new_zeros(0)
+            dW = torch.zeros(weight.shape if grad else 0, device=weight.device,
+                             dtype=torch.float32)
             ce = torch.empty(h.shape[0], device=h.device, dtype=torch.float32)
             amax = torch.empty(h.shape[0], device=h.device, dtype=torch.int64)
             for a in range(0, h.shape[0], chunk_rows):
@@ -66,8 +67,9 @@ class _FusedSoftCE(torch.autograd.Function):
                 hc = h[a:b].detach().to(dtype)
                 z = hc @ Wc.T  # [rows, Vd]: becomes its own gradient below
                 ce[a:b], amax[a:b] = rows(z, zt, lse_t, tidx[a:b], w[a:b])
-                dh[a:b] = z @ Wc
-                dW.add_(z.T @ hc)
+                if grad:
+                    dh[a:b] = z @ Wc
+                    dW.add_(z.T @ hc)
         ctx.save_for_backward(dh, dW.to(weight.dtype))
         ctx.mark_non_differentiable(ce, amax)
         return (ce * w).sum(), ce, amax
@@ -75,7 +77,7 @@ class _FusedSoftCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g, _ce, _amax):
         dh, dW = ctx.saved_tensors
-        return dh * g, dW * g, None, None, None, None, None, None, None
+        return dh * g, dW * g, None, None, None, None, None, None, None, None
 
 
 def fused_soft_ce(h, weight, zt, lse_t, tidx, w, dtype=None, chunk_rows=None, impl="torch"):
@@ -87,7 +89,9 @@ def fused_soft_ce(h, weight, zt, lse_t, tidx, w, dtype=None, chunk_rows=None, im
     h's; bf16 under CUDA autocast is the caller's choice); chunk_rows: rows per chunk
     (default `default_chunk_rows`); impl: "torch" or "triton" (the per-row part).
     Returns (loss = sum_m w_m ce_m, a differentiable scalar; ce [M] float32; argmax [M] int64
-    draft ids of the draft's top-1, for accuracy). Gradients flow to h and weight only."""
+    draft ids of the draft's top-1, for accuracy). Gradients flow to h and weight only; under
+    torch.no_grad (evaluation) the dh/dW GEMMs are skipped."""
     dtype = dtype or h.dtype
     chunk_rows = chunk_rows or default_chunk_rows(zt.shape[1], torch.finfo(dtype).bits // 8)
-    return _FusedSoftCE.apply(h, weight, zt, lse_t, tidx, w, dtype, chunk_rows, impl)
+    grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    return _FusedSoftCE.apply(h, weight, zt, lse_t, tidx, w, dtype, chunk_rows, impl, grad)

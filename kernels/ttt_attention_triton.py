@@ -51,7 +51,8 @@ def _fwd_kernel(Q, K0, V0, KX, VX, START, O, LSE,
                 BM: tl.constexpr, BN: tl.constexpr):
     bh, b, h, hk, rm, mm, st, lo, hi = _query_block(START, T, H, G, BM, BN)
     rd = tl.arange(0, D)
-    q = tl.load(Q + b * sqb + h * sqh + rm[:, None] * sqt + rd[None, :], mask=mm[:, None], other=0.0)
+    q = tl.load(Q + b * sqb + h * sqh + rm[:, None] * sqt + rd[None, :], mask=mm[:, None],
+                other=0.0)
     m_i = tl.full([BM], -1.0e30, tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
@@ -195,7 +196,8 @@ def _empty_like_q(q):
 
 @torch.library.custom_op("eagle3::ttt_attention_fwd", mutates_args=())
 def _fwd(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, kx: torch.Tensor,
-         vx: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+         vx: torch.Tensor, start: torch.Tensor,
+         end: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     B, H, G, T, D = _geometry(q, k0)
     BM, BN = _blocks(q.device)
     k0, v0 = k0.contiguous(), v0.contiguous()

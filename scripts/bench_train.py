@@ -145,7 +145,8 @@ def _specforge(s: SimpleNamespace):
         raise RuntimeError(f"SpecForge weights: missing {missing}, unexpected {unexpected}")
     sf.embed_tokens.weight.data.copy_(s.model.embed_tokens)
     sf.embed_tokens.weight.requires_grad_(False)  # frozen, as ours
-    b = {k: (v.to(s.dev) if torch.is_tensor(v) else v) for k, v in make_batch(s.samples, s.K).items()}
+    b = {k: (v.to(s.dev) if torch.is_tensor(v) else v)
+         for k, v in make_batch(s.samples, s.K).items()}
     B, N = b["aux"].shape[:2]
     with torch.no_grad():  # the target's full-vocab logits at positions 1..N (our alignment)
         h = b["tgt_hidden"][:, :N].float()
