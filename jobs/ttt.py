@@ -109,7 +109,7 @@ class TargetLogits(NamedTuple):
     when it is outside the draft vocab (such rows get no loss; accuracy counts them as misses).
     Why logits in the head's dtype and not float32 probabilities (today's target_dist): on CUDA
     the head is bf16 and its GEMM output is already bf16-rounded, so storing it loses nothing;
-    it is a quarter of float32 p's bytes, one copy serves all K steps (rows are shared through
+    it is half of float32 p's bytes, one copy serves all K steps (rows are shared through
     the CE's row index), and p = exp(logits - lse) costs nothing in the CE kernel, which reads
     the row anyway."""
     logits: torch.Tensor
