@@ -57,7 +57,9 @@ def pack_samples(samples: list[dict], K: int, seq_len: int | None = None,
     """Pack samples (input_ids [L], loss_mask [L], aux_hidden [L, 3*Ht], last_hidden [L, Ht])
     into rows of seq_len draft positions (a sample of L tokens has L-1; default seq_len = the
     longest sample's). A longer sample is truncated to seq_len + 1 tokens. pack=False: one
-    sample per row (make_batch's layout). Returns the batch dict of the module docstring.
+    sample per row (make_batch's layout). Returns the batch dict of the module docstring: aux
+    and tgt_hidden on the device of the samples' hidden states (the CPU offline, the target's
+    device online), the other tensors on the CPU.
     Raises ValueError when no sample has 2 tokens or seq_len < 1."""
     n = [int(s["input_ids"].numel()) - 1 for s in samples]
     if max(n, default=0) < 1:
@@ -68,10 +70,12 @@ def pack_samples(samples: list[dict], K: int, seq_len: int | None = None,
     n = [min(x, T) for x in n]
     rows = _rows_for([max(x, 0) for x in n], T, pack)
     R, E, s0 = len(rows), T + K - 1, samples[0]
-    b = {"aux": torch.zeros(R, T, s0["aux_hidden"].shape[-1], dtype=s0["aux_hidden"].dtype),
+    fdev = s0["aux_hidden"].device  # online features are on the target's device already
+    b = {"aux": torch.zeros(R, T, s0["aux_hidden"].shape[-1], dtype=s0["aux_hidden"].dtype,
+                            device=fdev),
          "ids": torch.zeros(R, E, dtype=torch.int64),
          "tgt_hidden": torch.zeros(R, E, s0["last_hidden"].shape[-1],
-                                   dtype=s0["last_hidden"].dtype),
+                                   dtype=s0["last_hidden"].dtype, device=fdev),
          "pmask": torch.zeros(R, E, dtype=torch.bool),
          "pos": torch.zeros(R, T, dtype=torch.int64),
          "rem": torch.full((R, T), -1, dtype=torch.int64),

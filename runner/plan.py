@@ -23,7 +23,8 @@ from runner.files import atomic_write, cache_dir, expand_path, sha256_file
 from runner.spec.load import variant_spec
 from runner.spec.schema import Spec
 from runner.stage import read_manifest
-from runner.stages import STAGE_ORDER, enabled_stages, stage_kind, stage_needs, stage_slice
+from runner.stages import (STAGE_ORDER, enabled_stages, stage_files, stage_kind, stage_needs,
+                           stage_slice)
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT_PACKAGES = ("jobs", "kernels", "runner")  # their modules are hashed into the code key
@@ -183,7 +184,7 @@ def input_files(spec: Spec, stage: str) -> dict:
     """External files a stage reads (their content is part of the key): the registry row's
     `files`, "target" = target.path, "data" = data.path when set."""
     paths = {"target": spec.target.path, "data": spec.data.path}
-    return {f: file_identity(expand_path(paths[f])) for f in stage_kind(stage).files if paths[f]}
+    return {f: file_identity(expand_path(paths[f])) for f in stage_files(spec, stage) if paths[f]}
 
 
 def _flat(d, prefix="") -> dict:
