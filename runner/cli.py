@@ -68,6 +68,9 @@ def _render_plan(plan) -> str:
         lines.append(f"  {i}. {p.id:<22} {p.action:<4}  key {p.key[:12]}  {p.reason}")
     n = sum(p.action == "run" for p in plan.stages)
     lines.append(f"{n} stage(s) to run")
+    if plan.disk:
+        from runner.disk import render
+        lines += render(plan.disk)
     return "\n".join(lines)
 
 

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from runner import disk
 from runner.errors import PlanError
 from runner.files import atomic_write, cache_dir, expand_path, sha256_file
 from runner.spec.load import variant_spec
@@ -55,6 +56,7 @@ class Plan:
     results: str
     executor: str
     stages: tuple[PlannedStage, ...]
+    disk: dict = field(default_factory=dict, compare=False)  # runner/disk.py report
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -307,7 +309,13 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
                         f"{results / 'results.duckdb'}")
     _check_dir("results.path", results.parent, spec.results.path)
     ex = spec.executor.kind
-    return Plan(spec.name, str(work), str(results), ex, tuple(planned))
+    by_name = dict(vspecs)
+    extracts = [(p.id, by_name[p.variant]) for p in planned
+                if p.stage == "extract" and p.action == "run"]
+    online = [(p.id, by_name[p.variant]) for p in planned if p.stage == "train"
+              and p.shared_with is None and by_name[p.variant].stages.train.features == "online"]
+    return Plan(spec.name, str(work), str(results), ex, tuple(planned),
+                disk.report(extracts, online, work))
 
 
 def _check_dir(field: str, path: Path, declared: str) -> None:
