@@ -1,21 +1,27 @@
 #!/usr/bin/env python
 """Drafter training throughput (tokens/s), peak memory and first-step loss of one optimizer step:
-today's step (baseline), the fast step (jobs/ttt_fast.py) and, with --specforge, SpecForge 0.2.0's own
-step, on the same shapes, weights and batch, in one run.
+the reference step (baseline), the train stage's fast step, online training (the target in the
+loop) and, with --specforge, SpecForge 0.2.0's own step, on the same shapes, weights and batch,
+in one run.
 
     python scripts/bench_train.py --device cpu --out runs/bench-train            # small grid
+    python scripts/bench_train.py --suite issue17 --out runs/bench-train          # the H200 set
     python scripts/bench_train.py --device cuda --geometry smollm2 --ks 7 --seqs 2048 \\
-        --vocabs 32000 --batches 1,4 --specforge --out runs/bench-train
-    python scripts/bench_train.py --device cuda --geometry kimi-k2.5 --ks 7 --seqs 2048 \\
-        --vocabs 32000 --batches 1,4 --out runs/bench-train-kimi
+        --vocabs 32000 --batches 1,4 --specforge --online --out runs/bench-train
 
-Steps (rows, `kind`):
-- baseline: jobs.train.train_step, the train stage's step today (right-padded batch, target
+Steps (rows, `kind`), each jobs/train.py train_step (batch, target side, loss, backward, grad
+clipping, AdamW) on a Learner:
+- baseline: impl None, the reference objective (jobs/ttt.py: right-padded batch, target
   distribution = norm + full-vocab lm_head + draft-vocab softmax in float32, K unrolled TTT
-  steps with the T x T score matrix, log_softmax CE, grad clipping, AdamW).
-- fast-<attn>: jobs/ttt_fast.py prepare + fast_ttt_loss (packed rows, draft-vocab target logits in
-  the head's dtype, TTT attention `attn` = triton | flex | torch, fused chunked soft CE; on CUDA
-  the Triton CE and torch.compile'd layer pieces), then the same backward, clipping and AdamW.
+  steps with the T x T score matrix, log_softmax CE).
+- fast-<attn>: the train stage's step (jobs/ttt_fast.py: packed rows, draft-vocab target logits
+  in the head's dtype, TTT attention `attn` = triton | flex | torch, fused chunked soft CE; on
+  CUDA the Triton CE and torch.compile'd layer pieces); the features come from host memory, as
+  offline training reads them (`x offline` of the online rows divides by this row).
+- online (--online): features: online, the fast step fed by jobs/train_data.py Online: every
+  step runs a random target of the geometry (HF LlamaForCausalLM, bf16 on CUDA; smollm2 and
+  tiny only) over the batch and captures its aux and last hidden states (jobs/capture.py).
+  Its loss differs from the other rows' (real target features, not random ones).
 - specforge: specforge.algorithms.eagle3.model.OnlineEagle3Model(LlamaForCausalLMEagle3(...,
   attention_backend="flex_attention"), length=K) loaded with the same weights, fed input_ids,
   attention_mask, loss_mask [B, N, 1] (our trained-position mask), aux hidden and the target's
@@ -29,7 +35,9 @@ tokens/s = B x seq / median step time (after --warmup steps; CUDA synchronised);
 all K draft steps. loss = the first step's loss (identical weights and batch in every row).
 Peak memory: CUDA = torch.cuda.max_memory_allocated during the measured steps (`step` = minus
 what was allocated before: weights, AdamW state, target head, batch); CPU = the process's max RSS
-(each row runs in its own subprocess). The grid varies one factor at a time around --base.
+(each row runs in its own subprocess, killed after --row-timeout seconds; rows left when
+--budget seconds are spent are reported as skipped). The grid varies one factor at a time around
+--base; --suite issue17 is exactly issue 17's H200 set (SUITES).
 Writes bench_train.json and bench_train.md into --out.
 """
 
@@ -98,35 +106,65 @@ def _autocast(dev):
     return lambda: torch.autocast("cpu", enabled=False)
 
 
-def _baseline(s: SimpleNamespace):
+def _learner(s: SimpleNamespace, impl):
+    """The train stage's Learner over the bench weights (impl None = the reference objective)."""
     import torch
-    from jobs.train import Learner, train_step
+    from jobs import ttt_fast as FT
+    from jobs.train import Learner
     opt = torch.optim.AdamW(s.model.parameters(), lr=1e-4)
     p = SimpleNamespace(ttt_steps=s.K, step_decay=DECAY, grad_clip=CLIP)
-    learner = Learner(s.model, opt, p, s.head, s.used, s.model.t2d, EPS, s.dev)
-    return lambda: train_step(learner, s.samples)[0]
+    head = s.head if impl is None else FT.split_head(s.head, s.used)
+    s.head = None  # the split holds the same bytes
+    return Learner(s.model, opt, p, head, s.used, s.model.t2d, EPS, s.dev, impl=impl)
+
+
+def _impl(s: SimpleNamespace, attn: str):
+    from jobs import ttt_fast as FT
+    cuda = s.dev.type == "cuda"
+    return FT.Impl(attn, "triton" if cuda else "torch", "inductor" if cuda else None)
+
+
+def _baseline(s: SimpleNamespace):
+    from jobs.train import train_step
+    learner = _learner(s, None)
+    return lambda: train_step(learner, s.samples).loss
 
 
 def _fast(s: SimpleNamespace, attn: str):
-    import torch
-    from jobs import ttt_fast as FT
-    head = FT.split_head(s.head, s.used)
-    s.head = None  # the split holds the same bytes
-    cuda = s.dev.type == "cuda"
-    impl = FT.Impl(attn, "triton" if cuda else "torch", "inductor" if cuda else None)
-    opt = torch.optim.AdamW(s.model.parameters(), lr=1e-4)
-    ac = _autocast(s.dev)
+    from jobs.train import train_step
+    learner = _learner(s, _impl(s, attn))
+    return lambda: train_step(learner, s.samples).loss
 
-    def step():
-        batch, tgt = FT.prepare(s.samples, s.K, head, EPS, s.dev)
-        opt.zero_grad(set_to_none=True)
-        with ac():
-            loss, _ = FT.fast_ttt_loss(s.model, batch, tgt, s.K, DECAY, impl=impl)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(s.model.parameters(), CLIP)
-        opt.step()
-        return loss.detach()
-    return step
+
+TARGETS = {"smollm2": dict(num_hidden_layers=30, aux=[1, 14, 26]),  # SmolLM2-135M
+           "tiny": dict(num_hidden_layers=4, aux=[0, 1, 2])}
+
+
+def _online(s: SimpleNamespace, geometry: str):
+    """The fast step fed by the online source over a random target of the geometry."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from jobs.capture import TargetData
+    from jobs.train import train_step
+    from jobs.train_data import Online
+    if geometry not in TARGETS:
+        raise RuntimeError(f"no target geometry for {geometry} (online rows: {sorted(TARGETS)})")
+    g = GEOMETRIES[geometry]
+    t = TARGETS[geometry]
+    cfg = LlamaConfig(**{k: g[k] for k in ("hidden_size", "num_attention_heads",
+                                           "num_key_value_heads", "head_dim",
+                                           "intermediate_size", "vocab_size")},
+                      num_hidden_layers=t["num_hidden_layers"], max_position_embeddings=8192,
+                      tie_word_embeddings=True)
+    with torch.device(s.dev):
+        target = LlamaForCausalLM(cfg).to(torch.bfloat16 if s.dev.type == "cuda"
+                                          else torch.float32).eval().requires_grad_(False)
+    toks = [(x["input_ids"].tolist(), x["loss_mask"].tolist()) for x in s.samples]
+    src = Online(TargetData(target, None, cfg.to_dict(), toks, {}, {}, 0), t["aux"], "bench")
+    s.samples = None  # the features come from the target now
+    learner = _learner(s, _impl(s, "triton" if s.dev.type == "cuda" else "torch"))
+    ids = list(range(len(toks)))
+    return lambda: train_step(learner, src.batch(ids)).loss
 
 
 def _specforge(s: SimpleNamespace):
@@ -189,6 +227,7 @@ def one(cfg: dict) -> dict:
     s = _setup(cfg)
     kind = cfg["kind"]
     step = (_baseline(s) if kind == "baseline" else _specforge(s) if kind == "specforge"
+            else _online(s, cfg["geometry"]) if kind == "online"
             else _fast(s, kind.split("-", 1)[1]))
     dev = s.dev
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
@@ -234,34 +273,52 @@ def grid(a) -> list[dict]:
     return out
 
 
+# issue 17's H200 set (about 4 minutes): SmolLM2 geometry at batch 1 and 4, every kind; the
+# Kimi-K2.5 drafter's fast step at batch 1 (peak memory and tokens/s). Most telling rows first,
+# so that a spent --budget costs the least.
+_S = dict(geometry="smollm2", K=7, seq=2048, vocab=32000)
+SUITES = {"issue17": dict(device="cuda", warmup=2, iters=5, budget=240.0, row_timeout=75.0, rows=[
+    *(dict(_S, batch=b, kind=k) for b in (1, 4)
+      for k in ("fast-triton", "online", "baseline", "specforge")),
+    dict(geometry="kimi-k2.5", K=7, seq=2048, vocab=32000, batch=1, kind="fast-triton")])}
+
+
 def _ratios(rows: list[dict]) -> None:
-    """x_baseline / x_specforge: tokens/s against those rows of the same shape (in place)."""
+    """x_baseline / x_specforge: tokens/s against those rows of the same shape; x_offline (online
+    rows): against the first fast-* row of the same shape (in place)."""
     def key(r):
-        return (r["K"], r["seq"], r["vocab"], r["batch"])
-    ref = {(r["kind"], key(r)): r["tokens_per_s"] for r in rows if "error" not in r}
-    for r in rows:
-        for kind in ("baseline", "specforge"):
-            if "error" not in r and (kind, key(r)) in ref:
+        return (r["geometry"], r["K"], r["seq"], r["vocab"], r["batch"])
+    ok = [r for r in rows if "error" not in r]
+    ref = {(r["kind"], key(r)): r["tokens_per_s"] for r in ok}
+    for r in ok:
+        if r["kind"].startswith("fast-"):
+            ref.setdefault(("offline", key(r)), r["tokens_per_s"])
+    for r in ok:
+        for kind in ("baseline", "specforge") + (("offline",) if r["kind"] == "online" else ()):
+            if (kind, key(r)) in ref:
                 r[f"x_{kind}"] = r["tokens_per_s"] / ref[kind, key(r)]
 
 
 def markdown(rows: list[dict], meta: dict) -> str:
-    lines = [f"### Drafter training: {meta['geometry']} geometry on {meta['device_name']}",
+    lines = [f"### Drafter training on {meta['device_name']}",
              "", f"median of {meta['iters']} steps after {meta['warmup']} warm-up; "
              f"{meta['precision']}; tokens/s = sequence tokens per optimizer step time (each "
-             "token runs all K TTT steps); loss = the first step's, same weights and batch; "
+             "token runs all K TTT steps); loss = the first step's, same weights and batch "
+             "(online: the random target's features); "
              f"torch {meta['torch']}, commit {meta['commit']}.", "",
-             "| step | K | seq | draft vocab | batch | step (s) | tokens/s | x baseline | "
-             "x specforge | peak (MiB) | step peak (MiB) | loss |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| geometry | step | K | seq | draft vocab | batch | step (s) | tokens/s | "
+             "x baseline | x specforge | x offline | peak (MiB) | step peak (MiB) | loss |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        head = f"| {r['kind']} | {r['K']} | {r['seq']} | {r['vocab']} | {r['batch']} |"
+        head = (f"| {r['geometry']} | {r['kind']} | {r['K']} | {r['seq']} | {r['vocab']} | "
+                f"{r['batch']} |")
         if "error" in r:
-            lines.append(f"{head} error: {r['error'][:70]} | | | | | | |")
+            lines.append(f"{head} error: {r['error'][:70]} | | | | | | | |")
             continue
         sp = "" if r["step_peak_mib"] is None else f"{r['step_peak_mib']:.0f}"
-        xb, xs = (f"{r[k]:.2f}" if k in r else "" for k in ("x_baseline", "x_specforge"))
-        lines.append(f"{head} {r['step_s']:.4f} | {r['tokens_per_s']:.0f} | {xb} | {xs} | "
+        xb, xs, xo = (f"{r[k]:.2f}" if k in r else ""
+                      for k in ("x_baseline", "x_specforge", "x_offline"))
+        lines.append(f"{head} {r['step_s']:.4f} | {r['tokens_per_s']:.0f} | {xb} | {xs} | {xo} | "
                      f"{r['peak_mib']:.0f} | {sp} | {r['loss']:.5f} |")
     return "\n".join(lines) + "\n"
 
@@ -288,6 +345,14 @@ def main(argv=None) -> None:
                     help="TTT attention of the fast step, comma-separated: triton, flex, torch")
     ap.add_argument("--no-baseline", action="store_true", help="skip today's step")
     ap.add_argument("--specforge", action="store_true", help="add SpecForge 0.2.0's step (CUDA)")
+    ap.add_argument("--online", action="store_true",
+                    help="add online training (the target in the loop; smollm2, tiny)")
+    ap.add_argument("--suite", choices=sorted(SUITES), help="a fixed set of rows (SUITES); "
+                    "replaces the grid and its options")
+    ap.add_argument("--row-timeout", type=float, default=None,
+                    help="seconds per row before its subprocess is killed (default: none)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds for all rows; rows left after it are reported as skipped")
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--iters", type=int, default=None)
     ap.add_argument("--threads", type=int, default=2, help="CPU threads per configuration")
@@ -297,30 +362,30 @@ def main(argv=None) -> None:
     if a.one:
         print("RESULT " + json.dumps(one(json.loads(a.one))))
         return
+    suite = SUITES.get(a.suite or "", {})
+    if suite:
+        a.device = suite["device"]
+        a.budget = a.budget or suite["budget"]
+        a.row_timeout = a.row_timeout or suite["row_timeout"]
     for k, v in DEFAULTS[a.device].items():
         if getattr(a, k) is None:
-            setattr(a, k, v)
+            setattr(a, k, suite.get(k, v))
     if a.warmup < 1:
         ap.error("--warmup must be >= 1 (the first step's loss is read from it)")
-    kinds = ([] if a.no_baseline else ["baseline"]) + [f"fast-{x}" for x in a.attn.split(",")]
-    kinds += ["specforge"] if a.specforge else []
     import torch
     dev_name = (torch.cuda.get_device_name(0) if a.device == "cuda"
                 else f"CPU ({platform.processor() or platform.machine()}, {a.threads} threads)")
-    rows = []
-    V = GEOMETRIES[a.geometry]["vocab_size"]
-    for pt in grid(a):
-        if pt["vocab"] > V:
-            print(f"skip draft vocab {pt['vocab']}: larger than the {a.geometry} vocab {V}",
-                  file=sys.stderr)
+    common = dict(device=a.device, warmup=a.warmup, iters=a.iters, threads=a.threads)
+    cfgs = [dict(r, **common) for r in suite["rows"]] if suite else _grid_cfgs(a, common)
+    rows, t_end = [], time.monotonic() + (a.budget or float("inf"))
+    for cfg in cfgs:
+        left = t_end - time.monotonic()
+        if left <= 1:
+            rows.append({**cfg, "error": "skipped: --budget spent"})
             continue
-        for batch in (int(b) for b in a.batches.split(",")):
-            for kind in kinds:
-                cfg = dict(pt, kind=kind, batch=batch, device=a.device, geometry=a.geometry,
-                           warmup=a.warmup, iters=a.iters, threads=a.threads)
-                rows.append(_run(cfg))
+        rows.append(_run(cfg, min(left, a.row_timeout or float("inf"))))
     _ratios(rows)
-    meta = {"geometry": a.geometry, "device": a.device, "device_name": dev_name,
+    meta = {"suite": a.suite, "device": a.device, "device_name": dev_name,
             "warmup": a.warmup, "iters": a.iters, "commit": _commit(),
             "precision": "bf16 autocast" if a.device == "cuda" else "float32",
             "torch": torch.__version__}
@@ -331,12 +396,34 @@ def main(argv=None) -> None:
     print(markdown(rows, meta))
 
 
-def _run(cfg: dict) -> dict:
-    """One configuration in its own subprocess (its own peak memory); an error becomes a row."""
-    r = subprocess.run([sys.executable, __file__, "--one", json.dumps(cfg)],
-                       capture_output=True, text=True)
+def _grid_cfgs(a, common: dict) -> list[dict]:
+    """The rows of the grid options: every grid point x batch x kind."""
+    kinds = ([] if a.no_baseline else ["baseline"]) + [f"fast-{x}" for x in a.attn.split(",")]
+    kinds += (["online"] if a.online else []) + (["specforge"] if a.specforge else [])
+    V, out = GEOMETRIES[a.geometry]["vocab_size"], []
+    for pt in grid(a):
+        if pt["vocab"] > V:
+            print(f"skip draft vocab {pt['vocab']}: larger than the {a.geometry} vocab {V}",
+                  file=sys.stderr)
+            continue
+        out += [dict(pt, kind=kind, batch=int(b), geometry=a.geometry, **common)
+                for b in a.batches.split(",") for kind in kinds]
+    return out
+
+
+def _run(cfg: dict, timeout: float = float("inf")) -> dict:
+    """One configuration in its own subprocess (its own peak memory), killed after `timeout`
+    seconds; an error or a timeout becomes a row."""
+    tag = (f"{cfg['geometry']} {cfg['kind']} K={cfg['K']} seq={cfg['seq']} vocab={cfg['vocab']} "
+           f"batch={cfg['batch']}")
+    try:
+        r = subprocess.run([sys.executable, __file__, "--one", json.dumps(cfg)],
+                           capture_output=True, text=True,
+                           timeout=None if timeout == float("inf") else timeout)
+    except subprocess.TimeoutExpired:
+        print(f"{tag}: timed out after {timeout:.0f} s", file=sys.stderr)
+        return {**cfg, "error": f"timed out after {timeout:.0f} s"}
     got = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    tag = f"{cfg['kind']} K={cfg['K']} seq={cfg['seq']} vocab={cfg['vocab']} batch={cfg['batch']}"
     if r.returncode or not got:
         err = (r.stderr.strip().splitlines() or ["failed"])[-1]
         print(f"{tag}: {err}", file=sys.stderr)
