@@ -3,11 +3,12 @@ drafter unrolled over K steps with a TTT attention that has no T x T score matri
 (kernels/ttt_attention*.py), a fused chunked soft cross-entropy (kernels/soft_ce*.py), and no
 host sync (statistics stay on the device until the caller reads them).
 
-Same alignment and loss as the reference objective, jobs/ttt.py `ttt_loss` (its docstring): position i of a sample,
-step j, feeds token i+1+j and RoPE position i+j, predicts token i+2+j against the target's
-softmax over the draft vocab at position i+1+j, trained when token i+2+j is an assistant token
-and the target's full-vocab argmax is in the draft vocab; loss = sum_j decay^j * mean over
-trained positions. `fast_ttt_loss` equals `ttt_loss` on the same samples (tests/test_ttt.py).
+Same alignment and loss as the reference objective, jobs/ttt.py `ttt_loss` (its docstring):
+position i of a sample, step j, feeds token i+1+j and RoPE position i+j, predicts token i+2+j
+against the target's softmax over the draft vocab at position i+1+j, trained when token i+2+j is
+an assistant token and the target's full-vocab argmax is in the draft vocab; loss = sum_j
+decay^j * mean over trained positions. `fast_ttt_loss` equals `ttt_loss` on the same samples
+(tests/test_ttt.py).
 
 Packed batch (`pack_samples`), R rows of T positions, E = T + K - 1 (step j reads columns
 j..j+T-1 of the extended tensors):

@@ -22,18 +22,22 @@ from kernels._triton import check_device
 
 
 @triton.jit
-def _query_block(START, T, H: tl.constexpr, G: tl.constexpr, BM: tl.constexpr,
-                 BN: tl.constexpr):
+def _query_block(Q, START, sqb, sqh, sqt, T, H: tl.constexpr, G: tl.constexpr,
+                 D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """A query-block program (grid: query blocks x B*H): its row b, head h (and KV head hk),
-    query rows rm [BM], their validity mm, their samples' starts st, and the step-0 key range
-    [lo, hi) it walks (from the earliest start to the diagonal)."""
+    query rows rm [BM], their validity mm, their samples' starts st, the step-0 key range
+    [lo, hi) it walks (from the earliest start to the diagonal), the head-dim lanes rd [D], the
+    queries' offsets qo [BM, D] (in q's layout) and the queries q [BM, D]."""
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     rm = pid_m * BM + tl.arange(0, BM)
     mm = rm < T
     st = tl.load(START + b * T + rm, mask=mm, other=T)
     lo = (tl.min(st, 0) // BN) * BN
-    return bh, b, h, h // G, rm, mm, st, lo, tl.minimum((pid_m + 1) * BM, T)
+    rd = tl.arange(0, D)
+    qo = b * sqb + h * sqh + rm[:, None] * sqt + rd[None, :]
+    q = tl.load(Q + qo, mask=mm[:, None], other=0.0)
+    return bh, b, h, h // G, rm, mm, st, lo, tl.minimum((pid_m + 1) * BM, T), rd, qo, q
 
 
 @triton.jit
@@ -43,23 +47,27 @@ def _sees(rm, rn, st):
 
 
 @triton.jit
+def _key_block(kb, n, T, skt, rd, BN: tl.constexpr):
+    """Step-0 keys n..n+BN of one (row, KV head) at kb: rows rn [BN], validity nm, k [BN, D]."""
+    rn = n + tl.arange(0, BN)
+    nm = rn < T
+    return rn, nm, tl.load(kb + rn[:, None] * skt + rd[None, :], mask=nm[:, None], other=0.0)
+
+
+@triton.jit
 def _fwd_kernel(Q, K0, V0, KX, VX, START, O, LSE,
                 sqb, sqh, sqt, skb, skh, skt, sxx, sxb, sxh, sxt, sob, soh, sot,
                 T, NX, scale,
                 H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                 BM: tl.constexpr, BN: tl.constexpr):
-    bh, b, h, hk, rm, mm, st, lo, hi = _query_block(START, T, H, G, BM, BN)
-    rd = tl.arange(0, D)
-    q = tl.load(Q + b * sqb + h * sqh + rm[:, None] * sqt + rd[None, :], mask=mm[:, None],
-                other=0.0)
+    bh, b, h, hk, rm, mm, st, lo, hi, rd, _qo, q = _query_block(Q, START, sqb, sqh, sqt, T,
+                                                                H, G, D, BM, BN)
     m_i = tl.full([BM], -1.0e30, tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
     kb, vb = K0 + b * skb + hk * skh, V0 + b * skb + hk * skh
     for n in range(lo, hi, BN):
-        rn = n + tl.arange(0, BN)
-        nm = rn < T
-        k = tl.load(kb + rn[:, None] * skt + rd[None, :], mask=nm[:, None], other=0.0)
+        rn, nm, k = _key_block(kb, n, T, skt, rd, BN)
         s = tl.dot(q, tl.trans(k)) * scale  # [BM, BN] float32
         s = tl.where(_sees(rm, rn, st), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -135,10 +143,8 @@ def _bwd_q_kernel(Q, K0, V0, KX, VX, DO, LSE, DELTA, START, DQ, DKX, DVX,
                   T, NX, scale,
                   H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr):
-    bh, b, h, hk, rm, mm, st, lo, hi = _query_block(START, T, H, G, BM, BN)
-    rd = tl.arange(0, D)
-    qo = b * sqb + h * sqh + rm[:, None] * sqt + rd[None, :]
-    q = tl.load(Q + qo, mask=mm[:, None], other=0.0)
+    bh, b, h, hk, rm, mm, st, lo, hi, rd, qo, q = _query_block(Q, START, sqb, sqh, sqt, T, H, G,
+                                                               D, BM, BN)
     do = tl.load(DO + b * sob + h * soh + rm[:, None] * sot + rd[None, :], mask=mm[:, None],
                  other=0.0)
     lse = tl.load(LSE + bh * T + rm, mask=mm, other=0.0)
@@ -146,9 +152,7 @@ def _bwd_q_kernel(Q, K0, V0, KX, VX, DO, LSE, DELTA, START, DQ, DKX, DVX,
     dq = tl.zeros([BM, D], tl.float32)
     kb, vb = K0 + b * skb + hk * skh, V0 + b * skb + hk * skh
     for n in range(lo, hi, BN):
-        rn = n + tl.arange(0, BN)
-        nm = rn < T
-        k = tl.load(kb + rn[:, None] * skt + rd[None, :], mask=nm[:, None], other=0.0)
+        rn, nm, k = _key_block(kb, n, T, skt, rd, BN)
         v = tl.load(vb + rn[:, None] * skt + rd[None, :], mask=nm[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k)) * scale
         p = tl.where(_sees(rm, rn, st), tl.exp(s - lse[:, None]), 0.0)

@@ -54,8 +54,9 @@ def test_plan_says_when_extract_will_not_fit_and_suggests_online(tmp_path):
     spec = _spec(tmp_path, path)
     spec_file = tmp_path / "s.yaml"
     spec_file.write_text(json.dumps(spec.model_dump(mode="json", exclude_none=True)))
-    run = lambda *a: subprocess.run([sys.executable, "-m", "runner", "plan", str(spec_file), *a],  # noqa: E731
-                                    capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    def run(*a):
+        return subprocess.run([sys.executable, "-m", "runner", "plan", str(spec_file), *a],
+                              capture_output=True, text=True, cwd=ROOT, check=True).stdout
     text = run()
     assert "disk: extract writes ~" in text and "free on" in text
     assert "NOT ENOUGH SPACE" in text and "stages.train.features: online" in text

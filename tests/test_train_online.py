@@ -157,7 +157,8 @@ def test_plan_has_no_extract_stage_and_the_key_covers_the_data(target, tmp_path)
                            "work_dir": str(tmp_path / "w")})
     plan = build_plan(spec)
     assert [s.stage for s in plan.stages] == ["regenerate", "train", "export"]
-    assert stage_needs(spec, "train") == ("regenerate",) and stage_needs(spec, "export") == ("train",)
+    assert stage_needs(spec, "train") == ("regenerate",)
+    assert stage_needs(spec, "export") == ("train",)
     tr = next(s for s in plan.stages if s.stage == "train")
     assert set(tr.parts["inputs"]["files"]) == {"target", "data"}
     assert stage_slice(spec, "train")["data"]["path"] == spec.data.path
