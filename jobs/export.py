@@ -3,7 +3,8 @@ layout is stated once in runner/drafts/layout.py).
 
 Inputs: ctx.inputs["train"] (draft.safetensors = Eagle3Draft.state_dict(), draft_config.json =
 DraftConfig.as_dict(), train_metrics.json) and ctx.inputs["extract"] (features.json, the capture
-manifest; target_config.json). Writes into ctx.out_dir:
+manifest; target_config.json), or, with stages.train.features: online (no extract), the same two
+files from the train artifact. Writes into ctx.out_dir:
   config.json        DraftConfig.to_sglang(): LlamaForCausalLMEagle3, draft_vocab_size, eagle_config
                      nested (SGLang ids: k = output of layer k), tie_word_embeddings false,
                      rope_theta/rope_scaling at the top level equal to the target's,
@@ -143,7 +144,7 @@ def provenance(ctx: StageContext, manifest: dict, feats_sha: str, dc: DraftConfi
             "shards": [{"file": s.get("file"), "sha256": s.get("sha256")}
                        for s in manifest.get("shards", [])],
             "num_samples": manifest.get("num_samples"), "num_tokens": manifest.get("num_tokens")},
-        "artifacts": {"train": art("train"), "extract": art("extract")},
+        "artifacts": {n: art(n) for n in ("train", "extract") if n in ctx.inputs},
         "draft_config": dc.as_dict(), "train_metrics": metrics, "target_config": target_cfg,
     }
 
@@ -158,7 +159,8 @@ def _read_json_opt(path: Path) -> dict:
 def run(ctx: StageContext) -> dict:
     """Stage entry point. Returns {draft_params, model_mb, inspect_warnings}."""
     from safetensors.torch import load_file
-    tr, ex, out = Path(ctx.inputs["train"]), Path(ctx.inputs["extract"]), Path(ctx.out_dir)
+    tr, out = Path(ctx.inputs["train"]), Path(ctx.out_dir)
+    ex = Path(ctx.inputs["extract"]) if "extract" in ctx.inputs else tr  # online: train has them
     out.mkdir(parents=True, exist_ok=True)
     try:
         sd = load_file(str(tr / "draft.safetensors"))

@@ -69,6 +69,9 @@ def _render_plan(plan) -> str:
     n = sum(p.action == "run" for p in plan.stages)
     lines.append(f"{n} stage(s) to run")
     lines += [f"warning: {w}" for w in plan.warnings]
+    if plan.disk:
+        from runner.disk import render
+        lines += render(plan.disk)
     return "\n".join(lines)
 
 

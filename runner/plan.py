@@ -18,12 +18,14 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from runner import disk
 from runner.errors import PlanError
 from runner.files import atomic_write, cache_dir, expand_path, sha256_file
 from runner.spec.load import variant_spec
 from runner.spec.schema import Spec
 from runner.stage import artifact_identity, read_manifest
-from runner.stages import STAGE_ORDER, enabled_stages, stage_kind, stage_needs, stage_slice
+from runner.stages import (STAGE_ORDER, enabled_stages, stage_files, stage_kind, stage_needs,
+                           stage_slice)
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT_PACKAGES = ("jobs", "kernels", "runner")  # their modules are hashed into the code key
@@ -55,6 +57,7 @@ class Plan:
     executor: str
     stages: tuple[PlannedStage, ...]
     warnings: tuple[str, ...] = ()  # problems the executor's machines may not have
+    disk: dict = field(default_factory=dict, compare=False)  # runner/disk.py report
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -184,7 +187,7 @@ def input_files(spec: Spec, stage: str) -> dict:
     """External files a stage reads (their content is part of the key): the registry row's
     `files`, "target" = target.path, "data" = data.path when set."""
     paths = {"target": spec.target.path, "data": spec.data.path}
-    return {f: file_identity(expand_path(paths[f])) for f in stage_kind(stage).files if paths[f]}
+    return {f: file_identity(expand_path(paths[f])) for f in stage_files(spec, stage) if paths[f]}
 
 
 def _flat(d, prefix="") -> dict:
@@ -325,8 +328,12 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
                 else:
                     raise PlanError(problem)
     ex = spec.executor.kind
+    extracts = [(p.id, specs[p.variant]) for p in planned
+                if p.stage == "extract" and p.action == "run"]
+    online = [(p.id, specs[p.variant]) for p in planned if p.stage == "train"
+              and p.shared_with is None and specs[p.variant].stages.train.features == "online"]
     return Plan(spec.name, str(work), str(results), ex, tuple(planned),
-                tuple(dict.fromkeys(warnings)))
+                tuple(dict.fromkeys(warnings)), disk.report(extracts, online, work))
 
 
 def _source(by_slot: dict, need: tuple[str, str]) -> PlannedStage:

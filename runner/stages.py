@@ -88,6 +88,12 @@ class TrainStage(Strict):
     eval_samples: int = Field(8, ge=0, description="Held-out extracted samples for evaluation.")
     checkpoint_every: int = Field(100, ge=1, description="Steps between checkpoints.")
     seed: int = Field(0, description="Initialisation and shuffling seed.")
+    features: Literal["offline", "online"] = Field("offline", description=(
+        "Where the aux hidden states come from. offline = the extract stage's features on disk "
+        "((3 aux + 1 last) x hidden x dtype bytes per token: `runner plan` estimates them); "
+        "online = the train stage runs the target itself on each batch (each data-parallel "
+        "rank its own copy) and writes nothing but checkpoints and the drafter; the spec then "
+        "has no stages.extract."))
 
 
 class ExportStage(Strict):
@@ -174,7 +180,8 @@ class StageKind:
     description: str  # the field's description in the spec reference
     needs: Callable[[Any], tuple[str, ...]]  # spec -> upstream stage names (when enabled)
     key: Callable[[Any, dict], dict]  # (spec, spec.model_dump(mode="json")) -> key slice
-    files: tuple[str, ...] = ()  # external inputs hashed into the key: "target", "data"
+    # external inputs hashed into the key ("target", "data"), or spec -> those names
+    files: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = ()
     data_parallel: bool = False  # runs executor.nproc_per_node ranks (one per GPU)
     checkpointable: bool = False  # a Slurm timeout/preemption requeues it; it resumes
     # (spec, {upstream stage: its artifact.json}) -> why the stage cannot run on those inputs,
@@ -184,6 +191,17 @@ class StageKind:
     @property
     def module(self) -> str:
         return f"jobs.{self.name}"
+
+
+def _online(spec) -> bool:
+    """Whether the train stage runs the target itself (stages.train.features: online)."""
+    return spec.stages.train is not None and spec.stages.train.features == "online"
+
+
+def _train_key(spec, d: dict) -> dict:
+    key = {"target": _target(d), "drafter": d["drafter"], "aux_layer_ids": spec.aux_ids,
+           "train": d["stages"]["train"]}
+    return {**key, "data": d["data"]} if _online(spec) else key
 
 
 def _target(d: dict) -> dict:
@@ -222,9 +240,9 @@ REGISTRY: tuple[StageKind, ...] = (
               key=lambda spec, d: {"target": _target(d), "data": d["data"],
                                    "aux_layer_ids": spec.aux_ids, "extract": d["stages"]["extract"]},
               files=("target", "data"), data_parallel=True),
-    StageKind("train", TrainStage, "Train the drafter with TTT.", needs=lambda spec: ("extract",),
-              key=lambda spec, d: {"target": _target(d), "drafter": d["drafter"],
-                                   "aux_layer_ids": spec.aux_ids, "train": d["stages"]["train"]},
+    StageKind("train", TrainStage, "Train the drafter with TTT.",
+              needs=lambda spec: ("regenerate",) if _online(spec) else ("extract",),
+              key=_train_key, files=lambda spec: ("target", "data") if _online(spec) else (),
               data_parallel=True, checkpointable=True, check=_train_check),
     StageKind("export", ExportStage, "Write the SGLang draft directory.",
               needs=lambda spec: ("train", "extract"),
@@ -240,8 +258,21 @@ STAGE_ORDER = tuple(k.name for k in REGISTRY)
 DATA_PARALLEL_STAGES = tuple(k.name for k in REGISTRY if k.data_parallel)
 StageName = Literal[STAGE_ORDER]  # type: ignore[valid-type]
 
+class _StagesRules(Strict):
+    """The rules between stage blocks."""
+
+    @model_validator(mode="after")
+    def _online_has_no_extract(self):
+        if self.train is not None and self.train.features == "online" and self.extract is not None:
+            raise ValueError(
+                "stages.extract: set, but stages.train.features = 'online' runs the target in the "
+                "train stage, so nothing would read the extracted features. Remove stages.extract "
+                "(in a variant: `stages.extract: null`), or use features: offline.")
+        return self
+
+
 Stages = create_model(
-    "Stages", __base__=Strict, __module__=__name__,
+    "Stages", __base__=_StagesRules, __module__=__name__,
     __doc__="Each stage is optional; present = enabled. They run in this order.",
     **{k.name: (Optional[k.params], Field(None, description=k.description)) for k in REGISTRY})
 
@@ -263,6 +294,12 @@ def stage_needs(spec, name: str) -> tuple[str, ...]:
     """The enabled stages that stage `name` reads the artifacts of."""
     on = enabled_stages(spec)
     return tuple(n for n in stage_kind(name).needs(spec) if n in on)
+
+
+def stage_files(spec, name: str) -> tuple[str, ...]:
+    """The external inputs ("target", "data") whose content is part of stage `name`'s key."""
+    f = stage_kind(name).files
+    return f(spec) if callable(f) else f
 
 
 def stage_slice(spec, name: str) -> dict:

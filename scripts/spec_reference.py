@@ -63,6 +63,9 @@ expected and why):
   `num_key_value_heads` divides `num_attention_heads`.
 - `stages.bench.configs[]`: with `eagle_topk` 1, `num_draft_tokens` equals `num_steps + 1`;
   always `num_draft_tokens <= num_steps * eagle_topk + 1`; required when `eagle_topk > 1`.
+- `stages.train.features: online` runs the target in the train stage, so `stages.extract` must
+  be absent (a variant: `stages.extract: null`); train then needs only `regenerate` (if present)
+  and its cache key covers the target, the data and the aux ids.
 - `drafter.max_position_embeddings` covers the serving context (`stages.bench.context_length`,
   default `target.max_position_embeddings`).
 - Target geometry (`num_hidden_layers`, `hidden_size`, `vocab_size`, `max_position_embeddings`)

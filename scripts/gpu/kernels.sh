@@ -8,15 +8,7 @@
 #   bench    scripts/bench_engine.py --random-target --random-draft (the torch path today) ~250 s
 # Usage: bash scripts/gpu/kernels.sh [tests] [profile] [bench]
 set -uo pipefail
-R=${OUT:-/tmp/out}/r; mkdir -p "$R"
-if [ ! -d /tmp/site/pydantic ] && [ -d .stage/w ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .stage/w/*.whl
-fi
-export PYTHONPATH=/tmp/site:$PWD
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$R/machine.txt" 2>&1
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
-  >> "$R/machine.txt" 2>&1
-cat "$R/machine.txt"
+source "$(dirname "$0")/prelude.sh"
 for step in ${@:-tests profile}; do
   t0=$(date +%s)
   case $step in
