@@ -367,7 +367,7 @@ def _run_problems(spec: Spec, p: PlannedStage, by_slot: dict) -> list[str]:
     complete upstream artifacts (e.g. train.num_samples against the extract)."""
     out = []
     kind = stage_kind(p.stage)
-    for f in kind.files:
+    for f in stage_files(spec, p.stage):
         declared = spec.target.path if f == "target" else spec.data.path
         if declared is None and f == "data" and spec.data.source == "sharegpt":
             from runner.assets import asset_path
