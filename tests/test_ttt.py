@@ -187,7 +187,7 @@ def _cuda(samples):
 def test_gpu_fast_loss_matches_ttt_loss(attn):
     """float32: the compiled fast step against ttt_loss (tf32 in the Triton dots: 1e-3)."""
     m, used, head, samples = _gpu_case()
-    b = TR.make_batch(_cuda(samples), 4)
+    b = TR.to_device(TR.make_batch(_cuda(samples), 4), "cuda")
     ref, st = TR.ttt_loss(m, b, TR.target_dist(b["tgt_hidden"], head, used, m.t2d, 1e-5), 4, 0.8)
     g_ref = torch.autograd.grad(ref, list(m.parameters()))
     fb, ft = FT.prepare(samples, 4, FT.split_head(head, used), 1e-5, "cuda", seq_len=512)
@@ -221,7 +221,7 @@ def test_gpu_fast_step_has_no_host_sync_and_bf16_loss_is_close():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert st["loss"].device.type == "cuda"
-    b = TR.make_batch(_cuda(samples), 4)
+    b = TR.to_device(TR.make_batch(_cuda(samples), 4), "cuda")
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         ref, _ = TR.ttt_loss(m, b, TR.target_dist(b["tgt_hidden"], head, used, m.t2d, 1e-5), 4,
                              0.8)
