@@ -18,6 +18,7 @@ from runner.errors import SpecError, TargetConfigError
 from runner.files import expand_path
 from runner.spec.messages import format_errors
 from runner.spec.schema import Spec
+from runner.drafts.families import family_evidence
 from runner.target_config import read_target_config
 
 MAX_YAML_NODES = 100_000  # a real spec has a few hundred; aliases count once per use
@@ -171,6 +172,13 @@ def _fill_target_geometry(data: dict) -> list[tuple[str, str]]:
     except TargetConfigError as e:
         return [("target.path", str(e))]
     problems = []
+    fam, why = family_evidence(cfg)
+    if tgt.get("family") is None:
+        tgt["family"] = fam
+    elif tgt["family"] != fam:
+        problems.append(("target.family", f"declared {tgt['family']}, but the model's config "
+                                          f"says {fam} ({why}). Fix the spec or point target.path "
+                                          "at the intended model."))
     for f in ("num_hidden_layers", "hidden_size", "vocab_size", "max_position_embeddings"):
         have = cfg.get(f)
         if have is None:
