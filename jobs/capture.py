@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import torch
 
 from jobs import dist as D
+from runner.drafts.families import target_family
 from runner.drafts.layout import to_hf_indices
 from runner.drafts.rules import model_aux_problem
 from runner.errors import StageError
@@ -41,8 +42,10 @@ def decoder_parts(model) -> tuple[torch.nn.Module, torch.nn.ModuleList, torch.nn
 
 def check_aux_ids(model, aux_ids: list[int]) -> None:
     """Run-time check against the real model: ids distinct, ascending and in SGLang's range
-    (runner/drafts/rules.py). Raises StageError."""
-    problem = model_aux_problem(aux_ids, len(decoder_parts(model)[1]))
+    (runner/drafts/rules.py), read as the loaded target's family does (families.py). Raises
+    StageError."""
+    cfg = model.config.to_dict() if hasattr(getattr(model, "config", None), "to_dict") else None
+    problem = model_aux_problem(aux_ids, len(decoder_parts(model)[1]), target_family(cfg))
     if problem:
         raise StageError(problem)
 

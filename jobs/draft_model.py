@@ -31,7 +31,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kernels.ttt_attention import expand_kv, ttt_attention
+from runner.drafts.forward import engine_unsupported
 from runner.drafts.layout import ARCH, eagle_config, target_rope
+from runner.errors import UnsupportedDraftError
 from runner.spec.geometry import draft_geometry
 
 
@@ -94,7 +96,15 @@ class DraftConfig:
 
     @classmethod
     def from_sglang(cls, cfg: dict) -> "DraftConfig":
-        """Inverse of to_sglang (reads an exported config.json)."""
+        """Inverse of to_sglang (reads an exported config.json). Raises UnsupportedDraftError when
+        the config selects a forward this model does not implement (runner/drafts/forward.py
+        engine_unsupported: fc_norm, norm_output, biases, N layers, ...)."""
+        unsupported = engine_unsupported(cfg)
+        if unsupported:
+            raise UnsupportedDraftError(
+                f"config.json: {'; '.join(unsupported)}: the embedded engine implements SGLang's "
+                "plain one-layer EAGLE-3 forward only, so it refuses this drafter rather than "
+                "measure another model's tau. Bench it with stages.bench.backend: sglang.")
         H = cfg["hidden_size"]
         heads = cfg["num_attention_heads"]
         return cls(

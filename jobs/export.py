@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from jobs.draft_model import DraftConfig
+from runner.drafts.families import target_family
 from runner.drafts.layout import (AUX_IDS_KEY, config_aux_ids, expected_shapes, speculators_name,
                                   target_rope, to_hf_indices)
 from runner.drafts.rules import export_aux_problem
@@ -66,7 +67,8 @@ def sglang_config(dc: DraftConfig, target_cfg: dict, context_length: int | None 
     need = max(target_cfg.get("max_position_embeddings") or 0, context_length or 0)
     cfg["max_position_embeddings"] = max(cfg["max_position_embeddings"] or 0, need) or 8192
     if target_cfg.get("num_hidden_layers"):
-        problem = export_aux_problem(dc.aux_layer_ids, target_cfg["num_hidden_layers"])
+        problem = export_aux_problem(dc.aux_layer_ids, target_cfg["num_hidden_layers"],
+                                     target_family(target_cfg))
         if problem:
             raise StageError(problem)
     return cfg
@@ -86,6 +88,16 @@ def sglang_tensors(sd: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Te
                          f"{ {k: f'{a} vs {b}' for k, (a, b) in bad.items()} }.")
     if sd["d2t"].is_floating_point():
         raise StageError("draft.safetensors d2t is a float tensor; it must be int64 offsets.")
+    weights = {k: v for k, v in sd.items() if k not in ("d2t", "t2d")}
+    nonfloat = sorted(k for k, v in weights.items() if not v.is_floating_point())
+    if nonfloat:
+        raise StageError(f"draft.safetensors weights {nonfloat[:5]} are not floating point "
+                         f"({sd[nonfloat[0]].dtype}); the train stage must save float weights.")
+    bad = sorted(k for k, v in weights.items() if not bool(torch.isfinite(v).all()))
+    if bad:
+        raise StageError(f"draft.safetensors has NaN/Inf weights in {bad[:5]}"
+                         f"{' ...' if len(bad) > 5 else ''}: training diverged (a non-finite loss)."
+                         " Re-run train (lower lr, check the extracted features).")
     out = {}
     for k, v in sd.items():
         if k == "d2t":

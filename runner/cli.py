@@ -138,12 +138,13 @@ def cmd_fetch(args) -> int:
 
 def cmd_inspect(args) -> int:
     from runner.inspect import inspect_cli
-    return inspect_cli(args.draft_dir, args.target, args.server_args, args.json)
+    return inspect_cli(args.draft_dir, args.target, args.server_args, args.json,
+                       args.sglang_version)
 
 
 def cmd_convert(args) -> int:
     from runner.convert import convert_cli
-    return convert_cli(args.src, args.dst, args.to, args.target)
+    return convert_cli(args.src, args.dst, args.to, args.target, args.sglang_version)
 
 
 def cmd_report(args) -> int:
@@ -203,7 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
             spec=False)
     p.add_argument("draft_dir")
     p.add_argument("--target", help="target HF folder, config.json or GGUF (no weights loaded)")
-    p.add_argument("--server-args", help="the sglang.launch_server command line to check")
+    p.add_argument("--server-args", help="the sglang.launch_server command line to check; "
+                   "leading VAR=value words are the server's environment")
+    p.add_argument("--sglang-version", help="check for this SGLang version (default: the "
+                   "installed sglang's, else the newest the rules table knows)")
     p.add_argument("--json", action="store_true")
     p = add("convert", cmd_convert, "convert a speculators / layers.0-style draft to SGLang form",
             spec=False)
@@ -211,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dst")
     p.add_argument("--to", choices=["sglang"], default="sglang")
     p.add_argument("--target", help="target config (needed to check widths and vocab)")
+    p.add_argument("--sglang-version", help="inspect the result for this SGLang version "
+                   "(default as for inspect)")
     p = add("report", cmd_report, "write PNG plots (tau vs samples, per-position acceptance, "
             "tok/s vs num_steps)")
     p.add_argument("--out", default="reports", help="output folder")

@@ -46,6 +46,11 @@ class ConvertError(RunnerError):
     """A draft cannot be converted safely (`runner convert`); the message says why."""
 
 
+class UnsupportedDraftError(RunnerError):
+    """A drafter whose config selects a forward the embedded engine does not implement (it would
+    not compute what SGLang computes, so its tau would not be SGLang's)."""
+
+
 class SlurmError(RunnerError):
     """A Slurm problem the user can fix (no sbatch, unknown partition, a rejected job)."""
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Literal, Optional
 
 from pydantic import Field, create_model, model_validator
 
-from runner.drafts.rules import rules_for, spec_draft_tokens_problem
+from runner.drafts.rules import chain_draft_tokens, spec_draft_tokens_problem
 from runner.errors import PlanError
 from runner.spec.base import Strict
 from runner.spec.server import extra_args_problems, host_problem
@@ -108,7 +108,8 @@ class SpecParams(Strict):
     num_steps: int = Field(..., ge=1, description="--speculative-num-steps: draft chain depth.")
     eagle_topk: int = Field(1, ge=1, description="--speculative-eagle-topk: branching per step.")
     num_draft_tokens: Optional[int] = Field(None, ge=2, description="--speculative-num-draft-tokens;"
-                                            " default num_steps+1 (required when topk > 1).")
+                                            " default num_steps+1 (required when topk > 1); at "
+                                            "most 1 + topk + (num_steps - 1) x topk^2.")
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -119,7 +120,7 @@ class SpecParams(Strict):
 
     @property
     def draft_tokens(self) -> int:
-        return self.num_draft_tokens or rules_for().chain_draft_tokens(self.num_steps)
+        return self.num_draft_tokens or chain_draft_tokens(self.num_steps)
 
 
 class SglangOptions(Strict):

@@ -19,6 +19,7 @@ from runner.errors import EnvVarError, SpecError, TargetConfigError
 from runner.files import expand_path
 from runner.spec.geometry import draft_geometry
 from runner.spec.messages import format_errors
+from runner.drafts.families import family_evidence
 from runner.spec.schema import PATH_FIELDS, Results, Spec
 from runner.target_config import read_chat_template, read_target_config
 
@@ -220,6 +221,13 @@ def _fill_target_geometry(data: dict) -> tuple[list[tuple[str, str]], dict | Non
     except TargetConfigError as e:
         return [("target.path", str(e))], None
     problems = []
+    fam, why = family_evidence(cfg)
+    if tgt.get("family") is None:
+        tgt["family"] = fam
+    elif tgt["family"] != fam:
+        problems.append(("target.family", f"declared {tgt['family']}, but the model's config "
+                                          f"says {fam} ({why}). Fix the spec or point target.path "
+                                          "at the intended model."))
     for f in ("num_hidden_layers", "hidden_size", "vocab_size", "max_position_embeddings"):
         have = cfg.get(f)
         if have is None:

@@ -15,8 +15,9 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field, StrictInt, model_validator
 
-from runner.drafts.layout import ALGORITHM, AUX_COUNT, default_aux_ids
-from runner.drafts.rules import spec_aux_problems
+from runner.drafts.families import FAMILIES
+from runner.drafts.layout import ALGORITHM, AUX_COUNT
+from runner.drafts.rules import default_aux_ids, spec_aux_problems
 from runner.errors import EnvVarError
 from runner.files import expand_path, expand_vars
 from runner.spec.base import MAX_NAME, MAX_VARIANT_NAME, NAME_PATTERN, Strict
@@ -46,6 +47,12 @@ class Target(Strict):
     vocab_size: Optional[int] = Field(None, ge=1, description="Target vocabulary size.")
     max_position_embeddings: Optional[int] = Field(None, ge=1,
                                                    description="Target context length.")
+    family: Optional[Literal[FAMILIES]] = Field(  # type: ignore[valid-type]
+        None, description="SGLang's layer-id rule for this target (runner/drafts/families.py): "
+        "deepseek for DeepSeek-V2/V3, Kimi-K2/K2.5, GLM-4.7-Flash, GLM-5, Mistral-Large-3; "
+        "gpt_oss; minimax_m3_vl; standard for the rest. Default = detected from target.path's "
+        "config.json or GGUF header (declare it when that is not readable here; unreadable and "
+        "undeclared = standard).")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -247,7 +254,7 @@ class Spec(Strict):
     def aux_ids(self) -> list[int]:
         if self.drafter.aux_layer_ids is not None:
             return list(self.drafter.aux_layer_ids)
-        return default_aux_ids(self.num_layers)
+        return default_aux_ids(self.num_layers, self.target.family or "standard")
 
     @property
     def draft_hidden(self) -> int:
@@ -315,7 +322,7 @@ class Spec(Strict):
             raise ValueError("\n".join(problems))
         L, H, V = t.num_hidden_layers, t.hidden_size, t.vocab_size
         ids = d.aux_layer_ids
-        problems += spec_aux_problems(ids, L)
+        problems += spec_aux_problems(ids, L, t.family or "standard")
         n_aux = len(ids) if ids is not None else AUX_COUNT
         width = n_aux * H
         if d.fc_in_features is not None and d.fc_in_features != width:
@@ -370,8 +377,10 @@ class Spec(Strict):
         if dmax is not None and ctx is not None and dmax < ctx:
             problems.append(
                 f"drafter.max_position_embeddings = {dmax}: shorter than the serving context "
-                f"{ctx} (stages.bench.context_length or target.max_position_embeddings); older "
-                "SGLang breaks past that length. Set it to at least the serving context.")
+                f"{ctx} (stages.bench.context_length or target.max_position_embeddings): SGLang "
+                "0.5.6-0.5.23 refuse to start with that context (ValueError) unless "
+                "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1, which stretches the draft silently. "
+                "Set it to at least the serving context.")
         if problems:
             raise ValueError("\n".join(problems))
         return self
