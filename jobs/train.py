@@ -242,10 +242,11 @@ class TrainRun:
         return (self.eval_ids, "eval") if self.eval_ids else (self.train_ids, "trainset")
 
 
-def setup(ctx: StageContext, impl: Any = "best") -> TrainRun:
+def setup(ctx: StageContext, impl: Any = "spec") -> TrainRun:
     """Open the sample source (jobs/train_data.py), build (or load) the draft vocab, initialise
     the drafter (seeded by stages.train.seed), AdamW and its schedule. impl: the fast step's
-    paths ("best" = jobs/ttt_fast.py Impl.best(device)) or None (the reference objective).
+    paths ("spec" = stages.train.kernels through jobs/ttt_fast.py Impl.named; "best" =
+    Impl.best(device)) or None (the reference objective).
     Raises StageError for unusable inputs."""
     p, spec, out = ctx.params, ctx.spec, Path(ctx.out_dir)
     rank, world = D.check(ctx)
@@ -281,7 +282,10 @@ def setup(ctx: StageContext, impl: Any = "best") -> TrainRun:
     model.d2t.copy_(d2t)
     model.t2d.copy_(t2d)
     model.to(device).train()
-    impl = F.Impl.best(device) if impl == "best" else impl
+    if impl == "spec":
+        impl = F.Impl.named(p.kernels, device)
+    elif impl == "best":
+        impl = F.Impl.best(device)
     used = V.used_ids(d2t).to(device)
     if impl is not None:
         head = F.split_head(head, used)
@@ -367,7 +371,7 @@ def drain(run: TrainRun) -> tuple[float, int]:
     return float(vals[:, 0].sum()), n
 
 
-def train(ctx: StageContext, stop_at: int | None = None, impl: Any = "best") -> dict:
+def train(ctx: StageContext, stop_at: int | None = None, impl: Any = "spec") -> dict:
     """Train the drafter of ctx.spec on its sample source (jobs/train_data.py); resume from
     ctx.out_dir/ckpt.pt. impl: as `setup`.
 

@@ -88,6 +88,11 @@ class TrainStage(Strict):
     eval_samples: int = Field(8, ge=0, description="Held-out extracted samples for evaluation.")
     checkpoint_every: int = Field(100, ge=1, description="Steps between checkpoints.")
     seed: int = Field(0, description="Initialisation and shuffling seed.")
+    kernels: Literal["auto", "triton", "flex", "torch", "reference"] = Field("auto", description=(
+        "The training step: auto = triton on CUDA, torch on CPU; triton = the fast step with "
+        "Triton TTT attention and the fused soft CE (kernels/); flex = flex_attention instead of "
+        "the Triton attention; torch = the fast step (packing, draft-vocab logits) on PyTorch "
+        "references; reference = the plain K-step objective (jobs/ttt.py), the slow baseline."))
     features: Literal["offline", "online"] = Field("offline", description=(
         "Where the aux hidden states come from. offline = the extract stage's features on disk "
         "((3 aux + 1 last) x hidden x dtype bytes per token: `runner plan` estimates them); "
