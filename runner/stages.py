@@ -43,6 +43,12 @@ class RegenerateStage(Strict):
                                      "null = every turn, each conditioned on the target's own "
                                      "earlier answers.")
     seed: int = Field(0, description="Sampling seed (per conversation and turn).")
+    max_minutes: Optional[float] = Field(None, gt=0, description=(
+        "A time budget for the stage's generation (synthetic prompts and answers): once it has "
+        "passed no new request starts; conversations in flight keep their answered turns "
+        "(cut_time_budget), those never started are counted (dropped_time_budget). With a "
+        "budget conversations start in a seeded shuffled order, so what fits is a uniform "
+        "sample; null = everything, longest first."))
     synthetic_prompts: int = Field(0, ge=0, description="Also answer N user turns the target "
                                    "writes itself from its chat template's user-turn prefix "
                                    "(Magpie); degenerate and duplicate ones are dropped, counted.")
