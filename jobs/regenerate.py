@@ -23,7 +23,8 @@ when that is its first turn), or where the target answers with nothing; counted.
 (jobs/regen_store.py): gzip JSONL shards, atomic, resumed after a kill without duplicates or
 losses; the extract stage reads them with regen_store.read_conversations.
 
-A time budget (`max_minutes`, over synthesis and answering together): once it has passed, no new
+A time budget (`max_minutes`, over synthesis, which may take at most half of it, and answering
+together): once it has passed, no new
 generation request starts; a conversation in flight keeps the turns answered (the rest cut,
 `cut_time_budget`) and one never started ends as a dropped record (`dropped_time_budget`). With
 a budget the conversations start in a seeded shuffled order (real and synthetic mixed), so what
@@ -136,6 +137,14 @@ class Budget:
 
     def over(self) -> bool:
         return self.end is not None and self.clock() >= self.end
+
+    def share(self, fraction: float) -> "Budget":
+        """A budget ending `fraction` of the way from now to this one's end (same clock)."""
+        b = Budget(None, self.clock)
+        if self.end is not None:
+            now = self.clock()
+            b.end = now + fraction * max(self.end - now, 0.0)
+        return b
 
 
 def synthesize(gen: Generator, tok, params, guard, progress=True,
@@ -308,7 +317,8 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
             syn = {**recs[0]["meta"], "tokens": 0, "seconds": 0.0, "resumed": True}
             kept = [(r["index"], r["content"]) for r in recs[1:]]
         else:
-            kept, syn = synthesize(gen, tok, params, guard, progress, budget)
+            # at most half the budget: answering always gets the other half
+            kept, syn = synthesize(gen, tok, params, guard, progress, budget.share(0.5))
             write_gz_jsonl(syn_path, [{"meta": syn}] +
                            [{"index": i, "content": t} for i, t in kept])
     jobs, pre = real_conversations(convs, params, guard)

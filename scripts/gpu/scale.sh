@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# On the device machine (after stage.sh a/b/c, DEVELOPERS.md): issue 22's spec in phases, one
+# per back-to-back device call; each phase is time-boxed and copies what exists to $OUT/r.
+#   bash scripts/gpu/scale.sh regen SECONDS   # versions, the GPU training-kernel tests (they pick
+#                                             # stages.train.kernels), then regenerate
+#   bash scripts/gpu/scale.sh apply SECONDS   # train, export, bench (base); call again to go on
+#   bash scripts/gpu/scale.sh variant SECONDS NAME...   # e.g. humaneval, n5k
+#   bash scripts/gpu/scale.sh gen SECONDS     # issue 16's ratio: HF generate vs the engine, same
+#                                             # prompts and answer lengths (bench_generate compare)
+# Overrides that enter cache keys (the kernels the tests picked, EXTRA_O) are kept in ~/stage so
+# every phase passes the same ones: a stage computed in one call is up to date in the next.
+source scripts/gpu/setup.sh
+mkdir -p "$OUT/r"
+SPEC=${SPEC:-specs/smollm2-scale-gpu.yaml}
+W=runs/$(basename "$SPEC" .yaml)
+RES=$(python3 -c "import yaml; print(yaml.safe_load(open('$SPEC'))['results']['path'].replace('../', ''))")
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+bring_back() {
+  cp runs/*.duckdb "$OUT/r/" 2>/dev/null
+  tar czf "$OUT/r/state.tgz" runs/*.duckdb.spool $W/logs $W/state $W/bench $W/regenerate/*/report.json \
+    $W/train/*/train_metrics.json $W/export/*/inspect*.json 2>/dev/null
+  for d in $W/regenerate/*/shards; do
+    [ -d "$d" ] && cat "$d"/part-*.jsonl.gz | split -b 15M -d - "$OUT/r/regenerated.jsonl.gz."
+  done
+}
+trap bring_back EXIT
+apply() {  # apply [runner apply args...] within $LIMIT seconds; progress bars dropped
+  timeout --signal=INT "$LIMIT" python3 -m runner apply "$SPEC" -o "stages.train.kernels=$(cat ~/stage/train_kernels)" \
+    $(cat ~/stage/extra_o 2>/dev/null) "$@" 2>&1 | tr '\r' '\n' | grep -v "it/s\]$\|tok/s\]$\|prompt/s\]$\|s/it\]$" | tail -40
+}
+phase=$1; LIMIT=$2; shift 2
+T0=$SECONDS
+case $phase in
+  regen)
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+    python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)"
+    git log -1 --format='commit %h %s' 2>/dev/null || true
+    echo "${EXTRA_O:-}" > ~/stage/extra_o
+    if timeout 150 python3 -m pytest tests/test_ttt_kernels.py tests/test_ttt.py -m gpu -q -x -p no:cacheprovider 2>&1 | tail -4 | tee "$OUT/r/train_kernel_tests.txt" | grep -q " passed" \
+       && ! grep -q "failed\|error" "$OUT/r/train_kernel_tests.txt"; then
+      echo triton > ~/stage/train_kernels
+    else
+      echo torch > ~/stage/train_kernels
+    fi
+    echo "train kernels: $(cat ~/stage/train_kernels) (after $((SECONDS - T0)) s)"
+    LIMIT=$((LIMIT - (SECONDS - T0)))
+    apply --only regenerate ;;
+  apply) apply --variant base ;;
+  gen) timeout "$LIMIT" python3 scripts/bench_generate.py --mode compare --prompts 512 --new 256 \
+         --rows 512 --hf-batch 512 --cuda-graph --quiet --out "$OUT/r/bench_generate" 2>&1 | tail -12 ;;
+  variant) L0=$LIMIT; for v in "$@"; do LIMIT=$((L0 - (SECONDS - T0))); apply --variant "$v"; done ;;
+esac
+python3 -m runner query "SELECT variant, stage, round(duration_s,1) s FROM stages ORDER BY started_at" --results "$RES" 2>&1 | tail -20
+python3 -m runner query "SELECT variant, train_samples, prompt_set, num_steps, eagle_topk k, num_draft_tokens n, round(tau,3) tau, round(spec_tok_s,1) spec, round(base_tok_s,1) base, round(speedup,3) x, lossless FROM bench_summary ORDER BY 1,3,4,5" --results "$RES" 2>&1 | tail -20
+echo "phase $phase: $((SECONDS - T0)) s"
