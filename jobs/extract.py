@@ -319,13 +319,12 @@ def gather_shards(res: dict) -> dict:
 
 
 def _conversations(ctx: StageContext) -> tuple[list, dict]:
-    from jobs.data import clean_records, load_conversations, read_records
+    from jobs.data import check_bad_fraction, conversations_from_file, load_conversations
     if "regenerate" in ctx.inputs:
-        path = Path(ctx.inputs["regenerate"]) / "conversations.jsonl"
-        records, info = read_records(path)
-        convs, rep = clean_records(records)
-        return convs, {"source": "regenerate", "path": str(path), **info, **rep,
-                       "train": len(convs)}
+        convs, rep = conversations_from_file(Path(ctx.inputs["regenerate"]) /
+                                             "conversations.jsonl")
+        check_bad_fraction(rep, ctx.spec.data.max_bad_fraction)
+        return convs, {"source": "regenerate", **rep, "train": len(convs)}
     train, _holdout, report = load_conversations(ctx.spec.data)
     return train, report
 
@@ -359,7 +358,7 @@ def run(ctx: StageContext) -> dict:
     summary; rank 0 writes target parts and features.json after all shards exist.
     Raises StageError for bad data, a tokenizer without chat template, aux ids out of range for
     the real model, a hidden-size mismatch, or a full disk."""
-    from jobs.data import tokenize_dataset
+    from jobs.data import show_data_report, tokenize_dataset
     from jobs.target import config_sha256, hf_folder, load_target, tokenizer_sha256
     spec, p, out = ctx.spec, ctx.params, Path(ctx.out_dir)
     rank, world = D.check(ctx)
@@ -408,6 +407,7 @@ def run(ctx: StageContext) -> dict:
     D.barrier()  # the manifest exists before any rank returns
     secs = max(res["seconds"], 1e-9)
     dropped = sum(data_report.get("dropped", {}).values())
+    show_data_report(ctx, data_report, tok_report)
     return {"samples": len(samples), "tokens": (n_tok, "tok"),
             "supervised_tokens": (tok_report["supervised_tokens"], "tok"),
             "tokens_per_s": (res["computed_tokens"] / secs if res["computed_tokens"] else 0.0,

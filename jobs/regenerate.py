@@ -120,7 +120,7 @@ def regenerate(model, tok, convs: list[list[dict]], params, max_length: int,
 
 def run(ctx: StageContext) -> dict:
     """Regenerate the spec's training conversations into ctx.out_dir/conversations.jsonl."""
-    from jobs.data import load_conversations
+    from jobs.data import load_conversations, show_data_report
     from jobs.target import load_target
     spec, p, out = ctx.spec, ctx.params, Path(ctx.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -136,6 +136,7 @@ def run(ctx: StageContext) -> dict:
     atomic_write(out / "report.json",
                       json.dumps({"data": data_report, "regenerate": rep}, indent=1, default=str))
     secs = max(rep["seconds"], 1e-9)
+    show_data_report(ctx, data_report)
     return {"conversations": len(convs), "turns": rep["turns"],
             "tokens_generated": (rep["tokens_generated"], "tok"),
             "tokens_per_s": (rep["tokens_generated"] / secs, "tok/s"),
