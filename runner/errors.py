@@ -56,3 +56,7 @@ class TargetConfigError(RunnerError):
 
 class ReportError(RunnerError):
     """No report can be drawn (no results file, no bench rows); the message says what to run."""
+
+
+class InitError(RunnerError):
+    """`runner init` cannot write a spec (unreadable target or data, an existing output)."""

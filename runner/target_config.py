@@ -40,6 +40,50 @@ def read_target_config(path: Path) -> dict:
     raise TargetConfigError(f"{path}: expected an HF folder, a config.json or a .gguf file")
 
 
+def chat_template_source(path: Path) -> tuple[str | None, str]:
+    """(the target's chat template text or None, where it was looked for / found), without
+    weights or torch. Looks, in transformers' order, at chat_template.jinja, chat_template.json
+    and tokenizer_config.json's chat_template (a string, or a list of {name, template}: the
+    "default" one) of an HF folder (or a config.json's folder), or the GGUF key
+    tokenizer.chat_template. Unreadable tokenizer files count as absent (the text says so)."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".json":
+        path = path.parent
+    if path.is_dir():
+        if (path / "chat_template.jinja").is_file():
+            p = path / "chat_template.jinja"
+            try:
+                return p.read_text(encoding="utf-8"), str(p)
+            except (OSError, UnicodeDecodeError) as e:
+                return None, f"{p} (unreadable: {e})"
+        for name in ("chat_template.json", "tokenizer_config.json"):
+            p = path / name
+            if not p.is_file():
+                continue
+            try:
+                t = json.loads(p.read_text(encoding="utf-8")).get("chat_template")
+            except (OSError, ValueError, AttributeError) as e:
+                return None, f"{p} (unreadable: {e})"
+            if isinstance(t, list):  # named templates: transformers uses "default"
+                t = next((x.get("template") for x in t if isinstance(x, dict)
+                          and x.get("name") == "default"), None)
+            if isinstance(t, str) and t:
+                return t, f"{p} chat_template"
+        ggufs = sorted(path.glob("*.gguf"))
+        if not ggufs:
+            return None, (f"{path}: no chat_template.jinja, chat_template.json or "
+                          "tokenizer_config.json chat_template")
+        path = ggufs[0]
+    if path.is_file() and path.suffix == ".gguf":
+        try:
+            t = read_gguf_metadata(path).get("tokenizer.chat_template")
+        except (TargetConfigError, struct.error, UnicodeDecodeError, OverflowError, MemoryError,
+                ValueError, OSError) as e:
+            return None, f"{path} (unreadable GGUF header: {e})"
+        return (t if isinstance(t, str) and t else None), f"{path} tokenizer.chat_template"
+    return None, f"{path}: not an HF folder or GGUF file"
+
+
 def _read_json(p: Path) -> dict:
     try:
         cfg = json.loads(p.read_text(encoding="utf-8"))

@@ -1,0 +1,163 @@
+"""`runner init`: a Llama-3.1-8B-like and a Qwen3-8B-like folder (config.json + tokenizer files
+built in the test, tests/chat_helpers.py) give commented specs that validate and plan; the family
+defaults, the draft vocab rule, the disk estimate, and clear refusals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from chat_helpers import make_target
+from runner.cli import main
+from runner.errors import InitError
+from runner.init import build, draft_vocab_size_for, family_defaults, feature_estimate
+from runner.plan import build_plan
+from runner.spec.load import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def chats(path: Path, n: int = 20) -> Path:
+    path.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}) + "\n"
+        for i in range(n)))
+    return path
+
+
+@pytest.mark.parametrize("family,want", [
+    ("llama3.1-8b", {"aux": [1, 15, 28], "tmpl": "llama3", "vocab": 32000, "L": 32}),
+    ("qwen3-8b", {"aux": [1, 17, 32], "tmpl": "qwen", "vocab": 32000, "L": 36}),
+])
+def test_init_writes_a_spec_that_validates_and_plans(tmp_path, monkeypatch, capsys, family, want):
+    monkeypatch.chdir(tmp_path)
+    target = make_target(tmp_path / family, family)
+    data = chats(tmp_path / "chats.jsonl")
+    assert main(["init", "--target", str(target), "--data", str(data), "--out", "s.yaml"]) == 0
+    text = (tmp_path / "s.yaml").read_text()
+    assert "# " in text and "Offline features: (3 aux + 1 last) x 4096 x 2 bytes = 32.0 KiB" \
+        in text
+    raw = yaml.safe_load(text)
+    assert raw["target"]["chat_template"] == want["tmpl"]
+    assert raw["drafter"]["aux_layer_ids"] == want["aux"]
+    assert raw["data"] == {"source": "jsonl", "path": str(data), "max_length": 2048,
+                           "holdout": 0, "max_bad_fraction": 0.01}
+    assert raw["stages"]["bench"]["configs"][0] == {"num_steps": 5, "eagle_topk": 4,
+                                                     "num_draft_tokens": 8}
+    spec = load_spec(tmp_path / "s.yaml")
+    assert spec.num_layers == want["L"] and spec.drafter.draft_vocab_size == want["vocab"]
+    assert spec.feature_width == 3 * 4096
+    plan = build_plan(spec)
+    assert [p.stage for p in plan.stages] == ["extract", "train", "export", "bench"]
+    assert main(["validate", "s.yaml"]) == 0
+    assert main(["plan", "s.yaml"]) == 0
+    out = capsys.readouterr()
+    assert "extract: ~" in out.out and "32.0 KiB per token" in out.out  # plan's disk estimate
+    assert "wrote s.yaml" in out.err
+    # an existing output is kept unless --force
+    assert main(["init", "--target", str(target), "--out", "s.yaml"]) == 1
+    assert "pass --force" in capsys.readouterr().err
+    assert main(["init", "--target", str(target), "--out", "s.yaml", "--force"]) == 0
+
+
+def test_deepseek_family_without_tokenizer(tmp_path, capsys):
+    """A Kimi-K2 / DeepSeek-V3-like config: SGLang's 3/1/4 auto choice, aux [1, 29, 57], and no
+    chat template found -> auto with a warning (the spec still validates)."""
+    d = tmp_path / "Kimi-K2"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2",
+        "num_hidden_layers": 61, "hidden_size": 7168, "vocab_size": 163840,
+        "num_attention_heads": 64, "num_key_value_heads": 64, "intermediate_size": 18432,
+        "max_position_embeddings": 262144}))
+    assert main(["init", "--target", str(d), "--json"]) == 0
+    out = capsys.readouterr()
+    facts = json.loads(out.out)
+    assert facts["bench"] == {"num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}
+    assert facts["aux_layer_ids"] == [1, 29, 57] and facts["chat_template"] == "auto"
+    assert facts["draft_vocab_size"] == 32000 and facts["estimate"]["bytes_per_token"] == 57344
+    assert "no chat template found" in out.err
+    raw = yaml.safe_load(facts["spec_text"])
+    assert len(raw["stages"]["bench"]["configs"]) == 1
+    load_spec(data=raw)
+
+
+def test_draft_vocab_rule_and_families():
+    assert draft_vocab_size_for(128256, 4096) == 32000  # Llama 3: SpecForge's 32000
+    assert draft_vocab_size_for(151936, 896) == 16000  # Qwen2.5-0.5B: SpecForge's 16000
+    assert draft_vocab_size_for(49152, 576) == 16000  # SmolLM2
+    assert draft_vocab_size_for(32000, 4096) == 16000  # Llama 2 / Mistral-size vocabularies
+    assert draft_vocab_size_for(8000, 512) == 8000  # never above the vocabulary
+    chain = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"],
+             "num_hidden_layers": 24}
+    assert family_defaults(chain)["bench"] == (3, 1, 4)
+    assert family_defaults({"model_type": "glm4_moe", "num_hidden_layers": 46})["bench"] == \
+        (3, 1, 4)
+    assert family_defaults({"model_type": "qwen2", "num_hidden_layers": 28})["bench"] == (5, 4, 8)
+
+
+def test_feature_estimate(tmp_path):
+    import gzip
+    p = tmp_path / "d.jsonl.gz"
+    p.write_bytes(gzip.compress(b"x" * 40_000))
+    est = feature_estimate(4096, p)
+    assert est["bytes_per_token"] == 32768 and est["tokens"] == 10_000  # gzip trailer / 4
+    assert est["bytes"] == 10_000 * 32768
+    assert feature_estimate(4096, p, max_samples=2, max_length=100)["tokens"] == 200
+    assert feature_estimate(576, None)["bytes"] is None
+
+
+def test_large_estimate_suggests_online(tmp_path):
+    big = tmp_path / "big.jsonl"
+    with open(big, "wb") as f:  # a sparse 1 GiB file: ~268M tokens x 32 KiB = 8 TiB
+        f.truncate(2**30)
+    text, facts = build(str(make_target(tmp_path / "l", "llama3.1-8b")), str(big))
+    assert facts["estimate"]["bytes"] > 2**40
+    assert "That is large:" in text and "online" in text
+
+
+def test_init_refuses_unreadable_targets(tmp_path):
+    with pytest.raises(InitError, match="does not exist"):
+        build(str(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InitError, match="without config.json or a .gguf"):
+        build(str(tmp_path / "empty"))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    with pytest.raises(InitError, match="not readable JSON"):
+        build(str(bad))
+    (bad / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 768}))
+    with pytest.raises(InitError, match="no usable num_hidden_layers, vocab_size"):
+        build(str(bad))
+    g = tmp_path / "m.gguf"
+    g.write_bytes(b"GGUF" + b"\xff" * 40)
+    with pytest.raises(InitError, match="GGUF"):
+        build(str(g))
+    with pytest.raises(InitError, match="--data .*does not exist"):
+        build(str(make_target(tmp_path / "t", "qwen3-8b")), str(tmp_path / "no.jsonl"))
+
+
+def test_init_on_the_smollm2_gguf(smollm2_path):
+    text, facts = build(str(smollm2_path))
+    assert facts["chat_template"] == "chatml" and facts["aux_layer_ids"] == [1, 14, 26]
+    assert facts["draft_vocab_size"] == 16000 and "tokenizer.chat_template" in text
+    load_spec(data=yaml.safe_load(text))
+
+
+def test_init_help_and_no_torch(tmp_path):
+    target = make_target(tmp_path / "q", "qwen3-8b")
+    code = ("import sys, runner.cli as c\n"
+            f"assert c.main(['init', '--target', {str(target)!r}]) == 0\n"
+            "heavy = sorted(m for m in ('torch', 'transformers', 'jinja2') if m in sys.modules)\n"
+            "print('HEAVY', heavy, file=sys.stderr)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "HEAVY []" in r.stderr and yaml.safe_load(r.stdout)["name"] == "q-eagle3"
+    r = subprocess.run([sys.executable, "-m", "runner", "init", "--help"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert "examples:" in r.stdout and "--data" in r.stdout
