@@ -159,9 +159,11 @@ def normalize_record(rec: Any) -> tuple[list[dict] | None, str | None, list[str]
     return head + body, None, notes
 
 
-def clean_records(records: list[Any]) -> tuple[list[list[dict]], dict]:
-    """Normalise, drop and deduplicate. Returns (conversations, report {"dropped": {reason: n},
-    "trimmed": {note: n}, "unknown_roles": {name: n}, "examples": {reason: ["record i", ...]}})."""
+def clean_records(records: list[Any], where: list[str] | None = None
+                  ) -> tuple[list[list[dict]], dict]:
+    """Normalise, drop and deduplicate. where[i] names record i in messages (e.g. "d.jsonl:12";
+    default "record i", 0-based). Returns (conversations, report {"dropped": {reason: n},
+    "trimmed": {note: n}, "unknown_roles": {name: n}, "examples": {reason: [where, ...]}})."""
     out, seen = [], set()
     dropped, trimmed, unknown = Counter(), Counter(), Counter()
     examples: dict[str, list[str]] = {}
@@ -181,7 +183,7 @@ def clean_records(records: list[Any]) -> tuple[list[list[dict]], dict]:
             why = "unknown_role"
         dropped[why] += 1
         if why in UNUSABLE and len(examples.setdefault(why, [])) < 3:
-            examples[why].append(f"record {i}")
+            examples[why].append(where[i] if where else f"record {i}")
     return out, {"dropped": dict(sorted(dropped.items())),
                  "trimmed": dict(sorted(trimmed.items())),
                  "unknown_roles": dict(unknown.most_common(20)), "examples": examples}
@@ -208,7 +210,8 @@ def conversations_from_file(path: Path) -> tuple[list[list[dict]], dict]:
 @lru_cache(maxsize=4)
 def _clean_cached(path: str, size: int, mtime: float):
     records, info = read_records(Path(path))
-    convs, rep = clean_records(records)
+    name = Path(path).name
+    convs, rep = clean_records(records, [f"{name}:{k}" for k in info.pop("lines")])
     lost = info.pop("unusable")  # records the reader could not parse
     dropped = Counter(lost) + Counter(rep["dropped"])
     ex_read, ex_clean = info.pop("examples"), rep["examples"]

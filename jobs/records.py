@@ -4,7 +4,7 @@ record the reader cannot use counted by reason (never dropped or altered silentl
     read_records(path) -> (records, info)
 
 info: {"records_read": n parsed, "format": "json" | "jsonl", "compression": None | "gzip" |
-"zstd", "truncated": bool, "stopped_at_byte": int | None (JSON arrays, in the decompressed
+"zstd", "truncated": bool, "lines": [the line each record starts on], "stopped_at_byte": int | None (JSON arrays, in the decompressed
 text), "unusable": {reason: n} for records that never became a record, "examples": {reason:
 ["file:line", ...]} (first 3 each)}.
 
@@ -170,7 +170,8 @@ def parse_json_array(text: str, tally: _Tally) -> tuple[list[Any], dict]:
     """Records of a JSON array (text starts with '[' after blanks); see the module docstring."""
     dec = json.JSONDecoder()
     i = _skip_ws(text, 0) + 1
-    records, truncated, n = [], False, len(text)
+    records, lines, truncated, n = [], [], False, len(text)
+    line, at = 1, 0  # line number of text[at]
     while True:
         i = _skip_ws(text, i)
         if i >= n:
@@ -179,15 +180,17 @@ def parse_json_array(text: str, tally: _Tally) -> tuple[list[Any], dict]:
         if text[i] == "]":
             i += 1
             break
+        line, at = line + text.count("\n", at, i), i
         try:
             obj, j = dec.raw_decode(text, i)
             records.append(obj)
+            lines.append(line)
         except json.JSONDecodeError:
             j = _value_end(text, i)
             if j is None:
                 truncated = True
                 break
-            tally.add("malformed", f"{_line_of(text, i)}")
+            tally.add("malformed", f"{line}")
         i = _skip_ws(text, j)
         if i < n and text[i] == ",":
             i += 1
@@ -195,7 +198,7 @@ def parse_json_array(text: str, tally: _Tally) -> tuple[list[Any], dict]:
         tally.add("truncated", f"{_line_of(text, n)} (end of file)")
     elif _skip_ws(text, i) < n:
         tally.add("trailing_data", f"{_line_of(text, _skip_ws(text, i))}")
-    return records, {"truncated": truncated, "stopped_at_byte": (
+    return records, {"truncated": truncated, "lines": lines, "stopped_at_byte": (
         len(text[:i].encode("utf-8", "surrogateescape")) if truncated else None)}
 
 
@@ -204,12 +207,13 @@ def parse_jsonl(text: str, tally: _Tally, path: Path) -> tuple[list[Any], dict]:
     strings). A bad last line is "truncated", any other bad line "malformed"."""
     lines = text.split("\n")
     last = max((k for k, line in enumerate(lines, 1) if line.strip()), default=0)
-    records, truncated = [], False
+    records, where, truncated = [], [], False
     for k, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             records.append(json.loads(line))
+            where.append(k)
         except json.JSONDecodeError as e:
             if k == last:
                 truncated = True
@@ -218,7 +222,7 @@ def parse_jsonl(text: str, tally: _Tally, path: Path) -> tuple[list[Any], dict]:
                       "a truncated record", file=sys.stderr)
             else:
                 tally.add("malformed", f"{k}")
-    return records, {"truncated": truncated, "stopped_at_byte": None}
+    return records, {"truncated": truncated, "lines": where, "stopped_at_byte": None}
 
 
 def read_records(path: Path) -> tuple[list[Any], dict]:

@@ -120,7 +120,7 @@ def plan_disk_note(spec) -> str | None:
     if est["bytes"] is None:
         return f"extract: {per} of features per token ({est['basis']})"
     work = spec.resolved_work_dir()
-    probe = next((p for p in (work, *work.parents) if p.exists()), Path.cwd())
+    probe = next((p for p in (work, *work.parents) if p.exists()), Path.cwd()).resolve()
     return (f"extract: ~{human_bytes(est['bytes'])} of offline features ({per} per token x "
             f"~{est['tokens']:,} tokens, from {est['basis']}); free at {probe}: "
             f"{human_bytes(shutil.disk_usage(probe).free)}")

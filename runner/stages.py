@@ -160,15 +160,21 @@ def _target(d: dict) -> dict:
                                         "vocab_size", "chat_template")}
 
 
+def _data(d: dict) -> dict:
+    """The data fields that determine the conversations read: data.max_bad_fraction is a
+    tolerance (it decides pass or fail, never the output), so it is not part of a key."""
+    return {k: v for k, v in d["data"].items() if k != "max_bad_fraction"}
+
+
 REGISTRY: tuple[StageKind, ...] = (
     StageKind("regenerate", RegenerateStage, "Regenerate the training responses with the target "
               "(optional).", needs=lambda spec: (),
-              key=lambda spec, d: {"target": _target(d), "data": d["data"],
+              key=lambda spec, d: {"target": _target(d), "data": _data(d),
                                    "regenerate": d["stages"]["regenerate"]},
               files=("target", "data")),
     StageKind("extract", ExtractStage, "Capture the target's aux hidden states for training.",
               needs=lambda spec: ("regenerate",),
-              key=lambda spec, d: {"target": _target(d), "data": d["data"],
+              key=lambda spec, d: {"target": _target(d), "data": _data(d),
                                    "aux_layer_ids": spec.aux_ids, "extract": d["stages"]["extract"]},
               files=("target", "data"), data_parallel=True),
     StageKind("train", TrainStage, "Train the drafter with TTT.", needs=lambda spec: ("extract",),

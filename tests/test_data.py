@@ -107,14 +107,14 @@ def test_bad_utf8_is_counted_per_record_not_replaced(tmp_path):
     latin = json.dumps(rec(7, q="caf\u00e9 ")).encode().replace(b"\\u00e9",
                                                              "\u00e9".encode("latin-1"))
     assert b"\xe9" in latin
-    for name, data in (("d.jsonl", b"\n".join(good + [latin]) + b"\n"),
-                       ("d.json", b"[" + b",".join(good + [latin]) + b"]")):
+    for name, data, line in (("d.jsonl", b"\n".join(good + [latin]) + b"\n", 4),
+                             ("d.json", b"[" + b",\n".join(good + [latin]) + b"]", 4)):
         p = tmp_path / name
         p.write_bytes(data)
         convs, rep = clean_records(read_records(p)[0])
         assert len(convs) == 3 and rep["dropped"] == {"bad_encoding": 1}
         assert not any("\ufffd" in t["content"] for c in convs for t in c)
-        with pytest.raises(StageError, match=r"bad_encoding 1 \(first at record 3\).*iconv"):
+        with pytest.raises(StageError, match=rf"bad_encoding 1 \(first at {name}:{line}\).*iconv"):
             load_conversations(jsonl(p))
     p.write_bytes("\ufeff".encode("utf-16") + b"x")
     with pytest.raises(StageError, match="is UTF-16; .*iconv -f UTF-16 -t UTF-8"):

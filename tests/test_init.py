@@ -53,6 +53,9 @@ def test_init_writes_a_spec_that_validates_and_plans(tmp_path, monkeypatch, caps
     assert spec.feature_width == 3 * 4096
     plan = build_plan(spec)
     assert [p.stage for p in plan.stages] == ["extract", "train", "export", "bench"]
+    # a tolerance is no part of a cache key: changing it reruns nothing
+    looser = build_plan(load_spec(tmp_path / "s.yaml", ["data.max_bad_fraction=0.5"]))
+    assert [p.key for p in looser.stages] == [p.key for p in plan.stages]
     assert main(["validate", "s.yaml"]) == 0
     assert main(["plan", "s.yaml"]) == 0
     out = capsys.readouterr()
