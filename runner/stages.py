@@ -80,6 +80,11 @@ class TrainStage(Strict):
                                        "samples (data-scaling sweeps); null = all.")
     epochs: float = Field(1.0, gt=0, description="Passes over the training samples.")
     max_steps: Optional[int] = Field(None, ge=1, description="Stop after this many optimizer steps.")
+    max_minutes: Optional[float] = Field(None, gt=0, description=(
+        "A time budget for the optimizer steps (eval and checkpoints excluded): once the step "
+        "time is measured (after the first 64 steps, compilation included in them), the run's "
+        "step count shrinks to what fits, and the cosine schedule with it; train_metrics.json "
+        "records the steps run and train_samples counts only the samples trained on."))
     batch_size: int = Field(4, ge=1, description="Samples per optimizer step.")
     lr: float = Field(1e-4, gt=0, description="Peak AdamW learning rate.")
     warmup_steps: int = Field(20, ge=0, description="Linear warmup, then cosine decay to 0.")
