@@ -4,9 +4,9 @@ record the reader cannot use counted by reason (never dropped or altered silentl
     read_records(path) -> (records, info)
 
 info: {"records_read": n parsed, "format": "json" | "jsonl", "compression": None | "gzip" |
-"zstd", "truncated": bool, "lines": [the line each record starts on], "stopped_at_byte": int | None (JSON arrays, in the decompressed
-text), "unusable": {reason: n} for records that never became a record, "examples": {reason:
-["file:line", ...]} (first 3 each)}.
+"zstd", "truncated": bool, "lines": [the line each record starts on], "stopped_at_byte": int |
+None (JSON arrays, in the decompressed text), "unusable": {reason: n} for records that never
+became a record, "examples": {reason: ["file:line", ...]} (first 3 each)}.
 
 Reasons counted here (all count toward data.max_bad_fraction, see jobs/data.py):
 - "malformed": a JSONL line, or a JSON array element, that is not valid JSON. A bad element of

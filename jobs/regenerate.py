@@ -10,8 +10,9 @@ answer (or the first `max_turns`) is rewritten in order, each prompt being the c
 far with the target's OWN earlier answers, rendered by the tokenizer's chat template with the
 generation prompt. The turns between answers stay as they are, as context: user turns, system
 turns (the first or later ones), tool results and assistant tool calls (`context_steps`); a
-conversation the template refuses is dropped (`template_error`). A conversation keeps its cache row across turns (its next turn is prefilled on top of the
-cached prefix as soon as its answer finished), so the turns of many conversations interleave.
+conversation the template refuses is dropped (`template_error`). A conversation keeps its
+cache row across turns (its next turn is prefilled on top of the cached prefix as soon as its
+answer finished), so the turns of many conversations interleave.
 Synthetic conversations (`synthetic_prompts: N`, jobs/synthetic.py): the target writes N user
 turns from the template's user-turn prefix (sampled at synthetic_temperature/top_p), degenerate
 and duplicate ones are dropped (counted by reason), and the rest are answered like real turns.

@@ -8,10 +8,10 @@ per token plus TURN_TOKENS chat-template tokens per turn, capped at data.max_len
 stages.regenerate, only the first max_turns exchanges and at most max_new_tokens per answer.
 The record count is the file size over the mean record size of that head (exact when the
 whole file was read), then holdout and max_samples apply. A gzip or zstd file (recognised by
-its magic bytes, as jobs/records.py reads it) is read through its decompressor and its text
-size taken from gzip's size trailer (zstd: the head's compression ratio). Cleaning (jobs/data.py) may drop records, so the
-estimate errs high. `runner plan` prints it, and `runner init` writes it into the spec's
-comments. No torch, no jobs/ (runner/ never imports them).
+its magic bytes, as jobs/records.py reads it) is read through its decompressor, its text size
+taken from gzip's size trailer (zstd: the head's compression ratio). Cleaning (jobs/data.py)
+may drop records, so the estimate errs high. `runner plan` prints it, and `runner init`
+writes it into the spec's comments. No torch, no jobs/ (runner/ never imports them).
 """
 
 from __future__ import annotations

@@ -194,9 +194,11 @@ def build(target: str, data: str | None = None, name: str | None = None) -> tupl
     ]
     if online:
         lines += [f"  # That is more than {disk.gb(LARGE_FEATURES)} or the free space: the train "
-                  "stage runs the target online (nothing", "  # written but checkpoints). Offline instead "
-                  "(one target pass, faster epochs): cap", "  # data.max_samples, set "
-                  "train.features: offline and add", *[f"  #   {x}" for x in extract]]
+                  "stage runs the target online (nothing",
+                  "  # written but checkpoints). Offline instead (one target pass, faster "
+                  "epochs): cap",
+                  "  # data.max_samples, set train.features: offline and add",
+                  *[f"  #   {x}" for x in extract]]
     lines += [
         "  train:",
         "    ttt_steps: 7               # SpecForge / EAGLE-3: 7 unrolled draft steps",
