@@ -3,8 +3,11 @@ files only: config.json or a GGUF header (geometry) and the tokenizer files (cha
 No weights are read and torch is never imported.
 
 What it decides, and from what:
-- aux layer ids and bench configurations: SGLang's defaults for the target's family
-  (`family_defaults`, docs/eagle3-format.md sections 3 and 4).
+- aux layer ids: SGLang's default for the target's layer-id family (runner/drafts/families.py
+  `target_family`, runner/drafts/rules.py `default_aux_ids`; docs/eagle3-format.md section 3).
+- bench configurations: the parameters SGLang auto-chooses for the target's architecture
+  (runner/drafts/server.py `auto_speculative_params`, section 4), and for a tree a chain of the
+  same depth to compare with (its draft tokens by runner/drafts/rules.py `chain_draft_tokens`).
 - draft vocab size (`draft_vocab_size_for`): SpecForge's choice, 32000, for vocabularies of
   100k and more (Llama 3 128k, Qwen 152k, DeepSeek/Kimi 129k-164k, GPT-OSS 201k); 16000 for
   mid-size ones (32k-100k: SmolLM 49k, Mistral 33k-131k below 100k) and for small targets
@@ -30,34 +33,14 @@ from runner import disk
 from runner.chat import KNOWN, template_family
 from runner.drafts.families import target_family
 from runner.drafts.layout import AUX_COUNT, to_hf_indices
-from runner.drafts.rules import default_aux_ids
+from runner.drafts.rules import chain_draft_tokens, default_aux_ids
+from runner.drafts.server import auto_speculative_params
 from runner.errors import InitError, TargetConfigError
 from runner.files import atomic_write, expand_path
 from runner.target_config import chat_template_source, read_target_config
 
 LARGE_FEATURES = 200e9  # bytes of offline features above which the spec trains online
 SHARD_BYTES = 2**30  # aim for ~1 GiB shards (stages.extract.shard_samples)
-
-# SGLang's auto speculative parameters (steps, topk, draft tokens) when none are given
-# (server_args.py auto_choose_speculative_params, docs/eagle3-format.md section 4): (3, 1, 4)
-# for the DeepSeek family (DeepSeek-V2/V3/V3.2, Kimi-K2), GLM-MoE and GPT-OSS; (5, 4, 8) for
-# Llama and, as its fallback branch, every other architecture.
-_CHAIN_FAMILIES = ("deepseek", "kimi", "glm4_moe", "glm4moe", "gpt_oss", "gptoss")
-
-
-def family_defaults(cfg: dict) -> dict:
-    """SGLang's defaults for the target's family: {"family" (a name for the comments),
-    "layer_family" (runner/drafts/families.py target_family: SGLang's layer-id rule),
-    "aux_layer_ids", "bench": (num_steps, eagle_topk, num_draft_tokens)}. The one place init asks
-    for SGLang family rules: aux ids are runner/drafts/rules.py default_aux_ids of the config
-    (its layer-id family, the newest SGLang row)."""
-    arch = " ".join([str(cfg.get("model_type") or ""), *(cfg.get("architectures") or [])]).lower()
-    chain = any(k in arch.replace("-", "_") for k in _CHAIN_FAMILIES)
-    family = next((k for k in ("deepseek", "kimi", "glm4_moe", "gpt_oss", "qwen", "llama",
-                               "mistral", "gemma") if k in arch), cfg.get("model_type") or "?")
-    return {"family": family, "layer_family": target_family(cfg),
-            "aux_layer_ids": default_aux_ids(cfg), "bench": (3, 1, 4) if chain else (5, 4, 8)}
-
 
 def draft_vocab_size_for(vocab: int, hidden: int) -> int:
     """The draft vocab size `runner init` proposes (module docstring: the rule and why)."""
@@ -104,8 +87,10 @@ def build(target: str, data: str | None = None, name: str | None = None) -> tupl
     kv = cfg.get("num_key_value_heads") or heads
     hd = cfg.get("head_dim") or (H // heads if heads else None)
     ctx = cfg.get("max_position_embeddings")
-    fam = family_defaults(cfg)
-    aux = fam["aux_layer_ids"]
+    family = target_family(cfg)
+    aux = default_aux_ids(cfg, family)
+    steps, topk, ndt = auto_speculative_params(cfg)
+    bench = [(steps, topk, ndt)] + ([(steps, 1, chain_draft_tokens(steps))] if topk != 1 else [])
     vd = draft_vocab_size_for(V, H)
     text, where = chat_template_source(tpath)
     tmpl = template_family(text)
@@ -123,7 +108,6 @@ def build(target: str, data: str | None = None, name: str | None = None) -> tupl
                    "stages": {"extract": {}}}, check_target=False)
     est = disk.estimate(probe)  # the plan's estimate (runner/disk.py)
     free, _fs = disk.free_bytes(probe.resolved_work_dir())
-    steps, topk, ndt = fam["bench"]
     mean_len = max(256, max_length // 2)
     shard = max(1, min(256, SHARD_BYTES // (mean_len * est["bytes_per_token"])))
     arch = (cfg.get("architectures") or [cfg.get("model_type")])[0]
@@ -155,7 +139,7 @@ def build(target: str, data: str | None = None, name: str | None = None) -> tupl
         "  dtype: auto                # bfloat16 on CUDA, float32 on CPU",
         "drafter:",
         "  algorithm: EAGLE3          # exactly this string: 'EAGLE' disables aux capture",
-        f"  aux_layer_ids: {aux}   # SGLang's default for {fam['family']} (L={L}) = HF "
+        f"  aux_layer_ids: {aux}   # SGLang's default, {family} layer-id rule (L={L}) = HF "
         f"hidden_states {to_hf_indices(aux)}",
         f"  draft_vocab_size: {vd}     # most frequent assistant tokens of {V:,}: 32000 for "
         "V >= 100k, else 16000",
@@ -219,8 +203,8 @@ def build(target: str, data: str | None = None, name: str | None = None) -> tupl
         f"      - {{num_steps: {steps}, eagle_topk: {topk}, num_draft_tokens: {ndt}}}  # SGLang's "
         f"auto choice for {arch}",
     ]
-    if topk != 1:
-        lines.append(f"      - {{num_steps: {steps}, eagle_topk: 1}}   # a chain, for comparison")
+    lines += [f"      - {{num_steps: {s}, eagle_topk: {k}, num_draft_tokens: {n}}}  # a chain, "
+              "for comparison" for s, k, n in bench[1:]]
     lines += [
         "executor: {kind: local}",
         "# Slurm: apply from a login node; work_dir and results on a shared filesystem:",
@@ -228,12 +212,12 @@ def build(target: str, data: str | None = None, name: str | None = None) -> tupl
         "#            cpus_per_task: 8, mem_gb: 512, timeout_min: 1440}",
         "# results: {path: runs/results.duckdb}",
     ]
-    facts = {"name": name, "target": str(tpath), "family": fam["family"], "architecture": arch,
+    facts = {"name": name, "target": str(tpath), "family": family, "architecture": arch,
              "num_hidden_layers": L, "hidden_size": H, "vocab_size": V, "aux_layer_ids": aux,
              "draft_vocab_size": vd, "chat_template": tmpl or "auto",
              "template_source": where if text else None,
              "bench": {"num_steps": steps, "eagle_topk": topk, "num_draft_tokens": ndt},
-             "layer_family": fam["layer_family"], "estimate": est,
+             "estimate": est,
              "features": "online" if online else "offline", "data": str(dpath) if dpath else None}
     return "\n".join(x for x in lines if x) + "\n", facts
 

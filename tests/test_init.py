@@ -15,7 +15,8 @@ import yaml
 from chat_helpers import make_target
 from runner.cli import main
 from runner.errors import InitError
-from runner.init import build, draft_vocab_size_for, family_defaults
+from runner.drafts.server import auto_speculative_params
+from runner.init import build, draft_vocab_size_for
 from runner.plan import build_plan
 from runner.spec.load import load_spec
 
@@ -46,8 +47,9 @@ def test_init_writes_a_spec_that_validates_and_plans(tmp_path, monkeypatch, caps
     assert raw["drafter"]["aux_layer_ids"] == want["aux"]
     assert raw["data"] == {"source": "jsonl", "path": str(data), "max_length": 2048,
                            "holdout": 0, "max_bad_fraction": 0.01}
-    assert raw["stages"]["bench"]["configs"][0] == {"num_steps": 5, "eagle_topk": 4,
-                                                     "num_draft_tokens": 8}
+    assert raw["stages"]["bench"]["configs"] == [  # SGLang's auto choice, then a chain
+        {"num_steps": 5, "eagle_topk": 4, "num_draft_tokens": 8},
+        {"num_steps": 5, "eagle_topk": 1, "num_draft_tokens": 6}]
     assert raw["stages"]["train"]["features"] == "offline" and "extract" in raw["stages"]
     spec = load_spec(tmp_path / "s.yaml")
     assert spec.num_layers == want["L"] and spec.drafter.draft_vocab_size == want["vocab"]
@@ -98,10 +100,11 @@ def test_draft_vocab_rule_and_families():
     assert draft_vocab_size_for(8000, 512) == 8000  # never above the vocabulary
     chain = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"],
              "num_hidden_layers": 24}
-    assert family_defaults(chain)["bench"] == (3, 1, 4)
-    assert family_defaults({"model_type": "glm4_moe", "num_hidden_layers": 46})["bench"] == \
-        (3, 1, 4)
-    assert family_defaults({"model_type": "qwen2", "num_hidden_layers": 28})["bench"] == (5, 4, 8)
+    assert auto_speculative_params(chain) == (3, 1, 4)
+    assert auto_speculative_params({"model_type": "deepseek2"}) == (3, 1, 4)  # a GGUF header
+    # 0.5.6 server_args.py: GLM4-MoE is not in auto_choose_speculative_params's chain list
+    assert auto_speculative_params({"architectures": ["Glm4MoeForCausalLM"]}) == (5, 4, 8)
+    assert auto_speculative_params({"architectures": ["Qwen2ForCausalLM"]}) == (5, 4, 8)
 
 
 def test_large_estimate_trains_online(tmp_path):
