@@ -108,9 +108,10 @@ class TargetData(NamedTuple):
 def conversations(ctx: StageContext) -> tuple[list, dict]:
     """The training conversations: the regenerate artifact's when that stage is an input (its
     shards, jobs/regen_store.py), else data (jobs/data.py) without any conversation that holds a
-    bench prompt (jobs/contamination.py). Returns (conversations, report). Raises StageError for
-    an unreadable regenerate artifact or when nothing is left."""
-    from jobs.data import clean_records, load_conversations
+    bench prompt (jobs/contamination.py). Both are cleaned and counted by jobs/data.py and held
+    to data.max_bad_fraction. Returns (conversations, report). Raises StageError for an
+    unreadable regenerate artifact, too many unusable records, or when nothing is left."""
+    from jobs.data import check_bad_fraction, conversations_from_records, load_conversations
     if "regenerate" in ctx.inputs:
         from jobs.regen_store import read_conversations
         try:
@@ -118,8 +119,13 @@ def conversations(ctx: StageContext) -> tuple[list, dict]:
         except (OSError, ValueError) as e:
             raise StageError(f"the regenerate artifact is unreadable ({e}); rerun with "
                              "--force regenerate")
-        convs, rep = clean_records(records)
-        return convs, {"source": "regenerate", **info, **rep, "train": len(convs)}
+        convs, rep = conversations_from_records(records, {
+            "path": info["path"], "format": "regenerate", "compression": "gzip",
+            "shards": info["shards"], "records_read": len(records),
+            "regenerate_dropped": info["dropped"]})  # the stage's own drops (its metrics)
+        check_bad_fraction(rep, ctx.spec.data.max_bad_fraction)
+        return convs, {"source": "regenerate", **rep,
+                       "max_bad_fraction": ctx.spec.data.max_bad_fraction, "train": len(convs)}
     from jobs.contamination import bench_guard
     train, _holdout, report = load_conversations(ctx.spec.data)
     guard = bench_guard(ctx.spec)  # no bench prompt in the training data
@@ -133,10 +139,11 @@ def conversations(ctx: StageContext) -> tuple[list, dict]:
 
 def load_target_data(ctx: StageContext) -> TargetData:
     """Conversations, target (a GGUF converted once, by rank 0 first when data parallel) and
-    tokenised samples, with the aux ids and hidden size checked against the real model.
-    Raises StageError for bad data, a tokenizer without chat template, aux ids out of range
-    or a hidden-size mismatch."""
-    from jobs.data import tokenize_dataset
+    tokenised samples, with the aux ids and hidden size checked against the real model; the
+    drop report is printed and recorded (jobs/data.py show_data_report: dropped/<reason>,
+    bad_fraction) before any capture. Raises StageError for bad data, a tokenizer without chat
+    template, aux ids out of range or a hidden-size mismatch."""
+    from jobs.data import show_data_report, tokenize_dataset
     from jobs.target import hf_folder, load_target
     spec = ctx.spec
     rank, world = D.check(ctx)
@@ -151,6 +158,7 @@ def load_target_data(ctx: StageContext) -> TargetData:
     if spec.target.hidden_size and spec.target.hidden_size != H:
         raise StageError(f"target.hidden_size = {spec.target.hidden_size}, but the loaded model "
                          f"has hidden_size {H}")
+    show_data_report(ctx, data_report, tok_report)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     return TargetData(model, tok, cfg, samples, data_report, tok_report, pad)
 

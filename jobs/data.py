@@ -1,27 +1,45 @@
-"""Training conversations: reading, cleaning, sampling, and tokenising with the target's own
-chat template (loss mask = assistant tokens only).
+"""Training conversations: roles, cleaning, sampling, the drop report, and (re-exported) reading
+(jobs/records.py) and tokenising with the target's own chat template (jobs/chat.py).
+The user's view of all of this: docs/data.md.
 
-Public API (the bench's `sharegpt` prompt set and the extract/regenerate stages use these):
+Public API (extract, regenerate, online training and the bench's `sharegpt` prompt set use it):
 
     load_conversations(data_spec) -> (train, holdout, report)
-        train/holdout: list[list[{"role": "system"|"user"|"assistant", "content": str}]]
-    tokenize_conversation(tokenizer, conv, template, max_length) -> (input_ids, loss_mask)
-    tokenize_dataset(tokenizer, convs, template, max_length) -> (samples, report)
-    detect_template(tokenizer, template="auto") -> "chatml" | "llama3" | "qwen" | "kimi"
+    conversations_from_file(path) -> (conversations, report)     # no sampling, no fraction check
+    conversations_from_records(records, info) -> the same, for records read elsewhere
+    read_records(path) -> (records, info); clean_records(records) -> (conversations, report)
+    check_bad_fraction(report, max_bad_fraction)                  # raises StageError above it
+    show_data_report(ctx, report, tokenize_report=None)  # printed; dropped/<reason> metrics
+    tokenize_conversation / tokenize_dataset / detect_template / chat_convention (jobs/chat.py)
 
-Sources: the fetched ShareGPT JSON (truncated upstream: decoded record by record with
-json.JSONDecoder.raw_decode, stopping at the first undecodable record), or a local file: JSONL
-(one record per line) or a JSON array, each record either {"conversations"|"messages": [turns]}
-or a bare list of turns, turns in ShareGPT form {"from", "value"} or chat form {"role", "content"}.
+A conversation is a list of turns {"role": "system"|"user"|"assistant"|"tool", "content": str},
+an assistant turn optionally with "tool_calls" (list) and "reasoning_content" (str), passed to
+the chat template as they are.
 
-Cleaning (each step counted in report["dropped"] / report["trimmed"], keyed by reason):
-- roles: human/user -> user; gpt/chatgpt/bard/bing/assistant/model -> assistant; system.
-  A record with any other role is dropped ("unknown_role"; report["unknown_roles"] counts names).
-- contents are stripped; empty turns are removed; consecutive turns of one role are merged.
-- a system turn is kept only as the first turn ("system_not_first" drops the record).
-- leading assistant turns (split continuations) are trimmed; trailing user turns are trimmed.
-- records with no turns ("empty"), no assistant turn ("no_assistant"), or bad structure
-  ("malformed") are dropped; exact duplicates are dropped ("duplicate").
+Records: {"conversations"|"messages"|"conversation": [turns]} or a bare list of turns; a turn is
+ShareGPT {"from", "value"} or OpenAI {"role", "content"}, content a string or a list of parts
+({"type": "text", "text": ...} or strings; joined with "\\n").
+Roles (case-insensitive): human/user -> user; gpt/chatgpt/bard/bing/assistant/model/
+function_call -> assistant; system/developer -> system; tool/function/observation/ipython/
+tool_response -> tool. Tool and system turns stay in the context (anywhere in the conversation)
+and are never trained on (the loss mask covers assistant spans only).
+
+Cleaning (counted in report["dropped"] / report["trimmed"], keyed by reason):
+- contents are stripped; empty turns are removed (an assistant turn with tool_calls is kept);
+  consecutive user, assistant or system turns are merged (not tool turns, not turns with
+  tool_calls or reasoning_content).
+- leading assistant/tool turns after the system turns are trimmed (split continuations);
+  trailing non-assistant turns are trimmed.
+- dropped records, UNUSABLE (count toward data.max_bad_fraction: the file or the reader is
+  wrong): "malformed" (not JSON, or not the shape above), "truncated", "trailing_data" (from
+  jobs/records.py), "bad_encoding" (bytes that are not UTF-8 in a role or content),
+  "unknown_role" (report["unknown_roles"] counts the names).
+- dropped records, POLICY (do not count: the data is fine, the record just has nothing to train
+  on): "empty", "no_assistant", "starts_with_assistant" (only an assistant continuation),
+  "non_text_content" (image/audio parts), "duplicate" (exact duplicates after cleaning).
+The fraction = unusable / records seen (parsed records + the unusable ones the reader could not
+parse). The fetched ShareGPT JSON loses 1 of 17,672 records to its upstream truncation and has no
+other unusable record; its ~6,400 records that start with a gpt turn are trimmed, not dropped.
 Sampling: the cleaned records are shuffled with random.Random(data.seed); the first
 `data.holdout` are held out (never trained on), the next `data.max_samples` are the training set.
 The holdout does not depend on max_samples, so data-scaling variants share it.
@@ -29,7 +47,6 @@ The holdout does not depend on max_samples, so data-scaling variants share it.
 
 from __future__ import annotations
 
-import codecs
 import copy
 import hashlib
 import json
@@ -41,195 +58,222 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from jobs.chat import (Convention, assistant_char_spans, chat_convention,  # noqa: F401 (API)
+                       detect_template, tokenize_conversation, tokenize_dataset)
+from jobs.records import read_records  # noqa: F401 (API)
 from runner.errors import StageError
 
-ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant",
-            "bard": "assistant", "bing": "assistant", "assistant": "assistant",
-            "model": "assistant", "system": "system"}
-
-# Assistant spans in the rendered chat text: (header regex, end-of-turn marker). The span starts
-# after the header and ends after the end marker (the target generates the marker, so it is
-# supervised), or at the end of the text when the marker is missing (truncated render).
-TEMPLATES = {
-    "chatml": (r"<\|im_start\|>assistant\n", "<|im_end|>"),
-    "qwen": (r"<\|im_start\|>assistant\n", "<|im_end|>"),  # Qwen2/3: ChatML (+ <think> blocks)
-    "llama3": (r"<\|start_header_id\|>assistant<\|end_header_id\|>\n\n", "<|eot_id|>"),
-    "kimi": (r"<\|im_assistant\|>assistant<\|im_middle\|>", "<|im_end|>"),
-}
+ROLE_MAP = {"human": "user", "user": "user",
+            "gpt": "assistant", "chatgpt": "assistant", "bard": "assistant", "bing": "assistant",
+            "assistant": "assistant", "model": "assistant", "function_call": "assistant",
+            "system": "system", "developer": "system",
+            "tool": "tool", "function": "tool", "observation": "tool", "ipython": "tool",
+            "tool_response": "tool"}
+UNUSABLE = ("malformed", "truncated", "trailing_data", "bad_encoding", "unknown_role")
+POLICY = ("empty", "no_assistant", "starts_with_assistant", "non_text_content", "duplicate")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # undecodable bytes (surrogateescape) or bad escapes
+_MERGEABLE = ("user", "assistant", "system")
 
 
 # ----------------------------------------------------------------------------------------------
-# reading
+# one record
 
 
-def read_json_records(path: Path) -> tuple[list[Any], dict]:
-    """Records of a JSON array that may be truncated: decode one record at a time and stop at
-    the first error. Returns (records, {"records_read", "truncated", "stopped_at_byte"})."""
-    text = path.read_text(encoding="utf-8-sig", errors="replace")
-    dec = json.JSONDecoder()
-    i = _skip_ws(text, 0)
-    if i >= len(text) or text[i] != "[":
-        raise StageError(f"{path}: expected a JSON array ('[' at the start)")
-    i = _skip_ws(text, i + 1)
-    records, truncated = [], False
-    while i < len(text) and text[i] != "]":
-        try:
-            obj, i = dec.raw_decode(text, i)
-        except json.JSONDecodeError:
-            truncated = True
-            break
-        records.append(obj)
-        i = _skip_ws(text, i)
-        if i < len(text) and text[i] == ",":
-            i = _skip_ws(text, i + 1)
-    if i >= len(text):
-        truncated = True
-    return records, {"records_read": len(records), "truncated": truncated,
-                     "stopped_at_byte": len(text[:i].encode()) if truncated else None}
-
-
-def _skip_ws(text: str, i: int) -> int:
-    while i < len(text) and text[i] in " \t\r\n":
-        i += 1
-    return i
-
-
-def read_jsonl_records(path: Path) -> tuple[list[Any], dict]:
-    """One JSON record per line. A broken LAST line (a truncated file) is skipped and reported;
-    a broken line elsewhere is a StageError naming the line."""
-    # only \n ends a record (str.splitlines also splits at U+2028, \x1c, ... inside strings);
-    # utf-8-sig drops a byte-order mark
-    lines = path.read_text(encoding="utf-8-sig", errors="replace").split("\n")
-    last = max((n for n, line in enumerate(lines, 1) if line.strip()), default=0)
-    records, truncated = [], False
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            if n == last:
-                truncated = True
-                print(f"data: {path}:{n}: the last line is not valid JSON ({e.msg}); skipped as "
-                      "a truncated record", file=sys.stderr)
-                break
-            raise StageError(f"{path}:{n}: not valid JSON ({e.msg}). Fix or remove the line.")
-    return records, {"records_read": len(records), "truncated": truncated,
-                     "stopped_at_byte": None}
-
-
-def read_records(path: Path) -> tuple[list[Any], dict]:
-    """Raw records of a JSON array (possibly truncated) or a JSONL file.
-    Raises StageError when the file is missing."""
-    path = Path(path)
-    if not path.is_file():
-        what = "is a folder, not a file" if path.is_dir() else "does not exist"
-        raise StageError(f"data.path: {path} {what}. Run `runner fetch sharegpt` for "
-                         "ShareGPT, or point data.path at a JSONL file.")
-    with open(path, "rb") as f:
-        head = f.read(64).removeprefix(codecs.BOM_UTF8).lstrip()
-    return read_json_records(path) if head.startswith(b"[") else read_jsonl_records(path)
-
-
-# ----------------------------------------------------------------------------------------------
-# cleaning
+def _text(content: Any) -> tuple[str | None, str | None]:
+    """(text, None) of a turn's content (str, None, or a list of text parts), or (None, why)."""
+    if content is None or isinstance(content, str):
+        return (content or ""), None
+    if not isinstance(content, list):
+        return None, "malformed"
+    parts = []
+    for p in content:
+        if isinstance(p, str):
+            parts.append(p)
+        elif isinstance(p, dict) and p.get("type", "text") == "text" and \
+                isinstance(p.get("text"), str):
+            parts.append(p["text"])
+        elif isinstance(p, dict) and isinstance(p.get("type"), str):
+            return None, "non_text_content"
+        else:
+            return None, "malformed"
+    return "\n".join(parts), None
 
 
 def normalize_record(rec: Any) -> tuple[list[dict] | None, str | None, list[str]]:
     """One raw record -> (conversation or None, drop reason or None, trim notes).
 
-    conversation: [{"role", "content"}], roles in {system, user, assistant}, starting with
-    system or user, alternating user/assistant, ending with assistant."""
+    conversation: turns as in the module docstring, starting with system turns or a user turn,
+    ending with an assistant turn. A reason "unknown_role:<name>" names the role."""
     turns = rec.get("conversations", rec.get("messages", rec.get("conversation"))) \
         if isinstance(rec, dict) else rec
     if not isinstance(turns, list):
         return None, "malformed", []
-    conv, notes = [], []
+    conv: list[dict] = []
+    notes: list[str] = []
     for t in turns:
         if not isinstance(t, dict):
             return None, "malformed", []
         role = t.get("from", t.get("role"))
-        content = t.get("value", t.get("content"))
-        if not isinstance(role, str) or not (isinstance(content, str) or content is None):
+        if not isinstance(role, str):
             return None, "malformed", []
+        content, why = _text(t.get("value", t.get("content")))
+        if why:
+            return None, why, []
+        reasoning = t.get("reasoning_content")
+        if _SURROGATE.search(role) or _SURROGATE.search(content) or \
+                (isinstance(reasoning, str) and _SURROGATE.search(reasoning)):
+            return None, "bad_encoding", []
         mapped = ROLE_MAP.get(role.strip().lower())
         if mapped is None:
             return None, "unknown_role:" + role.strip().lower()[:40], []
-        content = (content or "").strip()
-        if not content:
+        turn = {"role": mapped, "content": content.strip()}
+        if mapped == "assistant":
+            if isinstance(t.get("tool_calls"), list) and t["tool_calls"]:
+                turn["tool_calls"] = t["tool_calls"]
+            if isinstance(reasoning, str) and reasoning.strip():
+                turn["reasoning_content"] = reasoning.strip()
+        if not turn["content"] and len(turn) == 2:
             notes.append("empty_turn")
             continue
-        if conv and conv[-1]["role"] == mapped:
-            conv[-1]["content"] += "\n\n" + content
+        last = conv[-1] if conv else None
+        if last and last["role"] == mapped and mapped in _MERGEABLE and len(last) == 2 \
+                and len(turn) == 2:
+            last["content"] += "\n\n" + turn["content"]
             notes.append("merged_turn")
             continue
-        conv.append({"role": mapped, "content": content})
+        conv.append(turn)
     if not conv:
         return None, "empty", notes
-    if any(t["role"] == "system" for t in conv[1:]):
-        return None, "system_not_first", notes
-    head = conv[:1] if conv[0]["role"] == "system" else []
-    body = conv[len(head):]
-    if body and body[0]["role"] == "assistant":
+    n_head = 0
+    while n_head < len(conv) and conv[n_head]["role"] == "system":
+        n_head += 1
+    head, body = conv[:n_head], conv[n_head:]
+    while body and body[0]["role"] in ("assistant", "tool"):
+        notes.append("leading_" + body[0]["role"])
         body = body[1:]
-        notes.append("leading_assistant")
     while body and body[-1]["role"] != "assistant":
+        notes.append("trailing_" + body[-1]["role"])
         body = body[:-1]
-        notes.append("trailing_user")
-    if not any(t["role"] == "assistant" for t in body):
+    if not body:
         return None, ("starts_with_assistant" if "leading_assistant" in notes else
                       "no_assistant"), notes
     return head + body, None, notes
 
 
-def clean_records(records: list[Any]) -> tuple[list[list[dict]], dict]:
-    """Normalise, drop and deduplicate. Returns (conversations, report)."""
+def clean_records(records: list[Any], where: list[str] | None = None
+                  ) -> tuple[list[list[dict]], dict]:
+    """Normalise, drop and deduplicate. where[i] names record i in messages (e.g. "d.jsonl:12";
+    default "record i", 0-based). Returns (conversations, report {"dropped": {reason: n},
+    "trimmed": {note: n}, "unknown_roles": {name: n}, "examples": {reason: [where, ...]}})."""
     out, seen = [], set()
     dropped, trimmed, unknown = Counter(), Counter(), Counter()
-    for rec in records:
+    examples: dict[str, list[str]] = {}
+    for i, rec in enumerate(records):
         conv, why, notes = normalize_record(rec)
         trimmed.update(notes)
-        if why is not None:
-            if why.startswith("unknown_role:"):
-                unknown[why.split(":", 1)[1]] += 1
-                why = "unknown_role"
-            dropped[why] += 1
-            continue
-        key = hashlib.sha1(json.dumps(conv, ensure_ascii=False).encode()).digest()
-        if key in seen:
-            dropped["duplicate"] += 1
-            continue
-        seen.add(key)
-        out.append(conv)
+        if why is None:
+            key = hashlib.sha1(json.dumps(conv, ensure_ascii=False).encode()).digest()
+            if key in seen:
+                why = "duplicate"
+            else:
+                seen.add(key)
+                out.append(conv)
+                continue
+        if why.startswith("unknown_role:"):
+            unknown[why.split(":", 1)[1]] += 1
+            why = "unknown_role"
+        dropped[why] += 1
+        if why in UNUSABLE and len(examples.setdefault(why, [])) < 3:
+            examples[why].append(where[i] if where else f"record {i}")
     return out, {"dropped": dict(sorted(dropped.items())),
                  "trimmed": dict(sorted(trimmed.items())),
-                 "unknown_roles": dict(unknown.most_common(20))}
+                 "unknown_roles": dict(unknown.most_common(20)), "examples": examples}
 
 
-def _load_clean(path: Path) -> tuple[list[list[dict]], dict, dict]:
-    """(clean conversations, read info, clean report), cached per file version. Callers must
-    not mutate the returned conversations (load_conversations hands out copies)."""
+# ----------------------------------------------------------------------------------------------
+# one file
+
+
+def conversations_from_file(path: Path) -> tuple[list[list[dict]], dict]:
+    """Read and clean a data file (cached per file version; callers must not mutate the
+    conversations). report: path, format, compression, records_read, records_seen, truncated,
+    stopped_at_byte, dropped {every reason, reader's included}, unusable {reason: n},
+    unusable_records, bad_fraction, examples {reason: [where]}, trimmed, unknown_roles, clean.
+    Raises StageError for a missing or unreadable file."""
     path = Path(path)
     if not path.is_file():
         read_records(path)  # raises the StageError naming the file
     st = path.stat()
-    return _clean_cached(str(path.resolve()), st.st_size, st.st_mtime)
+    convs, rep = _clean_cached(str(path.resolve()), st.st_size, st.st_mtime)
+    return convs, copy.deepcopy(rep)
 
 
 @lru_cache(maxsize=4)
 def _clean_cached(path: str, size: int, mtime: float):
     records, info = read_records(Path(path))
-    convs, rep = clean_records(records)
-    return convs, info, rep
+    return conversations_from_records(records, {"path": path, **info})
+
+
+def conversations_from_records(records: list[Any], info: dict) -> tuple[list[list[dict]], dict]:
+    """Clean records a reader returned and count them: info = {"path", "records_read", format,
+    compression, ...} plus, from jobs/records.py read_records, "lines" (where each record
+    starts), "unusable" and "examples" (the records it could not parse). Returns
+    conversations_from_file's (conversations, report). The regenerate artifact's records
+    (jobs/capture.py) go through here too."""
+    info = dict(info)
+    name = Path(info["path"]).name
+    lines = info.pop("lines", None)
+    convs, rep = clean_records(records, [f"{name}:{k}" for k in lines] if lines else None)
+    lost = info.pop("unusable", {})  # records the reader could not parse
+    dropped = Counter(lost) + Counter(rep["dropped"])
+    ex_read, ex_clean = info.pop("examples", {}), rep["examples"]
+    examples = {r: (ex_read.get(r, []) + ex_clean.get(r, []))[:3] for r in {*ex_read, *ex_clean}}
+    seen = info["records_read"] + sum(lost.values())
+    unusable = {r: n for r, n in sorted(dropped.items()) if r in UNUSABLE}
+    bad = sum(unusable.values())
+    return convs, {**info, "records_seen": seen,
+                   "dropped": dict(sorted(dropped.items())), "unusable": unusable,
+                   "unusable_records": bad, "bad_fraction": bad / seen if seen else 0.0,
+                   "examples": examples, "trimmed": rep["trimmed"],
+                   "unknown_roles": rep["unknown_roles"], "clean": len(convs)}
+
+
+def _reasons(counts: dict, examples: dict | None = None) -> str:
+    ex = examples or {}
+    return ", ".join(f"{r} {n}" + (f" (first at {ex[r][0]})" if ex.get(r) else "")
+                     for r, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _hints(report: dict) -> str:
+    out = []
+    if report["unusable"].get("bad_encoding"):
+        out.append("bad_encoding = bytes that are not UTF-8: convert the file, e.g. `iconv -f "
+                   "latin1 -t utf-8 IN > OUT`")
+    if report["unknown_roles"]:
+        out.append(f"unknown roles {report['unknown_roles']} (known: {', '.join(ROLE_MAP)})")
+    return ("; " + "; ".join(out)) if out else ""
+
+
+def check_bad_fraction(report: dict, max_bad_fraction: float) -> None:
+    """Raise StageError when report["bad_fraction"] exceeds data.max_bad_fraction, naming the
+    field, the counts, where the first bad records are, and the fix."""
+    if report["bad_fraction"] <= max_bad_fraction:
+        return
+    raise StageError(
+        f"data.max_bad_fraction = {max_bad_fraction:g}: {report['unusable_records']} of "
+        f"{report['records_seen']} records of {report['path']} "
+        f"({100 * report['bad_fraction']:.2f}%) cannot be used: "
+        f"{_reasons(report['unusable'], report['examples'])}{_hints(report)}. Fix the file, or "
+        "raise data.max_bad_fraction to accept the loss (docs/data.md).")
 
 
 def load_conversations(data) -> tuple[list[list[dict]], list[list[dict]], dict]:
-    """Read, clean and sample the spec's conversations.
+    """Read, clean, check and sample the spec's conversations.
 
-    data: runner.spec.Data (source, path, max_samples, holdout, seed).
-    Returns (train, holdout, report). report: source, path, records_read, truncated, dropped
-    {reason: n}, trimmed {note: n}, unknown_roles {name: n}, clean, train, holdout.
-    Raises StageError for a missing file or when nothing usable remains."""
+    data: runner.spec.Data (source, path, max_samples, holdout, seed, max_bad_fraction).
+    Returns (train, holdout, report): conversations_from_file's report + source,
+    max_bad_fraction, train, holdout. Raises StageError for a missing file, when nothing usable
+    remains, or above data.max_bad_fraction (check_bad_fraction)."""
     from runner.files import expand_path
     if data.path:
         path = expand_path(data.path)
@@ -241,13 +285,16 @@ def load_conversations(data) -> tuple[list[list[dict]], list[list[dict]], dict]:
             raise StageError(f"data.source = sharegpt: {e}")
     else:
         raise StageError("data.path: required when data.source is jsonl")
-    convs, info, rep = _load_clean(path)
-    info, rep = copy.deepcopy(info), copy.deepcopy(rep)
+    convs, rep = conversations_from_file(path)
     if not convs:
-        skipped = "; its last record was not valid JSON and was skipped" if info["truncated"] else ""
-        raise StageError(f"data: {path} has no usable conversation ({info['records_read']} "
-                         f"records read{skipped}; dropped {rep['dropped']}). Records need user "
-                         "and assistant turns (from/value or role/content).")
+        skipped = ("; its last record was not valid JSON and was skipped" if rep["truncated"]
+                   else "")
+        raise StageError(f"data: {path} has no usable conversation ({rep['records_read']} "
+                         f"records read{skipped}; dropped "
+                         f"{_reasons(rep['dropped'], rep['examples'])}"
+                         f"{_hints(rep)}). Records need user and assistant turns (from/value or "
+                         "role/content; docs/data.md).")
+    check_bad_fraction(rep, data.max_bad_fraction)
     order = list(range(len(convs)))
     random.Random(data.seed).shuffle(order)
     hold = copy.deepcopy([convs[i] for i in order[:data.holdout]])
@@ -258,106 +305,55 @@ def load_conversations(data) -> tuple[list[list[dict]], list[list[dict]], dict]:
     if not train:
         raise StageError(f"data.holdout = {data.holdout}: leaves no training conversation "
                          f"({len(convs)} usable). Lower data.holdout.")
-    report = {"source": data.source, "path": str(path), **info, **rep, "clean": len(convs),
+    report = {"source": data.source, **rep, "max_bad_fraction": data.max_bad_fraction,
               "train": len(train), "holdout": len(hold)}
     return train, hold, report
 
 
 # ----------------------------------------------------------------------------------------------
-# tokenising with the target's own chat template
+# showing what was dropped
 
 
-def _render(tokenizer, conv: list[dict]) -> str:
-    if not getattr(tokenizer, "chat_template", None):
-        raise StageError("the target tokenizer has no chat template, so assistant turns cannot "
-                         "be found. Use a chat (instruct) model, or add chat_template to its "
-                         "tokenizer_config.json.")
-    return tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=False)
-
-
-def detect_template(tokenizer, template: str = "auto") -> str:
-    """The assistant-span convention of the tokenizer's chat template.
-
-    'auto' renders a probe conversation and looks for each template's assistant header; a named
-    template is checked the same way. Raises StageError naming the template when it does not
-    match (the loss mask would be all zero)."""
-    probe = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
-    text = _render(tokenizer, probe)
-    found = [n for n, (hdr, end) in TEMPLATES.items() if re.search(hdr, text) and end in text]
-    if template == "auto":
-        if not found:
-            raise StageError(f"target.chat_template = auto: the tokenizer's chat template renders "
-                             f"{text[:200]!r}, which matches none of {list(TEMPLATES)}. Set "
-                             "target.chat_template, or use a model with a supported template.")
-        return found[0]
-    if template not in TEMPLATES:
-        raise StageError(f"target.chat_template = {template!r}: unknown; use auto or one of "
-                         f"{list(TEMPLATES)}")
-    if template not in found:
-        raise StageError(f"target.chat_template = {template}: the tokenizer's template renders "
-                         f"{text[:200]!r}, without the {template} assistant header "
-                         f"{TEMPLATES[template][0]!r}. Set chat_template to auto"
-                         + (f" (detected {found[0]})." if found else "."))
-    return template
-
-
-def assistant_char_spans(text: str, template: str) -> list[tuple[int, int]]:
-    """[start, end) character spans of assistant content (+ end-of-turn marker) in `text`."""
-    hdr, end = TEMPLATES[template]
-    spans = []
-    for m in re.finditer(hdr, text):
-        a = m.end()
-        b = text.find(end, a)
-        spans.append((a, len(text) if b < 0 else b + len(end)))
-    return spans
-
-
-def tokenize_conversation(tokenizer, conv: list[dict], template: str,
-                          max_length: int) -> tuple[list[int], list[int]]:
-    """Render `conv` with the tokenizer's own chat template and tokenise it.
-
-    Returns (input_ids [T], loss_mask [T]) with T <= max_length (longer samples are truncated);
-    loss_mask[t] = 1 when token t lies inside an assistant turn's content or its end-of-turn
-    marker (e.g. `<|im_end|>`), found with `template` (see TEMPLATES). Tokens are assigned by
-    their character offsets, so the template's own BOS/system prompt stay unsupervised.
-    Raises StageError when the tokenizer has no chat template."""
-    text = _render(tokenizer, conv)
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids, offsets = enc["input_ids"], enc["offset_mapping"]
-    spans = assistant_char_spans(text, template)
-    mask, j = [], 0
-    for (a, b) in offsets:
-        while j < len(spans) and spans[j][1] <= a:
-            j += 1
-        mask.append(int(j < len(spans) and spans[j][0] <= a < spans[j][1] and b > a))
-    return ids[:max_length], mask[:max_length]
-
-
-def tokenize_dataset(tokenizer, convs: list[list[dict]], template: str,
-                     max_length: int) -> tuple[list[tuple[list[int], list[int]]], dict]:
-    """Tokenise every conversation; drop (and count) samples whose mask is all zero.
-
-    Returns (samples [(input_ids, loss_mask)], report {"tokenized", "truncated",
-    "mask_all_zero", "mask_all_zero_examples", "tokens", "supervised_tokens", "template"}).
-    Raises StageError naming the template when every sample's mask is all zero."""
-    template = detect_template(tokenizer, template)
-    samples, truncated, zero, zero_idx = [], 0, 0, []
-    for i, conv in enumerate(convs):
-        ids, mask = tokenize_conversation(tokenizer, conv, template, 10**9)
-        if len(ids) > max_length:
-            truncated += 1
-            ids, mask = ids[:max_length], mask[:max_length]
-        if not any(mask):
-            zero += 1
-            zero_idx.append(i)
-            continue
-        samples.append((ids, mask))
-    if convs and not samples:
-        raise StageError(f"every sample's loss mask is all zero with chat template {template!r} "
-                         f"(data.max_length = {max_length}): no assistant tokens were found. Set "
-                         "target.chat_template to the target's template, or raise max_length.")
-    report = {"template": template, "tokenized": len(convs), "truncated": truncated,
-              "mask_all_zero": zero, "mask_all_zero_examples": zero_idx[:10],
-              "tokens": sum(len(s[0]) for s in samples),
-              "supervised_tokens": sum(sum(s[1]) for s in samples)}
-    return samples, report
+def show_data_report(ctx, report: dict, tokenize_report: dict | None = None) -> None:
+    """Print the drop summary (stderr) and record one metric row `dropped/<reason>` per reason
+    (reader, cleaning, the bench-prompt guard (`contaminated`, jobs/capture.py) and, when given,
+    tokenising: template_error, mask_all_zero) plus `bad_fraction`, through ctx.metric. Rank 0
+    only."""
+    if getattr(ctx, "rank", 0) != 0:
+        return
+    dropped = dict(report.get("dropped", {}))
+    tok = tokenize_report or {}
+    for r in ("template_error", "mask_all_zero"):
+        if tok.get(r):
+            dropped[r] = tok[r]
+    if report.get("dropped_contaminated"):
+        dropped["contaminated"] = report["dropped_contaminated"]
+    for r, n in sorted(dropped.items()):
+        ctx.metric(f"dropped/{r}", n)
+    ctx.metric("bad_fraction", report.get("bad_fraction", 0.0))
+    fmt = ", ".join(x for x in (report.get("format"), report.get("compression")) if x)
+    unusable = report.get("unusable", {})
+    policy = {r: n for r, n in report.get("dropped", {}).items() if r not in unusable}
+    lines = [f"data: {report.get('path')} ({fmt}): {report.get('records_seen', '?')} records, "
+             f"{report.get('clean', '?')} conversations kept, "
+             f"{sum(report.get('dropped', {}).values())} dropped"]
+    limit = report.get("max_bad_fraction")
+    lines.append(f"  unusable: {report.get('unusable_records', 0)} = "
+                 f"{100 * report.get('bad_fraction', 0.0):.3f}%"
+                 + (f" (data.max_bad_fraction {100 * limit:g}%)" if limit is not None else "")
+                 + (f": {_reasons(unusable, report.get('examples'))}" if unusable else ""))
+    if policy:
+        lines.append(f"  cleaned away (policy): {_reasons(policy)}")
+    if report.get("trimmed"):
+        lines.append(f"  turns trimmed: {_reasons(report['trimmed'])}")
+    if report.get("dropped_contaminated"):
+        lines.append(f"  holding a bench prompt (left out of training): "
+                     f"{report['dropped_contaminated']}")
+    if tok:
+        lines.append(f"  tokenized {tok.get('tokenized')} with chat template "
+                     f"{tok.get('template')}: template_error {tok.get('template_error', 0)}, "
+                     f"mask_all_zero {tok.get('mask_all_zero', 0)}, truncated to "
+                     f"data.max_length {tok.get('truncated', 0)}"
+                     + (f" ({tok['template_error_examples'][0]})"
+                        if tok.get("template_error_examples") else ""))
+    print("\n".join(lines), file=sys.stderr, flush=True)

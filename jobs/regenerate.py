@@ -5,11 +5,14 @@ EAGLE-3's recipe: a drafter trained on what the target itself says is accepted m
 one trained on another model's answers. Generation runs on the embedded engine
 (jobs/generate.py: our Llama, static KV cache, continuous batching, a CUDA-graphed decode step).
 
-Real conversations (jobs.data's training split; the holdout is never touched): every user turn
-(or the first `max_turns`) is answered in order, each prompt being the conversation so far with
-the target's OWN earlier answers, rendered by the tokenizer's chat template with the generation
-prompt. A conversation keeps its cache row across turns (its next turn is prefilled on top of the
-cached prefix as soon as its answer finished), so the turns of many conversations interleave.
+Real conversations (jobs.data's training split; the holdout is never touched): every assistant
+answer (or the first `max_turns`) is rewritten in order, each prompt being the conversation so
+far with the target's OWN earlier answers, rendered by the tokenizer's chat template with the
+generation prompt. The turns between answers stay as they are, as context: user turns, system
+turns (the first or later ones), tool results and assistant tool calls (`context_steps`); a
+conversation the template refuses is dropped (`template_error`). A conversation keeps its
+cache row across turns (its next turn is prefilled on top of the cached prefix as soon as its
+answer finished), so the turns of many conversations interleave.
 Synthetic conversations (`synthetic_prompts: N`, jobs/synthetic.py): the target writes N user
 turns from the template's user-turn prefix (sampled at synthetic_temperature/top_p), degenerate
 and duplicate ones are dropped (counted by reason), and the rest are answered like real turns.
@@ -106,8 +109,8 @@ class Conv:
     id: str
     source: str
     index: int
-    users: list  # the user turns to answer, in order
-    messages: list  # system turn (if any) + the finished exchanges
+    steps: list  # per answer to write: the turns before it (context_steps), in order
+    messages: list  # the finished steps, each with the target's answer
     finish: list = field(default_factory=list)
     answer_tokens: list = field(default_factory=list)
 
@@ -181,21 +184,35 @@ def synthesize(gen: Generator, tok, params, guard, progress=True,
                   "tokens": tokens, "seconds": secs}
 
 
+def context_steps(conv: list[dict]) -> list[list[dict]]:
+    """The turns before each assistant answer the target rewrites, in order. An assistant turn
+    with plain content (no tool_calls) that follows other turns is rewritten; system, user and
+    tool turns and assistant tool calls are kept as they are, as context of the next answer.
+    Turns after the last rewritten answer are left out."""
+    steps, pending = [], []
+    for t in conv:
+        if t["role"] == "assistant" and not t.get("tool_calls") and pending:
+            steps.append(pending)
+            pending = []
+        else:
+            pending.append(t)
+    return steps
+
+
 def real_conversations(convs, params, guard) -> tuple[list, Counter]:
     """Conv jobs of the real training conversations (ids real-NNNNNN by data order), without the
-    contaminated ones. Returns (jobs, {"contaminated": n, "cut_max_turns": user turns cut})."""
+    contaminated ones. Returns (jobs, {"contaminated": n, "cut_max_turns": answers cut})."""
     jobs, rep = [], Counter()
     for i, c in enumerate(convs):
         if guard is not None and guard.conversation(c):
             rep["contaminated"] += 1
             continue
-        users = [t for t in c if t["role"] == "user"]
-        if params.max_turns is not None and len(users) > params.max_turns:
-            rep["cut_max_turns"] += len(users) - params.max_turns
-            users = users[:params.max_turns]
-        if users:
-            jobs.append(Conv(f"real-{i:06d}", "real", i, users,
-                             [t for t in c if t["role"] == "system"][:1]))
+        steps = context_steps(c)
+        if params.max_turns is not None and len(steps) > params.max_turns:
+            rep["cut_max_turns"] += len(steps) - params.max_turns
+            steps = steps[:params.max_turns]
+        if steps:
+            jobs.append(Conv(f"real-{i:06d}", "real", i, steps, []))
     return jobs, rep
 
 
@@ -207,20 +224,29 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
     order seeded by params.seed, and none starts once it is over (see the module docstring).
     Returns the Generator's stats."""
     from tqdm import tqdm
+    from jobs.chat import template_errors
     from jobs.prompts import render, render_batch
     budget = budget or Budget(None)
     if budget.end is None:
-        jobs = sorted(jobs, key=lambda j: (-len(j.users), -len(j.users[0]["content"])))
+        jobs = sorted(jobs, key=lambda j: (-len(j.steps),
+                                           -sum(len(t["content"]) for t in j.steps[0])))
     else:
         jobs = sorted(jobs, key=lambda j: j.id)
         random.Random(params.seed).shuffle(jobs)
     started: set = set()
     bar = tqdm(unit="tok", desc="regenerate", disable=not progress, smoothing=0.1)
     finished = [0]
+    refused = template_errors()
 
     def request(job: Conv, ids=None):
         turn = len(job.finish)
-        ids = ids if ids is not None else render(tok, job.messages + [job.users[turn]])
+        if ids is None:
+            try:
+                ids = render(tok, job.messages + job.steps[turn])
+            except refused:  # e.g. Llama 3.1 and two tool calls in one turn
+                writer.add(job.record(cut="template_error") if turn else
+                           job.record(dropped="template_error"))
+                return None
         if len(ids) >= max_length:
             writer.add(job.record(cut="prompt_too_long") if turn else
                        job.record(dropped="prompt_too_long"))
@@ -232,7 +258,11 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
             if budget.over():
                 return
             chunk = jobs[i:i + 256]
-            for j, ids in zip(chunk, render_batch(tok, [j.messages + j.users[:1] for j in chunk])):
+            try:
+                batch = render_batch(tok, [j.messages + j.steps[0] for j in chunk])
+            except refused:  # one by one: request() drops the refused ones
+                batch = [None] * len(chunk)
+            for j, ids in zip(chunk, batch):
                 if budget.over():
                     return
                 started.add(j.id)
@@ -246,11 +276,11 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
             writer.add(job.record(cut="empty_reply") if job.finish else
                        job.record(dropped="empty_reply"))
             return None
-        job.messages = job.messages + [job.users[len(job.finish)],
-                                       {"role": "assistant", "content": text}]
+        job.messages = job.messages + job.steps[len(job.finish)] + [
+            {"role": "assistant", "content": text}]
         job.finish.append(r.finish)
         job.answer_tokens.append(len(r.tokens))
-        if len(job.finish) == len(job.users):
+        if len(job.finish) == len(job.steps):
             writer.add(job.record())
             finished[0] += 1
             bar.set_postfix(conversations=finished[0], refresh=False)
@@ -322,7 +352,7 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
             write_gz_jsonl(syn_path, [{"meta": syn}] +
                            [{"index": i, "content": t} for i, t in kept])
     jobs, pre = real_conversations(convs, params, guard)
-    jobs += [Conv(f"syn-{i:06d}", "synthetic", i, [{"role": "user", "content": t}], [])
+    jobs += [Conv(f"syn-{i:06d}", "synthetic", i, [[{"role": "user", "content": t}]], [])
              for i, t in kept]
     writer = ShardWriter(out_dir, params.shard_conversations)
     done_ids = {r["id"] for r in writer.done}
@@ -354,11 +384,12 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
 def run(ctx: StageContext) -> dict:
     """Regenerate the spec's training conversations (+ synthetic ones) into ctx.out_dir/shards."""
     from jobs.contamination import bench_guard
-    from jobs.data import load_conversations
+    from jobs.data import load_conversations, show_data_report
     from jobs.llama import from_hf_model
     from jobs.target import load_target
     spec, p, out = ctx.spec, ctx.params, Path(ctx.out_dir)
     train, _holdout, data_report = load_conversations(spec.data)
+    show_data_report(ctx, data_report)  # what the data lost, before any compute
     guard = bench_guard(spec)
     hf, tok, _cfg = load_target(spec)
     target = from_hf_model(hf)

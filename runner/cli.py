@@ -13,6 +13,11 @@ from pathlib import Path
 from runner.errors import RunnerError, SpecError
 
 EXAMPLES = {
+    "init": "examples:\n  runner init --target ~/models/Llama-3.1-8B-Instruct --out llama.yaml\n"
+            "  runner init --target ~/models/Qwen3-8B --data chats.jsonl.gz --out qwen3.yaml\n"
+            "  runner init --target model.gguf            # prints the spec\n"
+            "  runner init --target ~/models/Qwen3-8B --json\n"
+            "then: runner validate llama.yaml && runner plan llama.yaml && runner apply llama.yaml",
     "validate": "examples:\n  runner validate specs/smollm2-sharegpt.yaml\n"
                 "  runner validate specs/drafter-v2.yaml -o drafter.algorithm=EAGLE   # exits 1",
     "plan": "examples:\n  runner plan specs/smollm2-sharegpt.yaml\n"
@@ -52,6 +57,11 @@ def _results_path(args) -> Path:
     if getattr(args, "spec", None):
         return expand_path(_load(args).results.path)
     return expand_path("runs/results.duckdb")
+
+
+def cmd_init(args) -> int:
+    from runner.init import init_cli
+    return init_cli(args.target, args.data, args.out, args.name, args.json, args.force)
 
 
 def cmd_validate(args) -> int:
@@ -177,6 +187,17 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(fn=fn)
         return p
 
+    p = add("init", cmd_init, "write a commented spec for your own target (and data): aux ids, "
+            "draft vocab, chat template, disk estimate, SGLang's bench configurations",
+            spec=False)
+    p.add_argument("--target", required=True, help="HF folder (config.json + tokenizer files), "
+                   "config.json or .gguf file; no weights are read")
+    p.add_argument("--data", help="training conversations: JSONL or JSON array (plain, .gz, "
+                   ".zst), ShareGPT or OpenAI messages (default: the fetched ShareGPT)")
+    p.add_argument("--out", help="write the spec here (default: print it)")
+    p.add_argument("--name", help="spec name (default: <target folder>-eagle3)")
+    p.add_argument("--force", action="store_true", help="overwrite --out")
+    p.add_argument("--json", action="store_true", help="the facts (and spec) as JSON")
     add("validate", cmd_validate, "check a spec; exit 0 if valid, 1 with errors on stderr")
     p = add("plan", cmd_plan, "show the stages that apply would run, with cache keys and reasons")
     p.add_argument("--json", action="store_true", help="machine-readable plan")

@@ -7,17 +7,21 @@ the data file (the first READ_BYTES): each record's turn texts at CHARS_PER_TOKE
 per token plus TURN_TOKENS chat-template tokens per turn, capped at data.max_length; with
 stages.regenerate, only the first max_turns exchanges and at most max_new_tokens per answer.
 The record count is the file size over the mean record size of that head (exact when the
-whole file was read), then holdout and max_samples apply. Cleaning (jobs/data.py) may drop
-records, so the estimate errs high. No torch, no jobs/ (runner/ never imports them).
+whole file was read), then holdout and max_samples apply. A gzip or zstd file (recognised by
+its magic bytes, as jobs/records.py reads it) is read through its decompressor, its text size
+taken from gzip's size trailer (zstd: the head's compression ratio). Cleaning (jobs/data.py)
+may drop records, so the estimate errs high. `runner plan` prints it, and `runner init`
+writes it into the spec's comments. No torch, no jobs/ (runner/ never imports them).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 from pathlib import Path
 
-from runner.files import expand_path
+from runner.files import GZIP_MAGIC, ZSTD_MAGIC, expand_path
 
 READ_BYTES = 4 << 20
 CHARS_PER_TOKEN = 4.0  # English text under a BPE tokenizer, a rule of thumb
@@ -36,7 +40,7 @@ def bytes_per_token(spec) -> int:
 def _records(head: bytes, whole: bool) -> list:
     """The complete JSON records at the start of a JSON array or JSONL file (a record cut off by
     the end of `head` is left out)."""
-    text = head.decode("utf-8", errors="ignore")
+    text = head.decode("utf-8", errors="ignore").removeprefix("\ufeff")
     dec, out = json.JSONDecoder(), []
     i = len(text) - len(text.lstrip())
     if text[i:i + 1] == "[":
@@ -49,7 +53,7 @@ def _records(head: bytes, whole: bool) -> list:
             except json.JSONDecodeError:
                 return out
             out.append(rec)
-    lines = text.splitlines()
+    lines = text.split("\n")  # only \n ends a JSONL line (jobs/records.py)
     for ln in lines if whole else lines[:-1]:
         try:
             out.append(json.loads(ln))
@@ -88,28 +92,66 @@ def data_file(spec) -> Path:
     return asset_path("sharegpt")
 
 
+def _zstd_stream(f):
+    try:
+        from compression import zstd  # Python 3.14+
+        return zstd.ZstdFile(f)
+    except ImportError:
+        pass
+    try:
+        import zstandard
+    except ImportError:
+        raise OSError("a zstd file needs Python 3.14's compression.zstd or `pip install "
+                      "zstandard`") from None
+    return zstandard.ZstdDecompressor().stream_reader(f)
+
+
+def read_head(path: Path) -> tuple[bytes, int, bool, str]:
+    """(the first READ_BYTES of the file's text, decompressed; the text's size in bytes: exact,
+    or for a compressed file read in part gzip's size trailer (mod 2^32, placed by the head's
+    compression ratio) or, zstd, that ratio; whether the head is the whole text; "plain" /
+    "gzip" / "zstd")."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        magic = f.read(4)
+        f.seek(0)
+        if not magic.startswith((GZIP_MAGIC, ZSTD_MAGIC)):
+            head = f.read(READ_BYTES)
+            return head, size, len(head) >= size, "plain"
+        kind = "gzip" if magic.startswith(GZIP_MAGIC) else "zstd"
+        stream = gzip.GzipFile(fileobj=f) if kind == "gzip" else _zstd_stream(f)
+        head = stream.read(READ_BYTES)
+        est = round(size * len(head) / max(f.tell(), 1))  # the head's ratio (read-ahead: rough)
+        whole = not stream.read(1)
+        if kind == "gzip" and not whole:  # ISIZE, the text size mod 2^32: the one nearest est
+            f.seek(-4, 2)
+            isize = int.from_bytes(f.read(4), "little")
+            est = isize + max(0, round((est - isize) / 2**32)) * 2**32
+    return head, len(head) if whole else est, whole, kind
+
+
 def estimate(spec) -> dict:
     """The offline features of `spec`: {"tokens", "samples", "bytes_per_token", "bytes",
-    "method"} (all estimates), or {"error": why} when the data cannot be read."""
+    "method"} (all estimates), or {"error": why, "bytes_per_token"} when the data cannot be
+    read."""
+    bpt = bytes_per_token(spec)
     try:
         path = data_file(spec)
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(READ_BYTES)
+        head, size, whole, kind = read_head(path)
     except Exception as e:  # noqa: BLE001 - no estimate is not a planning error
-        return {"error": f"cannot read the data ({e})"}
-    whole = len(head) >= size
+        return {"error": f"cannot read the data ({e})", "bytes_per_token": bpt}
     recs = _records(head, whole)
     if not recs:
-        return {"error": f"no complete record in the first {len(head):,} bytes of {path}"}
+        return {"error": f"no complete record in the first {len(head):,} bytes of {path}",
+                "bytes_per_token": bpt}
     per = [_tokens(r, spec.data.max_length, spec.stages.regenerate) for r in recs]
     n_file = len(recs) if whole else round(size * len(recs) / len(head))
     n = max(0, n_file - spec.data.holdout)
     n = min(n, spec.data.max_samples) if spec.data.max_samples else n
     tokens = round(n * sum(per) / len(per))
-    bpt = bytes_per_token(spec)
     return {"tokens": tokens, "samples": n, "bytes_per_token": bpt, "bytes": tokens * bpt,
-            "method": f"estimate: {len(recs):,} of {'' if whole else '~'}{n_file:,} records read, "
+            "method": f"estimate: {len(recs):,} of {'' if whole else '~'}{n_file:,} records read"
+                      f"{'' if kind == 'plain' else ' (' + kind + ')'}, "
                       f"{CHARS_PER_TOKEN:g} characters per token"}
 
 
@@ -139,9 +181,13 @@ def report(extracts: list[tuple[str, object]], online: list[tuple[str, object]],
             "extract_bytes": total, "fits": fits, "advice": advice}
 
 
+def gb(b: float) -> str:
+    """Bytes as the plan prints them: 1,234.5 GB."""
+    return f"{b / 1e9:,.1f} GB"
+
+
 def render(d: dict) -> list[str]:
     """The plan text's disk lines."""
-    gb = lambda b: f"{b / 1e9:,.1f} GB"  # noqa: E731
     out = []
     for e in d["extract"]:
         out.append(f"disk: {e['stage']} writes ~{gb(e['bytes'])} of features (~{e['tokens']:,} "

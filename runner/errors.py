@@ -70,3 +70,7 @@ class EnvVarError(RunnerError):
     def __init__(self, name: str, message: str):
         self.name = name
         super().__init__(message)
+
+
+class InitError(RunnerError):
+    """`runner init` cannot write a spec (unreadable target or data, an existing output)."""

@@ -1,4 +1,5 @@
-"""Files and places: the atomic write, content hashes, the cache folder, spec path expansion.
+"""Files and places: the atomic write, content hashes, the cache folder, spec path expansion,
+the magic bytes of compressed data files.
 
 `atomic_path` is the one temp-then-rename primitive of the project: whatever a caller writes
 (text, a torch checkpoint, safetensors, a PNG, a whole folder) goes to a hidden temporary sibling
@@ -19,6 +20,11 @@ from pathlib import Path
 from typing import Iterator
 
 from runner.errors import EnvVarError
+
+# compressed data files are recognised by these first bytes, whatever their names
+# (jobs/records.py reads them, runner/disk.py estimates their size)
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
 @contextmanager

@@ -38,10 +38,11 @@ class RegenerateStage(Strict):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling when temperature > 0.")
     batch_size: int = Field(8, ge=1, description="Sequences in flight (rows of the continuous "
                             "batch; a finished row takes the next prompt). E.g. 512 on an H200.")
-    max_turns: Optional[int] = Field(None, ge=1, description="Regenerate only the first N user "
-                                     "turns of each conversation and drop the rest (counted); "
-                                     "null = every turn, each conditioned on the target's own "
-                                     "earlier answers.")
+    max_turns: Optional[int] = Field(None, ge=1, description="Regenerate only the first N "
+                                     "answers (assistant turns) of each conversation and drop "
+                                     "the rest (counted); null = every one, each conditioned on "
+                                     "the target's own earlier answers. System, user and tool "
+                                     "turns and tool calls stay as context.")
     seed: int = Field(0, description="Sampling seed (per conversation and turn).")
     max_minutes: Optional[float] = Field(None, gt=0, description=(
         "A time budget for the stage's generation (synthetic prompts, at most half of it, then "
@@ -219,7 +220,7 @@ def _online(spec) -> bool:
 def _train_key(spec, d: dict) -> dict:
     key = {"target": _target(d), "drafter": d["drafter"], "aux_layer_ids": spec.aux_ids,
            "train": d["stages"]["train"]}
-    return {**key, "data": d["data"]} if _online(spec) else key
+    return {**key, "data": _data(d)} if _online(spec) else key
 
 
 def _target(d: dict) -> dict:
@@ -247,15 +248,21 @@ def _train_check(spec, manifests: dict) -> str | None:
     return None
 
 
+def _data(d: dict) -> dict:
+    """The data fields that determine the conversations read: data.max_bad_fraction is a
+    tolerance (it decides pass or fail, never the output), so it is not part of a key."""
+    return {k: v for k, v in d["data"].items() if k != "max_bad_fraction"}
+
+
 REGISTRY: tuple[StageKind, ...] = (
     StageKind("regenerate", RegenerateStage, "Regenerate the training responses with the target "
               "(optional).", needs=lambda spec: (),
-              key=lambda spec, d: {"target": _target(d), "data": d["data"],
+              key=lambda spec, d: {"target": _target(d), "data": _data(d),
                                    "regenerate": d["stages"]["regenerate"]},
               files=("target", "data")),
     StageKind("extract", ExtractStage, "Capture the target's aux hidden states for training.",
               needs=lambda spec: ("regenerate",),
-              key=lambda spec, d: {"target": _target(d), "data": d["data"],
+              key=lambda spec, d: {"target": _target(d), "data": _data(d),
                                    "aux_layer_ids": spec.aux_ids, "extract": d["stages"]["extract"]},
               files=("target", "data"), data_parallel=True),
     StageKind("train", TrainStage, "Train the drafter with TTT.",

@@ -1,4 +1,4 @@
-"""Read a target's geometry without loading weights or importing torch.
+"""Read a target's geometry and chat template without loading weights or importing torch.
 
 Accepts an HF folder (config.json), a config.json path, or a GGUF file. For GGUF we parse only the
 key/value header: `gguf.GGUFReader` maps every tensor and takes ~2 s for a 94 MiB file, which
@@ -38,6 +38,64 @@ def read_target_config(path: Path) -> dict:
     if path.suffix == ".json":
         return _read_json(path)
     raise TargetConfigError(f"{path}: expected an HF folder, a config.json or a .gguf file")
+
+
+def chat_template_source(path: Path) -> tuple[str | None, str]:
+    """(the target's chat template text or None, where it was looked for / found), without
+    weights or torch. Looks, in transformers' order, at chat_template.jinja, chat_template.json
+    and tokenizer_config.json's chat_template (a string, or a list of {name, template}: the
+    "default" one) of an HF folder (or a config.json's folder), or the GGUF key
+    tokenizer.chat_template. Unreadable tokenizer files count as absent (the text says so)."""
+    text, where, _known = _find_chat_template(Path(path))
+    return text, where
+
+
+def read_chat_template(path: Path) -> bool | None:
+    """Whether the target at `path` ships a chat template (chat_template_source found one);
+    None when it cannot tell (no tokenizer files at all, an unreadable file or GGUF header)."""
+    text, _where, known = _find_chat_template(Path(path))
+    return True if text else (False if known else None)
+
+
+def _find_chat_template(path: Path) -> tuple[str | None, str, bool]:
+    """(text or None, where, whether the tokenizer files were there and readable)."""
+    if path.is_file() and path.suffix == ".json":
+        path = path.parent
+    if path.is_dir():
+        if (path / "chat_template.jinja").is_file():
+            p = path / "chat_template.jinja"
+            try:
+                return p.read_text(encoding="utf-8"), str(p), True
+            except (OSError, UnicodeDecodeError) as e:
+                return None, f"{p} (unreadable: {e})", False
+        seen = False
+        for name in ("chat_template.json", "tokenizer_config.json"):
+            p = path / name
+            if not p.is_file():
+                continue
+            try:
+                t = json.loads(p.read_text(encoding="utf-8")).get("chat_template")
+            except (OSError, ValueError, AttributeError) as e:
+                return None, f"{p} (unreadable: {e})", False
+            seen = True
+            if isinstance(t, list):  # named templates: transformers uses "default"
+                t = next((x.get("template") for x in t if isinstance(x, dict)
+                          and x.get("name") == "default"), None)
+            if isinstance(t, str) and t:
+                return t, f"{p} chat_template", True
+        ggufs = sorted(path.glob("*.gguf"))
+        if not ggufs:
+            return None, (f"{path}: no chat_template.jinja, chat_template.json or "
+                          "tokenizer_config.json chat_template"), seen
+        path = ggufs[0]
+    if path.is_file() and path.suffix == ".gguf":
+        try:
+            t = read_gguf_metadata(path).get("tokenizer.chat_template")
+        except (TargetConfigError, struct.error, UnicodeDecodeError, OverflowError, MemoryError,
+                ValueError, OSError) as e:
+            return None, f"{path} (unreadable GGUF header: {e})", False
+        return (t if isinstance(t, str) and t else None), f"{path} tokenizer.chat_template", True
+    return None, f"{path}: not an HF folder or GGUF file", False
 
 
 def _read_json(p: Path) -> dict:
@@ -155,33 +213,3 @@ def read_gguf_config(path: Path) -> dict:
         "hidden_act": "silu",
         "tie_word_embeddings": None,
     }
-
-
-def read_chat_template(path: Path) -> bool | None:
-    """Whether the target at `path` (HF folder, config.json or GGUF file) ships a chat template:
-    tokenizer_config.json's chat_template, chat_template.jinja / chat_template.json (newer
-    transformers), or the GGUF header's tokenizer.chat_template. None when it cannot tell (no
-    tokenizer files, unreadable header). Reads no weights, imports no torch."""
-    path = Path(path)
-    if path.is_file() and path.suffix == ".json":
-        path = path.parent
-    if path.is_dir():
-        if (path / "chat_template.jinja").is_file() or (path / "chat_template.json").is_file():
-            return True
-        tc = path / "tokenizer_config.json"
-        if tc.is_file():
-            try:
-                return bool(json.loads(tc.read_text(encoding="utf-8")).get("chat_template"))
-            except (OSError, ValueError, AttributeError):
-                return None
-        ggufs = sorted(path.glob("*.gguf"))
-        if len(ggufs) != 1:
-            return None
-        path = ggufs[0]
-    if path.is_file() and path.suffix == ".gguf":
-        try:
-            return bool(read_gguf_metadata(path).get("tokenizer.chat_template"))
-        except (TargetConfigError, struct.error, UnicodeDecodeError, OverflowError, MemoryError,
-                ValueError, OSError):
-            return None
-    return None

@@ -57,11 +57,9 @@ def test_bad_spec_files_through_the_cli_exit_1_without_a_traceback(tag, tmp_path
         assert all(line.startswith("error: ") for line in r.stderr.splitlines()), r.stderr
 
 
-# The data part calls the data reader's public function (jobs/data.py load_conversations). Counting
-# every unusable record by reason and refusing encoding errors are the data-formats helper's work
-# (issue 21 item 3); until that lands in main this part is expected to fail.
-@pytest.mark.xfail(reason="issue 21 item 3 (data reading counts every dropped record by reason, "
-                          "encoding errors counted) lands in the data-formats branch", strict=False)
+# The data part calls the data reader's public function (jobs/data.py load_conversations): a bad
+# file is refused with one clear line (too many unusable records: data.max_bad_fraction), or every
+# record is used or counted as dropped by reason; undecodable bytes are never replaced.
 def test_every_bad_data_file_gets_a_clear_error_or_every_drop_counted(tmp_path):
     from jobs.data import load_conversations
     from runner.errors import RunnerError

@@ -1,15 +1,21 @@
-"""Data: ShareGPT recovery, cleaning, sampling, chat-template tokenisation and loss masks."""
+"""Data: reading every format (JSON arrays, JSONL, gzip, zstd), counting every record the reader
+cannot use, cleaning and roles, sampling, the drop report, and tokenisation with SmolLM2's
+template. The published Llama-3.1 / Qwen2.5 / Qwen3 templates: tests/test_chat_templates.py."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import sys
+import types
 
 import pytest
 
-from jobs.data import (TEMPLATES, clean_records, detect_template, load_conversations,
-                       read_json_records, read_records, tokenize_conversation, tokenize_dataset)
-from runner.spec.schema import Data
+from jobs.data import (clean_records, detect_template, load_conversations, read_records,
+                       show_data_report, tokenize_conversation, tokenize_dataset)
+from runner.chat import KNOWN
 from runner.errors import StageError
+from runner.spec.schema import Data
 
 
 def mask_spans(mask):
@@ -24,28 +30,148 @@ def mask_spans(mask):
     return spans
 
 
-# ---- reading -----------------------------------------------------------------------------------
+def rec(i, q="q", a="a"):
+    return {"id": i, "conversations": [{"from": "human", "value": f"{q}{i}"},
+                                       {"from": "gpt", "value": f"{a}{i}"}]}
+
+
+def jsonl(path, fraction=0.01):
+    return Data(source="jsonl", path=str(path), max_bad_fraction=fraction)
+
+
+class Ctx:
+    """The slice of StageContext that show_data_report uses."""
+
+    rank = 0
+
+    def __init__(self):
+        self.rows = {}
+
+    def metric(self, name, value, unit="", step=None):
+        self.rows[name] = value
+
+
+# ---- reading: every record the reader cannot use is counted ------------------------------------
 
 
 def test_truncated_json_recovers_complete_records(tmp_path):
-    recs = [{"id": i, "conversations": [{"from": "human", "value": f"q{i}"}]} for i in range(3)]
+    recs = [rec(i) for i in range(3)]
     text = json.dumps(recs, indent=2)
-    cut = text[: text.rindex('"q2"')]  # stop inside the third record
     p = tmp_path / "t.json"
-    p.write_text(cut)
-    got, info = read_json_records(p)
+    p.write_text(text[: text.rindex('"q2"')])  # stop inside the third record
+    got, info = read_records(p)
     assert [r["id"] for r in got] == [0, 1]
-    assert info["truncated"] and info["records_read"] == 2
+    assert info["truncated"] and info["records_read"] == 2 and info["unusable"] == {"truncated": 1}
     p.write_text(text)
-    got, info = read_json_records(p)
-    assert len(got) == 3 and not info["truncated"]
+    got, info = read_records(p)
+    assert len(got) == 3 and not info["truncated"] and info["unusable"] == {}
+    p.write_text(text.rstrip().removesuffix("]"))  # complete records, no closing bracket
+    got, info = read_records(p)
+    assert len(got) == 3 and info["unusable"] == {"truncated": 1}
+    p.write_text(text + "\n[" + json.dumps(rec(9)) + "]")  # two arrays concatenated
+    assert read_records(p)[1]["unusable"] == {"trailing_data": 1}
+
+
+def test_one_malformed_record_costs_one_record(tmp_path, capsys):
+    """Issue 21: a 40-record JSON array with one malformed record gave 5 samples and
+    dropped_records 0. Now: 39 records, malformed 1 with its line, and above
+    data.max_bad_fraction (2.5% > 1%) the load fails naming the field, counts and fix."""
+    text = json.dumps([rec(i) for i in range(40)], indent=2)
+    bad = text.replace('"value": "a5"', '"value": a5,,')
+    assert bad != text
+    p = tmp_path / "d.json"
+    p.write_text(bad)
+    got, info = read_records(p)
+    assert len(got) == 39 and 5 not in [r["id"] for r in got]
+    assert info["unusable"] == {"malformed": 1} and not info["truncated"]
+    line = bad[:bad.index('"id": 5,')].count("\n")  # the record's "{" line
+    with pytest.raises(StageError, match=r"data.max_bad_fraction = 0.01: 1 of 40 records .*"
+                                         rf"\(2.50%\) cannot be used: malformed 1 \(first at "
+                                         rf"d.json:{line}\).*raise data.max_bad_fraction"):
+        load_conversations(jsonl(p, 0.01))
+    train, _, rep = load_conversations(jsonl(p, 0.05))
+    assert len(train) == 39 and rep["dropped"] == {"malformed": 1}
+    assert rep["records_seen"] == 40 and rep["bad_fraction"] == 1 / 40
+    # a malformed element that is not an object, and one with brackets inside strings
+    p.write_text("[" + ", ".join([json.dumps(rec(0)), "nope", '{"x": "]}", oops}',
+                                  json.dumps(rec(1))]) + "]")
+    got, info = read_records(p)
+    assert [r["id"] for r in got] == [0, 1] and info["unusable"] == {"malformed": 2}
+
+
+def test_bad_utf8_is_counted_per_record_not_replaced(tmp_path):
+    """Issue 21: latin-1 bytes became U+FFFD silently. Now the record is dropped as
+    bad_encoding (JSONL and JSON arrays), the others are kept, and the error says how to
+    convert the file."""
+    good = [json.dumps(rec(i)).encode() for i in range(3)]
+    latin = json.dumps(rec(7, q="caf\u00e9 ")).encode().replace(b"\\u00e9",
+                                                             "\u00e9".encode("latin-1"))
+    assert b"\xe9" in latin
+    for name, data, line in (("d.jsonl", b"\n".join(good + [latin]) + b"\n", 4),
+                             ("d.json", b"[" + b",\n".join(good + [latin]) + b"]", 4)):
+        p = tmp_path / name
+        p.write_bytes(data)
+        convs, rep = clean_records(read_records(p)[0])
+        assert len(convs) == 3 and rep["dropped"] == {"bad_encoding": 1}
+        assert not any("\ufffd" in t["content"] for c in convs for t in c)
+        with pytest.raises(StageError, match=rf"bad_encoding 1 \(first at {name}:{line}\).*iconv"):
+            load_conversations(jsonl(p))
+    p.write_bytes("\ufeff".encode("utf-16") + b"x")
+    with pytest.raises(StageError, match="is UTF-16; .*iconv -f UTF-16 -t UTF-8"):
+        read_records(p)
+
+
+def test_compressed_files(tmp_path, monkeypatch):
+    """gzip (whole and cut short) is read by magic bytes, whatever the suffix; zstd through
+    compression.zstd / zstandard when importable, else an error naming the fix."""
+    lines = "".join(json.dumps(rec(i)) + "\n" for i in range(50)).encode()
+    p = tmp_path / "d.jsonl.gz"
+    p.write_bytes(gzip.compress(lines))
+    got, info = read_records(p)
+    assert len(got) == 50 and info["compression"] == "gzip" and info["unusable"] == {}
+    p.write_bytes(gzip.compress(lines)[:-40])
+    got, info = read_records(p)
+    assert 0 < len(got) < 50 and info["truncated"] and info["unusable"] == {"truncated": 1}
+    p.write_bytes(b"\x1f\x8b" + b"junk" * 10)
+    with pytest.raises(StageError, match="corrupt gzip stream"):
+        read_records(p)
+    z = tmp_path / "d.json.zst"
+    z.write_bytes(b"\x28\xb5\x2f\xfd" + b"frame")
+    monkeypatch.setitem(sys.modules, "compression", None)
+    monkeypatch.setitem(sys.modules, "zstandard", None)
+    with pytest.raises(StageError, match="zstd-compressed.*pip install zstandard.*zstd -d"):
+        read_records(z)
+
+    class Reader:  # a stand-in for zstandard's stream reader: returns the JSON text
+        def __init__(self, raw):
+            assert raw.startswith(b"\x28\xb5\x2f\xfd")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+        def read(self):
+            return json.dumps([rec(1), rec(2)]).encode()
+
+    fake = types.SimpleNamespace(ZstdError=ValueError, ZstdDecompressor=lambda: types.
+                                 SimpleNamespace(stream_reader=Reader))
+    monkeypatch.setitem(sys.modules, "zstandard", fake)
+    got, info = read_records(z)
+    assert [r["id"] for r in got] == [1, 2] and info["compression"] == "zstd"
+    assert info["format"] == "json"
 
 
 def test_real_sharegpt_is_recovered_and_cleaned(sharegpt_path):
+    """The package's truncation costs 1 unusable record of 17,672 (below the default 1%); its
+    records that start with a gpt turn are trimmed or dropped by policy, not counted as bad."""
     train, hold, rep = load_conversations(Data(max_samples=20, holdout=5, seed=3))
     assert rep["truncated"] and rep["records_read"] > 17000
+    assert rep["unusable"] == {"truncated": 1} and rep["records_seen"] == rep["records_read"] + 1
+    assert rep["bad_fraction"] < 1e-4
     assert rep["dropped"]["empty"] > 0 and rep["trimmed"]["leading_assistant"] > 1000
-    assert rep["clean"] == rep["records_read"] - sum(rep["dropped"].values())
+    assert rep["clean"] == rep["records_seen"] - sum(rep["dropped"].values())
     assert len(train) == 20 and len(hold) == 5
     assert not any(c in train for c in hold)
     for conv in train + hold:
@@ -58,6 +184,11 @@ def test_real_sharegpt_is_recovered_and_cleaned(sharegpt_path):
     assert hold2 == hold and train2 == train[:7]
     _, hold3, _ = load_conversations(Data(max_samples=7, holdout=5, seed=4))
     assert hold3 != hold
+    with pytest.raises(StageError, match="data.max_bad_fraction = 0: 1 of 17"):
+        load_conversations(Data(max_samples=7, max_bad_fraction=0))
+
+
+# ---- cleaning and roles ------------------------------------------------------------------------
 
 
 def test_local_jsonl_both_forms_and_cleaning(tmp_path):
@@ -72,6 +203,7 @@ def test_local_jsonl_both_forms_and_cleaning(tmp_path):
                       {"role": "user", "content": "v"}, {"role": "assistant", "content": " "},
                       {"role": "bard", "content": "w"}]},
         [{"role": "user", "content": "only a question"}],
+        {"conversations": [{"from": "gpt", "value": "a continuation"}]},
     ]
     p = tmp_path / "d.jsonl"
     p.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
@@ -81,9 +213,66 @@ def test_local_jsonl_both_forms_and_cleaning(tmp_path):
     assert convs[2] == [{"role": "system", "content": "s"}, {"role": "user", "content": "u\n\nv"},
                         {"role": "assistant", "content": "w"}]
     assert len(convs) == 3
-    assert rep["dropped"] == {"duplicate": 1, "empty": 1, "no_assistant": 1, "unknown_role": 1}
+    assert rep["dropped"] == {"duplicate": 1, "empty": 1, "no_assistant": 1, "unknown_role": 1,
+                              "starts_with_assistant": 1}
     assert rep["unknown_roles"] == {"narrator": 1}
-    assert rep["trimmed"]["leading_assistant"] == 1 and rep["trimmed"]["trailing_user"] == 2
+    assert rep["trimmed"]["leading_assistant"] == 2 and rep["trimmed"]["trailing_user"] == 2
+
+
+def test_openai_and_tool_roles(tmp_path):
+    """OpenAI messages: developer -> system, tool turns and mid-conversation system turns kept
+    as context, content given as text parts, assistant tool_calls kept (content may be empty);
+    ShareGPT tool datasets' function_call/observation; image parts and unknown roles dropped."""
+    records = [
+        {"messages": [{"role": "developer", "content": "rules"},
+                      {"role": "user", "content": [{"type": "text", "text": "a"}, "b"]},
+                      {"role": "assistant", "content": "",
+                       "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]},
+                      {"role": "tool", "content": "r1"}, {"role": "tool", "content": "r2"},
+                      {"role": "system", "content": "late note"},
+                      {"role": "assistant", "content": "done"},
+                      {"role": "tool", "content": "dangling"}]},
+        {"conversations": [{"from": "human", "value": "q"}, {"from": "function_call",
+                                                            "value": "{\"name\": \"g\"}"},
+                           {"from": "observation", "value": "42"},
+                           {"from": "gpt", "value": "42!"}]},
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]},
+                      {"role": "assistant", "content": "a cat"}]},
+        {"messages": [{"role": "user", "content": "q"}, {"role": "bot", "content": "a"}]},
+        {"messages": [{"role": "user", "content": 3}, {"role": "assistant", "content": "a"}]},
+    ]
+    convs, rep = clean_records(records)
+    assert [t["role"] for t in convs[0]] == ["system", "user", "assistant", "tool", "tool",
+                                             "system", "assistant"]
+    assert convs[0][1]["content"] == "a\nb" and convs[0][2]["tool_calls"]
+    assert [t["role"] for t in convs[1]] == ["user", "assistant", "tool", "assistant"]
+    assert rep["dropped"] == {"non_text_content": 1, "unknown_role": 1, "malformed": 1}
+    assert rep["trimmed"] == {"trailing_tool": 1}
+    p = tmp_path / "d.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(StageError, match=r"2 of 5 records .*unknown_role 1.*unknown roles "
+                                         r"\{'bot': 1\}"):
+        load_conversations(jsonl(p))
+    _, _, rep = load_conversations(jsonl(p, 0.5))
+    assert rep["unusable"] == {"malformed": 1, "unknown_role": 1}
+    assert rep["dropped"]["non_text_content"] == 1  # policy: not in the fraction
+
+
+def test_drop_report_is_printed_and_recorded(tmp_path, capsys):
+    p = tmp_path / "d.json"
+    text = json.dumps([rec(i) for i in range(200)] + [rec(0)] + [{"messages": []}])
+    p.write_text(text.replace('"value": "a5"', '"value": a5'))
+    train, _, rep = load_conversations(jsonl(p))
+    ctx = Ctx()
+    show_data_report(ctx, rep, {"template": "chatml", "tokenized": 199, "template_error": 2,
+                                "mask_all_zero": 1, "truncated": 0})
+    assert ctx.rows == {"dropped/duplicate": 1, "dropped/empty": 1, "dropped/malformed": 1,
+                        "dropped/template_error": 2, "dropped/mask_all_zero": 1,
+                        "bad_fraction": 1 / 202}
+    err = capsys.readouterr().err
+    assert "202 records, 199 conversations kept, 3 dropped" in err
+    assert "unusable: 1 = 0.495% (data.max_bad_fraction 1%): malformed 1 (first at d.json:1)" in err
+    assert "cleaned away (policy): " in err and "template_error 2" in err
 
 
 def test_bad_files_give_clear_errors(tmp_path):
@@ -95,14 +284,19 @@ def test_bad_files_give_clear_errors(tmp_path):
     good = json.dumps({"messages": [{"role": "user", "content": "a"},
                                     {"role": "assistant", "content": "b"}]})
     p.write_text(good + "\n{not json\n" + good + "\n")
-    with pytest.raises(StageError, match=r"bad.jsonl:2"):
-        read_records(p)
+    recs, info = read_records(p)
+    assert len(recs) == 2 and info["unusable"] == {"malformed": 1}
+    with pytest.raises(StageError, match=r"malformed 1 \(first at bad.jsonl:2\)"):
+        load_conversations(jsonl(p))
     p.write_text(good + '\n{"messages": [{"role": "us')  # truncated last line: skipped
     recs, info = read_records(p)
-    assert len(recs) == 1 and info["truncated"]
+    assert len(recs) == 1 and info["truncated"] and info["unusable"] == {"truncated": 1}
     p.write_text(json.dumps({"messages": [{"role": "alien", "content": "a"}]}) + "\n")
-    with pytest.raises(StageError, match="no usable conversation"):
-        load_conversations(Data(source="jsonl", path=str(p)))
+    with pytest.raises(StageError, match="no usable conversation.*unknown_role 1"):
+        load_conversations(jsonl(p))
+    p.write_text(json.dumps({"data": [rec(1)]}, indent=2))
+    with pytest.raises(StageError, match="holds one JSON object \\(keys: data\\)"):
+        read_records(p)
 
 
 # ---- tokenising --------------------------------------------------------------------------------
@@ -146,29 +340,27 @@ def test_template_errors(smollm2_tokenizer):
         tokenize_conversation(bare, [{"role": "user", "content": "a"}], "chatml", 64)
 
 
-LLAMA3 = ("{{ '<|begin_of_text|>' }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + "
-          "'<|end_header_id|>\n\n' + m['content'] + '<|eot_id|>' }}{% endfor %}")
 KIMI = ("{% for m in messages %}{{ '<|im_' + m['role'] + '|>' + m['role'] + '<|im_middle|>' + "
-        "m['content'] + '<|im_end|>' }}{% endfor %}")
+        "m['content'] + '<|im_end|>' }}{% endfor %}{% if add_generation_prompt %}"
+        "{{ '<|im_assistant|>assistant<|im_middle|>' }}{% endif %}")
 
 
-@pytest.mark.parametrize("name,template,end", [("llama3", LLAMA3, "<|eot_id|>"),
-                                                ("kimi", KIMI, "<|im_end|>")])
-def test_other_templates(smollm2_tokenizer, name, template, end):
+def test_other_templates(smollm2_tokenizer):
+    """A Kimi-style template on SmolLM2's tokenizer (the published Llama-3.1, Qwen2.5 and Qwen3
+    templates: tests/test_chat_templates.py)."""
     import copy
     tok = copy.deepcopy(smollm2_tokenizer)
-    tok.chat_template = template
+    tok.chat_template = KIMI
     tok.add_special_tokens({"additional_special_tokens": [
-        "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
         "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>"]})
-    assert detect_template(tok) == name
+    assert detect_template(tok) == "kimi"
     conv = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
             {"role": "assistant", "content": "Hello! How can I help?"},
             {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4."}]
-    ids, mask = tokenize_conversation(tok, conv, name, 10**6)
+    ids, mask = tokenize_conversation(tok, conv, "kimi", 10**6)
     assert [tok.decode(ids[a:b]) for a, b in mask_spans(mask)] == \
-        ["Hello! How can I help?" + end, "4." + end]
-    assert set(TEMPLATES) == {"chatml", "qwen", "llama3", "kimi"}
+        ["Hello! How can I help?<|im_end|>", "4.<|im_end|>"]
+    assert set(KNOWN) == {"chatml", "qwen", "llama3", "kimi"}
 
 
 def test_jsonl_records_may_hold_unicode_line_separators(tmp_path):

@@ -82,3 +82,33 @@ def test_plan_says_when_extract_will_not_fit_and_suggests_online(tmp_path):
     assert p.disk["online"][0]["tokens"] == 100 * 64
     assert "runs the target online: no features written (offline: ~" in "\n".join(
         disk.render(p.disk))
+
+
+def test_estimate_reads_gzip_and_zstd_data(tmp_path):
+    """A compressed data file (recognised by its magic bytes, as jobs/records.py reads it) is
+    estimated from its decompressed head: the same figures as the plain file when read whole;
+    its text size from the head's compression ratio when not."""
+    import gzip
+    _write(tmp_path / "d.jsonl", [80, 400] * 10)
+    plain = disk.estimate(_spec(tmp_path, tmp_path / "d.jsonl"))
+    gz = tmp_path / "d.data"  # any name
+    gz.write_bytes(gzip.compress((tmp_path / "d.jsonl").read_bytes()))
+    e = disk.estimate(_spec(tmp_path, gz))
+    assert {k: e[k] for k in ("tokens", "samples", "bytes")} == \
+        {k: plain[k] for k in ("tokens", "samples", "bytes")}
+    assert "(gzip)" in e["method"]
+    big = tmp_path / "big.jsonl"
+    _write(big, [400] * 20_000)  # ~9 MB of text: more than READ_BYTES
+    bgz = tmp_path / "big.jsonl.gz"
+    bgz.write_bytes(gzip.compress(big.read_bytes()))
+    head, size, whole, kind = disk.read_head(bgz)
+    assert kind == "gzip" and not whole and len(head) == disk.READ_BYTES
+    assert abs(size - big.stat().st_size) < 0.1 * big.stat().st_size
+    assert disk.estimate(_spec(tmp_path, bgz))["samples"] == pytest.approx(20_000, rel=0.1)
+    z = tmp_path / "d.jsonl.zst"
+    z.write_bytes(b"\x28\xb5\x2f\xfd" + b"\0" * 16)
+    try:
+        import zstandard  # noqa: F401
+    except ImportError:
+        e = disk.estimate(_spec(tmp_path, z))
+        assert "zstandard" in e["error"] and e["bytes_per_token"] == 4617

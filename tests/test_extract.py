@@ -386,13 +386,14 @@ def test_regenerate_then_extract_reads_it(smollm2, tmp_path):
     convs = [[{"from": "human", "value": "What is 2+2?"}, {"from": "gpt", "value": "five"},
               {"from": "human", "value": "And 3+3?"}, {"from": "gpt", "value": "seven"}],
              [{"from": "human", "value": "Name a color."}, {"from": "gpt", "value": "cat"}]]
-    data.write_text("".join(json.dumps({"conversations": c}) + "\n" for c in convs))
+    data.write_text("".join(json.dumps({"conversations": c}) + "\n{broken\n" for c in convs))
     spec = load_spec(data={
         "name": "r", "work_dir": str(tmp_path / "w"),
         "target": {"path": str(smollm2[0].config.name_or_path or "x"), "device": "cpu",
                    "num_hidden_layers": 30, "hidden_size": 576, "vocab_size": 49152},
         "drafter": {"aux_layer_ids": AUX, "draft_vocab_size": 1024},
-        "data": {"source": "jsonl", "path": str(data), "max_length": 128},
+        "data": {"source": "jsonl", "path": str(data), "max_length": 128,
+                 "max_bad_fraction": 0.5},
         "stages": {"regenerate": {"max_new_tokens": 6, "batch_size": 1},
                    "extract": {"batch_tokens": 512, "shard_samples": 8}}}, check_target=False)
     rdir = tmp_path / "regen"
@@ -424,6 +425,12 @@ def test_regenerate_then_extract_reads_it(smollm2, tmp_path):
         mp.setattr("jobs.target.load_target", lambda *a, **k: smollm2)
         em = ex.run(ectx)
     assert em["samples"] == 2
+    # the drop report of both stages lands in the metrics (dropped/<reason>, bad_fraction)
+    from runner.store import Store
+    st = Store(tmp_path / "r.duckdb")
+    rows = {(r[0], r[1]) for r in st.query("SELECT stage, name FROM metrics")[1]}
+    assert {("regenerate", "bad_fraction"), ("extract", "bad_fraction"),
+            ("regenerate", "dropped/malformed")} <= rows
     feats = open_features(ectx.out_dir, AUX, 1728)
     s = feats.sample(1)
     ids = s.input_ids[s.loss_mask.bool()].tolist()

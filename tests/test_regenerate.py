@@ -123,8 +123,26 @@ def test_no_bench_prompt_enters_training_data(tmp_path, sharegpt_path):
     assert "real-000003" in {j.id for j in jobs}  # the clean one stays
     assert not {"real-000000", "real-000001", "real-000002"} & {j.id for j in jobs}
     for j in jobs:  # nothing of a bench set survives, by the guard's own normalised test
-        assert not any(guard.contaminated(u["content"]) for u in j.users)
+        assert not any(guard.contaminated(t["content"]) for step in j.steps for t in step)
     assert normalize(mt) in guard.exact and guard.size > 80 + 164
+
+
+def test_tool_and_system_turns_stay_as_context():
+    """Only plain assistant answers are rewritten; system turns (first or later), tool calls and
+    tool results stay in the prompt of the next answer; max_turns counts answers."""
+    from jobs.regenerate import context_steps, real_conversations
+    call = {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}]}
+    conv = [{"role": "system", "content": "S"}, {"role": "user", "content": "u1"}, call,
+            {"role": "tool", "content": "12 C"}, {"role": "assistant", "content": "a1"},
+            {"role": "system", "content": "S2"}, {"role": "user", "content": "u2"},
+            {"role": "assistant", "content": "a2"}, {"role": "assistant", "content": "left",
+                                                      "reasoning_content": "r"}]
+    assert context_steps(conv) == [conv[:4], conv[5:7]]
+    jobs, rep = real_conversations([conv], RegenerateStage(), None)
+    assert jobs[0].steps == [conv[:4], conv[5:7]] and jobs[0].messages == []
+    jobs, rep = real_conversations([conv], RegenerateStage(max_turns=1), None)
+    assert jobs[0].steps == [conv[:4]] and rep["cut_max_turns"] == 1
 
 
 def _spec_dir(tmp_path, template: bool) -> Path:
@@ -132,8 +150,7 @@ def _spec_dir(tmp_path, template: bool) -> Path:
     d.mkdir()
     (d / "config.json").write_text(json.dumps({
         "model_type": "llama", "num_hidden_layers": 8, "hidden_size": 64, "vocab_size": 128,
-        "max_position_embeddings": 512, "num_attention_heads": 4,
-        "intermediate_size": 128}))
+        "max_position_embeddings": 512, "num_attention_heads": 4, "intermediate_size": 128}))
     cfg = {"chat_template": "{{ messages }}"} if template else {}
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
     return d

@@ -18,6 +18,9 @@ arg_groups/speculative_hook.py, model_executor/model_runner.py):
 - the environment variable SGLANG_SIMULATE_ACC_LEN > 0 replaces the measured acceptance with a
   simulated one (every version); SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 turns the refusal of
   a --context-length above the draft's max_position_embeddings into a silent stretch.
+- no steps / topk / draft tokens at all: SGLang picks them from the target's
+  `architectures[0]` (`auto_speculative_params`; read in 0.5.6 server_args.py
+  auto_choose_speculative_params).
 
 The environment: a server line may start with `VAR=value` words, or `env VAR=value ...`, as a
 shell would run it; those are the server's environment here (the inspecting process's own
@@ -40,12 +43,32 @@ VERSIONED_FLAGS = ("--speculative-draft-model-quantization", "--speculative-draf
 SIMULATE = "SGLANG_SIMULATE_ACC_LEN"
 STRETCH = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 
+# auto_choose_speculative_params (0.5.6 server_args.py): (3, 1, 4) for these architectures[0],
+# (5, 4, 8) for LlamaForCausalLM and every other one. A GGUF header has no architectures: its
+# general.architecture (runner/target_config.py's model_type) names the same graphs.
+AUTO_CHAIN_ARCHS = ("DeepseekV32ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM",
+                    "GptOssForCausalLM", "BailingMoeForCausalLM", "BailingMoeV2ForCausalLM")
+_AUTO_CHAIN_GGUF = ("deepseek2", "gpt-oss", "bailingmoe", "bailingmoe2")
+AUTO_CHAIN, AUTO_TREE = (3, 1, 4), (5, 4, 8)
+
 
 @dataclass
 class ServerLine:
     env: dict = field(default_factory=dict)  # leading VAR=value words
     flags: dict = field(default_factory=dict)  # --flag -> value ("" for a bare flag); last wins
     error: str | None = None  # why the line cannot be read
+
+
+def auto_speculative_params(cfg) -> tuple[int, int, int]:
+    """(num_steps, eagle_topk, num_draft_tokens) SGLang chooses for a server line that gives none,
+    from the target's config dict (config.json, or runner.target_config's view of a GGUF header):
+    AUTO_CHAIN when architectures[0] is in AUTO_CHAIN_ARCHS (Kimi-K2 is a DeepseekV3ForCausalLM),
+    else AUTO_TREE. Source: 0.5.6 server_args.py auto_choose_speculative_params. Never raises."""
+    cfg = cfg if isinstance(cfg, dict) else {}
+    archs = cfg.get("architectures")
+    if isinstance(archs, list) and archs and isinstance(archs[0], str):
+        return AUTO_CHAIN if archs[0] in AUTO_CHAIN_ARCHS else AUTO_TREE
+    return AUTO_CHAIN if cfg.get("model_type") in _AUTO_CHAIN_GGUF else AUTO_TREE
 
 
 def parse_server_line(line) -> ServerLine:

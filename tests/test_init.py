@@ -1,0 +1,167 @@
+"""`runner init`: a Llama-3.1-8B-like and a Qwen3-8B-like folder (config.json + tokenizer files
+built in the test, tests/chat_helpers.py) give commented specs that validate and plan; the family
+defaults, the draft vocab rule, the disk estimate, and clear refusals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from chat_helpers import make_target
+from runner.cli import main
+from runner.errors import InitError
+from runner.drafts.server import auto_speculative_params
+from runner.init import build, draft_vocab_size_for
+from runner.plan import build_plan
+from runner.spec.load import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def chats(path: Path, n: int = 20) -> Path:
+    path.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}) + "\n"
+        for i in range(n)))
+    return path
+
+
+@pytest.mark.parametrize("family,want", [
+    ("llama3.1-8b", {"aux": [1, 15, 28], "tmpl": "llama3", "vocab": 32000, "L": 32}),
+    ("qwen3-8b", {"aux": [1, 17, 32], "tmpl": "qwen", "vocab": 32000, "L": 36}),
+])
+def test_init_writes_a_spec_that_validates_and_plans(tmp_path, monkeypatch, capsys, family, want):
+    monkeypatch.chdir(tmp_path)
+    target = make_target(tmp_path / family, family)
+    data = chats(tmp_path / "chats.jsonl")
+    assert main(["init", "--target", str(target), "--data", str(data), "--out", "s.yaml"]) == 0
+    text = (tmp_path / "s.yaml").read_text()
+    assert "# " in text and "Offline features: (3 aux + 1 last) x 4096 x 2 bytes + 9 (id, " \
+        "mask) = 32,777 B per token" in text  # runner/disk.py's figure, as plan prints it
+    raw = yaml.safe_load(text)
+    assert raw["target"]["chat_template"] == want["tmpl"]
+    assert raw["drafter"]["aux_layer_ids"] == want["aux"]
+    assert raw["data"] == {"source": "jsonl", "path": str(data), "max_length": 2048,
+                           "holdout": 0, "max_bad_fraction": 0.01}
+    assert raw["stages"]["bench"]["configs"] == [  # SGLang's auto choice, then a chain
+        {"num_steps": 5, "eagle_topk": 4, "num_draft_tokens": 8},
+        {"num_steps": 5, "eagle_topk": 1, "num_draft_tokens": 6}]
+    assert raw["stages"]["train"]["features"] == "offline" and "extract" in raw["stages"]
+    spec = load_spec(tmp_path / "s.yaml")
+    assert spec.num_layers == want["L"] and spec.drafter.draft_vocab_size == want["vocab"]
+    assert spec.feature_width == 3 * 4096
+    plan = build_plan(spec)
+    assert [p.stage for p in plan.stages] == ["extract", "train", "export", "bench"]
+    # a tolerance is no part of a cache key: changing it reruns nothing
+    looser = build_plan(load_spec(tmp_path / "s.yaml", ["data.max_bad_fraction=0.5"]))
+    assert [p.key for p in looser.stages] == [p.key for p in plan.stages]
+    assert main(["validate", "s.yaml"]) == 0
+    assert main(["plan", "s.yaml"]) == 0
+    out = capsys.readouterr()
+    assert "disk: extract writes ~" in out.out and "x 32,777 B" in out.out  # plan's estimate
+    assert "wrote s.yaml" in out.err
+    # an existing output is kept unless --force
+    assert main(["init", "--target", str(target), "--out", "s.yaml"]) == 1
+    assert "pass --force" in capsys.readouterr().err
+    assert main(["init", "--target", str(target), "--out", "s.yaml", "--force"]) == 0
+
+
+def test_deepseek_family_without_tokenizer(tmp_path, capsys):
+    """A Kimi-K2 / DeepSeek-V3-like config: SGLang's 3/1/4 auto choice, aux [1, 29, 57], and no
+    chat template found -> auto with a warning (the spec still validates)."""
+    d = tmp_path / "Kimi-K2"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2",
+        "num_hidden_layers": 61, "hidden_size": 7168, "vocab_size": 163840,
+        "num_attention_heads": 64, "num_key_value_heads": 64, "intermediate_size": 18432,
+        "max_position_embeddings": 262144}))
+    assert main(["init", "--target", str(d), "--json"]) == 0
+    out = capsys.readouterr()
+    facts = json.loads(out.out)
+    assert facts["bench"] == {"num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}
+    assert facts["aux_layer_ids"] == [1, 29, 57] and facts["chat_template"] == "auto"
+    assert facts["draft_vocab_size"] == 32000 and facts["estimate"]["bytes_per_token"] == 57353
+    assert "no chat template found" in out.err
+    raw = yaml.safe_load(facts["spec_text"])
+    assert len(raw["stages"]["bench"]["configs"]) == 1
+    load_spec(data=raw)
+
+
+def test_draft_vocab_rule_and_families():
+    assert draft_vocab_size_for(128256, 4096) == 32000  # Llama 3: SpecForge's 32000
+    assert draft_vocab_size_for(151936, 896) == 16000  # Qwen2.5-0.5B: SpecForge's 16000
+    assert draft_vocab_size_for(49152, 576) == 16000  # SmolLM2
+    assert draft_vocab_size_for(32000, 4096) == 16000  # Llama 2 / Mistral-size vocabularies
+    assert draft_vocab_size_for(8000, 512) == 8000  # never above the vocabulary
+    chain = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"],
+             "num_hidden_layers": 24}
+    assert auto_speculative_params(chain) == (3, 1, 4)
+    assert auto_speculative_params({"model_type": "deepseek2"}) == (3, 1, 4)  # a GGUF header
+    # 0.5.6 server_args.py: GLM4-MoE is not in auto_choose_speculative_params's chain list
+    assert auto_speculative_params({"architectures": ["Glm4MoeForCausalLM"]}) == (5, 4, 8)
+    assert auto_speculative_params({"architectures": ["Qwen2ForCausalLM"]}) == (5, 4, 8)
+
+
+def test_large_estimate_trains_online(tmp_path):
+    """Features above 200 GB (or the free space): the spec trains online, has no extract, keeps
+    the offline lines as a comment, and validates and plans."""
+    big = tmp_path / "big.jsonl"
+    chats(big, 60_000)  # ~4 MiB of real records at the head (the estimate reads those) ...
+    with open(big, "r+b") as f:  # ... then a sparse 64 GiB: ~10^9 records x 32 KiB
+        f.truncate(2**36)
+    text, facts = build(str(make_target(tmp_path / "l", "llama3.1-8b")), str(big))
+    assert facts["estimate"]["bytes"] > 2**40 and facts["features"] == "online"
+    raw = yaml.safe_load(text)
+    assert raw["stages"]["train"]["features"] == "online" and "extract" not in raw["stages"]
+    assert "#   extract:" in text and "train.features: offline" in text
+    plan = build_plan(load_spec(data=raw))
+    assert [p.stage for p in plan.stages] == ["train", "export", "bench"]
+    assert plan.disk["online"] and not plan.disk["extract"]
+
+
+def test_init_refuses_unreadable_targets(tmp_path):
+    with pytest.raises(InitError, match="does not exist"):
+        build(str(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InitError, match="without config.json or a .gguf"):
+        build(str(tmp_path / "empty"))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    with pytest.raises(InitError, match="not readable JSON"):
+        build(str(bad))
+    (bad / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 768}))
+    with pytest.raises(InitError, match="no usable num_hidden_layers, vocab_size"):
+        build(str(bad))
+    g = tmp_path / "m.gguf"
+    g.write_bytes(b"GGUF" + b"\xff" * 40)
+    with pytest.raises(InitError, match="GGUF"):
+        build(str(g))
+    with pytest.raises(InitError, match="--data .*does not exist"):
+        build(str(make_target(tmp_path / "t", "qwen3-8b")), str(tmp_path / "no.jsonl"))
+
+
+def test_init_on_the_smollm2_gguf(smollm2_path):
+    text, facts = build(str(smollm2_path))
+    assert facts["chat_template"] == "chatml" and facts["aux_layer_ids"] == [1, 14, 26]
+    assert facts["draft_vocab_size"] == 16000 and "tokenizer.chat_template" in text
+    load_spec(data=yaml.safe_load(text))
+
+
+def test_init_help_and_no_torch(tmp_path):
+    target = make_target(tmp_path / "q", "qwen3-8b")
+    code = ("import sys, runner.cli as c\n"
+            f"assert c.main(['init', '--target', {str(target)!r}]) == 0\n"
+            "heavy = sorted(m for m in ('torch', 'transformers', 'jinja2') if m in sys.modules)\n"
+            "print('HEAVY', heavy, file=sys.stderr)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "HEAVY []" in r.stderr and yaml.safe_load(r.stdout)["name"] == "q-eagle3"
+    r = subprocess.run([sys.executable, "-m", "runner", "init", "--help"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert "examples:" in r.stdout and "--data" in r.stdout
