@@ -22,16 +22,25 @@ and turn. A conversation stops at the turn whose prompt alone reaches data.max_l
 when that is its first turn), or where the target answers with nothing; counted. Output
 (jobs/regen_store.py): gzip JSONL shards, atomic, resumed after a kill without duplicates or
 losses; the extract stage reads them with regen_store.read_conversations.
+
+A time budget (`max_minutes`, over synthesis and answering together): once it has passed, no new
+generation request starts; a conversation in flight keeps the turns answered (the rest cut,
+`cut_time_budget`) and one never started ends as a dropped record (`dropped_time_budget`). With
+a budget the conversations start in a seeded shuffled order (real and synthetic mixed), so what
+fits is a uniform sample of the data; without one, the longest start first (no long tail).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import random
+import time
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Optional
 
 import torch
 
@@ -117,10 +126,25 @@ def make_generator(target, params, max_length: int, compile_backend=None) -> Gen
                      kernels=params.kernels)
 
 
-def synthesize(gen: Generator, tok, params, guard, progress=True) -> tuple[list, dict]:
+class Budget:
+    """The stage's time budget: `over()` is True once `minutes` have passed since it was made
+    (never when minutes is None). clock: seconds (time.monotonic; a test passes its own)."""
+
+    def __init__(self, minutes: Optional[float], clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.end = None if minutes is None else clock() + 60.0 * minutes
+
+    def over(self) -> bool:
+        return self.end is not None and self.clock() >= self.end
+
+
+def synthesize(gen: Generator, tok, params, guard, progress=True,
+               budget: Optional[Budget] = None) -> tuple[list, dict]:
     """Magpie: params.synthetic_prompts user turns written by the target. Candidates are made in
-    up to 4 rounds (each sized by the keep rate so far) until enough survive jobs.synthetic.select.
+    up to 4 rounds (each sized by the keep rate so far) until enough survive jobs.synthetic.select,
+    or until the budget is over (no new candidate starts).
     Returns (kept [(index, text)], report {candidates, kept, dropped {reason: n}, tokens, seconds})."""
+    budget = budget or Budget(None)
     from tqdm import tqdm
     from jobs.synthetic import select, user_turn_prefix
     prefix, stop = user_turn_prefix(tok)
@@ -132,7 +156,8 @@ def synthesize(gen: Generator, tok, params, guard, progress=True) -> tuple[list,
         n = min(math.ceil((want - len(kept)) / max(rate, 0.05) * 1.2) + 8, 20 * want)
         first = len(cands)
         reqs = (Request(i, prefix, params.synthetic_max_tokens,
-                        seed_of(params.seed, "syn-candidate", i)) for i in range(first, first + n))
+                        seed_of(params.seed, "syn-candidate", i)) for i in range(first, first + n)
+                if not budget.over())
 
         def done(r):
             cands.append((r.key, tok.decode(r.tokens, skip_special_tokens=True).strip(),
@@ -140,7 +165,7 @@ def synthesize(gen: Generator, tok, params, guard, progress=True) -> tuple[list,
         st = gen.run(reqs, done, params.synthetic_temperature, params.synthetic_top_p, stop, bar)
         tokens, secs = tokens + st["new_tokens"], secs + st["seconds"]
         kept, drops = select(cands, guard, want)
-        if len(kept) >= want:
+        if len(kept) >= want or budget.over():
             break
     bar.close()
     return kept, {"candidates": len(cands), "kept": len(kept), "dropped": dict(drops),
@@ -166,13 +191,21 @@ def real_conversations(convs, params, guard) -> tuple[list, Counter]:
 
 
 def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: ShardWriter,
-           progress=True) -> dict:
+           progress=True, budget: Optional[Budget] = None) -> dict:
     """Answer every turn of `jobs` (Conv) on the continuous batch, writing one record per
-    conversation through `writer`. Jobs start longest first (most turns, longest first turn), so
-    the multi-turn ones do not form the tail. Returns the Generator's stats."""
+    conversation through `writer`. Without a budget, jobs start longest first (most turns,
+    longest first turn), so the multi-turn ones do not form the tail; with one, in a shuffled
+    order seeded by params.seed, and none starts once it is over (see the module docstring).
+    Returns the Generator's stats."""
     from tqdm import tqdm
     from jobs.prompts import render, render_batch
-    jobs = sorted(jobs, key=lambda j: (-len(j.users), -len(j.users[0]["content"])))
+    budget = budget or Budget(None)
+    if budget.end is None:
+        jobs = sorted(jobs, key=lambda j: (-len(j.users), -len(j.users[0]["content"])))
+    else:
+        jobs = sorted(jobs, key=lambda j: j.id)
+        random.Random(params.seed).shuffle(jobs)
+    started: set = set()
     bar = tqdm(unit="tok", desc="regenerate", disable=not progress, smoothing=0.1)
     finished = [0]
 
@@ -187,8 +220,13 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
 
     def first_turns():  # tokenised 256 at a time, in one batched call each
         for i in range(0, len(jobs), 256):
+            if budget.over():
+                return
             chunk = jobs[i:i + 256]
             for j, ids in zip(chunk, render_batch(tok, [j.messages + j.users[:1] for j in chunk])):
+                if budget.over():
+                    return
+                started.add(j.id)
                 if (r := request(j, ids)) is not None:
                     yield r
 
@@ -208,10 +246,16 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
             finished[0] += 1
             bar.set_postfix(conversations=finished[0], refresh=False)
             return None
+        if budget.over():
+            writer.add(job.record(cut="time_budget"))
+            return None
         return request(job)
 
     st = gen.run(first_turns(), done, params.temperature, params.top_p,
                  [tok.eos_token_id] if tok.eos_token_id is not None else [], bar)
+    for j in jobs:  # never started (the budget was over): every conversation ends in a record
+        if j.id not in started:
+            writer.add(j.record(dropped="time_budget"))
     writer.flush()
     bar.close()
     return st
@@ -244,9 +288,11 @@ def summarize(records: list, pre: Counter, syn: dict | None) -> dict:
 
 
 def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path, guard=None,
-               progress: bool = True, compile_backend=None) -> dict:
+               progress: bool = True, compile_backend=None,
+               clock: Callable[[], float] = time.monotonic) -> dict:
     """Regenerate `convs` (+ params.synthetic_prompts synthetic ones) into out_dir's shards,
-    resuming what an earlier run left there. target: our Llama (jobs.llama.from_hf_model).
+    resuming what an earlier run left there, within params.max_minutes (None = no budget;
+    clock: seconds, for the budget). target: our Llama (jobs.llama.from_hf_model).
     Returns the report: metrics (see summarize), generation tokens/s and sizes."""
     if not getattr(tok, "chat_template", None):
         raise StageError("target.chat_template: the target tokenizer has no chat template; "
@@ -254,6 +300,7 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     gen = make_generator(target, params, max_length, compile_backend)
+    budget = Budget(params.max_minutes, clock)
     syn, kept, syn_path = None, [], out_dir / SYNTHETIC
     if params.synthetic_prompts:
         if syn_path.is_file():  # a resumed run: the prompts were written before answering
@@ -261,7 +308,7 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
             syn = {**recs[0]["meta"], "tokens": 0, "seconds": 0.0, "resumed": True}
             kept = [(r["index"], r["content"]) for r in recs[1:]]
         else:
-            kept, syn = synthesize(gen, tok, params, guard, progress)
+            kept, syn = synthesize(gen, tok, params, guard, progress, budget)
             write_gz_jsonl(syn_path, [{"meta": syn}] +
                            [{"index": i, "content": t} for i, t in kept])
     jobs, pre = real_conversations(convs, params, guard)
@@ -270,7 +317,7 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
     writer = ShardWriter(out_dir, params.shard_conversations)
     done_ids = {r["id"] for r in writer.done}
     todo = [j for j in jobs if j.id not in done_ids]
-    st = answer(gen, tok, todo, params, max_length, writer, progress) if todo else \
+    st = answer(gen, tok, todo, params, max_length, writer, progress, budget) if todo else \
         {"new_tokens": 0, "seconds": 0.0, "prefill_tokens": 0, "reused_tokens": 0}
     records = read_records(out_dir)
     ids = [r["id"] for r in records]

@@ -231,6 +231,8 @@ class TrainRun:
     train_s: float = 0.0  # seconds in optimizer steps (eval and checkpoints excluded)
     history: list = field(default_factory=list)  # evaluations, oldest first
     pending: list = field(default_factory=list)  # (step, StepOut) not yet read on the host
+    budgeted: bool = False  # total already shrunk to stages.train.max_minutes (fit_budget)
+    budget_s: list = field(default_factory=list)  # (step, train_s) at the host reads
 
     @property
     def out(self) -> Path:
@@ -242,10 +244,11 @@ class TrainRun:
         return (self.eval_ids, "eval") if self.eval_ids else (self.train_ids, "trainset")
 
 
-def setup(ctx: StageContext, impl: Any = "best") -> TrainRun:
+def setup(ctx: StageContext, impl: Any = "spec") -> TrainRun:
     """Open the sample source (jobs/train_data.py), build (or load) the draft vocab, initialise
     the drafter (seeded by stages.train.seed), AdamW and its schedule. impl: the fast step's
-    paths ("best" = jobs/ttt_fast.py Impl.best(device)) or None (the reference objective).
+    paths ("spec" = stages.train.kernels through jobs/ttt_fast.py Impl.named; "best" =
+    Impl.best(device)) or None (the reference objective).
     Raises StageError for unusable inputs."""
     p, spec, out = ctx.params, ctx.spec, Path(ctx.out_dir)
     rank, world = D.check(ctx)
@@ -281,7 +284,10 @@ def setup(ctx: StageContext, impl: Any = "best") -> TrainRun:
     model.d2t.copy_(d2t)
     model.t2d.copy_(t2d)
     model.to(device).train()
-    impl = F.Impl.best(device) if impl == "best" else impl
+    if impl == "spec":
+        impl = F.Impl.named(p.kernels, device)
+    elif impl == "best":
+        impl = F.Impl.best(device)
     used = V.used_ids(d2t).to(device)
     if impl is not None:
         head = F.split_head(head, used)
@@ -316,6 +322,7 @@ def resume(run: TrainRun) -> None:
     _set_rng_state(st["rng"])
     run.step, run.tokens, run.train_s, run.history = (st["step"], st["tokens"], st["train_s"],
                                                       st["history"])
+    run.total, run.budgeted = st.get("total", run.total), st.get("budgeted", False)
 
 
 def checkpoint(run: TrainRun) -> None:
@@ -327,6 +334,7 @@ def checkpoint(run: TrainRun) -> None:
                         "opt": run.learner.opt.state_dict(), "sched": run.sched.state_dict(),
                         "rng": _rng_state(), "step": run.step, "tokens": run.tokens,
                         "train_s": run.train_s, "history": run.history, "fingerprint": run.fp,
+                        "total": run.total, "budgeted": run.budgeted,
                         "spec": run.ctx.spec.model_dump(mode="json")}, tmp)
     D.barrier()
 
@@ -340,6 +348,20 @@ def record_eval(run: TrainRun) -> None:
     for j, (a, lj) in enumerate(zip(r["acc_step"], r["loss_step"])):
         run.ctx.metric(f"{split}_acc_{j}", a, "fraction", step=run.step)
         run.ctx.metric(f"{split}_loss_{j}", lj, "nats", step=run.step)
+
+
+def fit_budget(run: TrainRun, budget_s: float) -> None:
+    """Shrink run.total to the steps that fit `budget_s` seconds of optimizer steps, from the
+    step time measured since the first host read (the first SYNC_EVERY steps hold the compile).
+    Deterministic for a given measured time; decided once (a resumed run keeps the decision)."""
+    first = next((st for st in run.budget_s if st[0] >= SYNC_EVERY), None)
+    if first is None or run.step <= first[0]:
+        return
+    per_step = (run.train_s - first[1]) / (run.step - first[0])
+    fit = run.step + int(max(0.0, budget_s - run.train_s) / max(per_step, 1e-9))
+    run.total, run.budgeted = max(run.step, min(run.total, fit)), True
+    print(f"train: stages.train.max_minutes = {budget_s / 60:g}: {per_step * 1000:.1f} ms per "
+          f"step -> {run.total} steps", flush=True)
 
 
 def drain(run: TrainRun) -> tuple[float, int]:
@@ -367,7 +389,7 @@ def drain(run: TrainRun) -> tuple[float, int]:
     return float(vals[:, 0].sum()), n
 
 
-def train(ctx: StageContext, stop_at: int | None = None, impl: Any = "best") -> dict:
+def train(ctx: StageContext, stop_at: int | None = None, impl: Any = "spec") -> dict:
     """Train the drafter of ctx.spec on its sample source (jobs/train_data.py); resume from
     ctx.out_dir/ckpt.pt. impl: as `setup`.
 
@@ -383,6 +405,7 @@ def train(ctx: StageContext, stop_at: int | None = None, impl: Any = "best") -> 
     D.barrier()  # every rank has looked before rank 0 may write anything below
     if done is not None:  # finished before, but the runner never finalized the artifact
         return done
+    run.sched.lr_lambdas[0] = lambda s: lr_lambda(s, ctx.params.warmup_steps, run.total)
     resume(run)
     learner, p = run.learner, ctx.params
     if learner.device.type == "cuda":
@@ -407,8 +430,13 @@ def train(ctx: StageContext, stop_at: int | None = None, impl: Any = "best") -> 
         if log or ckpt or run.step % SYNC_EVERY == 0:
             loss_sum, n = drain(run)  # the host sync: the steps so far are done
             run.train_s += time.perf_counter() - t0
+            run.budget_s.append((run.step, run.train_s))
             run_loss, run_n = run_loss + loss_sum, run_n + n
             bar.set_postfix(loss=f"{loss_sum / max(n, 1):.3f}", gnorm=f"{float(out.gnorm):.2f}")
+            if p.max_minutes and not run.budgeted and run.step >= 2 * SYNC_EVERY:
+                fit_budget(run, p.max_minutes * 60)
+                bar.total = run.total
+                log = log or run.step == run.total
             if log:
                 ctx.metric("train_loss", run_loss / run_n, "nats", step=run.step)
                 ctx.metric("lr", run.sched.get_last_lr()[0], "", step=run.step)
@@ -430,7 +458,8 @@ def finish(run: TrainRun) -> dict:
     peak, peak_kind = _peak_mem_mib(learner.device)
     last = run.history[-1]
     summary = {"final_loss": (last["loss"], "nats"), "train_steps": (run.step, "steps"),
-               "train_samples": (len(run.train_ids), "samples"),
+               "train_samples": (min(len(run.train_ids), run.step * run.ctx.params.batch_size),
+                                 "samples"),  # the samples trained on (< all: max_steps/budget)
                "tokens_per_s": (run.tokens / run.train_s if run.train_s else 0.0, "tok/s"),
                "peak_mem_mib": (peak, "MiB"),
                "draft_vocab_coverage": (run.vstats["coverage"], "fraction"),

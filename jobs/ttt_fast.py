@@ -184,6 +184,20 @@ class Impl(NamedTuple):
     compile: str | None = None
 
     @classmethod
+    def named(cls, name: str, device) -> "Impl | None":
+        """The paths of stages.train.kernels: "auto" = best(device), "triton" / "flex" (Triton
+        CE, compiled on CUDA), "torch" (PyTorch references, compiled on CUDA), "reference" =
+        None (jobs/ttt.py's plain objective). Raises ValueError for another name."""
+        cuda = torch.device(device).type == "cuda"
+        comp = "inductor" if cuda else None
+        paths = {"auto": None, "triton": cls("triton", "triton", comp),
+                 "flex": cls("flex", "triton", comp), "torch": cls("torch", "torch", comp),
+                 "reference": None}
+        if name not in paths:
+            raise ValueError(f"stages.train.kernels = {name!r}: expected one of {list(paths)}")
+        return cls.best(device) if name == "auto" else paths[name]
+
+    @classmethod
     def best(cls, device) -> "Impl":
         """Triton attention and CE, compiled, on CUDA; the PyTorch references on the CPU."""
         if torch.device(device).type == "cuda":

@@ -43,6 +43,12 @@ class RegenerateStage(Strict):
                                      "null = every turn, each conditioned on the target's own "
                                      "earlier answers.")
     seed: int = Field(0, description="Sampling seed (per conversation and turn).")
+    max_minutes: Optional[float] = Field(None, gt=0, description=(
+        "A time budget for the stage's generation (synthetic prompts and answers): once it has "
+        "passed no new request starts; conversations in flight keep their answered turns "
+        "(cut_time_budget), those never started are counted (dropped_time_budget). With a "
+        "budget conversations start in a seeded shuffled order, so what fits is a uniform "
+        "sample; null = everything, longest first."))
     synthetic_prompts: int = Field(0, ge=0, description="Also answer N user turns the target "
                                    "writes itself from its chat template's user-turn prefix "
                                    "(Magpie); degenerate and duplicate ones are dropped, counted.")
@@ -79,6 +85,11 @@ class TrainStage(Strict):
                                        "samples (data-scaling sweeps); null = all.")
     epochs: float = Field(1.0, gt=0, description="Passes over the training samples.")
     max_steps: Optional[int] = Field(None, ge=1, description="Stop after this many optimizer steps.")
+    max_minutes: Optional[float] = Field(None, gt=0, description=(
+        "A time budget for the optimizer steps (eval and checkpoints excluded): once the step "
+        "time is measured (after the first 64 steps, compilation included in them), the run's "
+        "step count shrinks to what fits, and the cosine schedule with it; train_metrics.json "
+        "records the steps run and train_samples counts only the samples trained on."))
     batch_size: int = Field(4, ge=1, description="Samples per optimizer step.")
     lr: float = Field(1e-4, gt=0, description="Peak AdamW learning rate.")
     warmup_steps: int = Field(20, ge=0, description="Linear warmup, then cosine decay to 0.")
@@ -88,6 +99,11 @@ class TrainStage(Strict):
     eval_samples: int = Field(8, ge=0, description="Held-out extracted samples for evaluation.")
     checkpoint_every: int = Field(100, ge=1, description="Steps between checkpoints.")
     seed: int = Field(0, description="Initialisation and shuffling seed.")
+    kernels: Literal["auto", "triton", "flex", "torch", "reference"] = Field("auto", description=(
+        "The training step: auto = triton on CUDA, torch on CPU; triton = the fast step with "
+        "Triton TTT attention and the fused soft CE (kernels/); flex = flex_attention instead of "
+        "the Triton attention; torch = the fast step (packing, draft-vocab logits) on PyTorch "
+        "references; reference = the plain K-step objective (jobs/ttt.py), the slow baseline."))
     features: Literal["offline", "online"] = Field("offline", description=(
         "Where the aux hidden states come from. offline = the extract stage's features on disk "
         "((3 aux + 1 last) x hidden x dtype bytes per token: `runner plan` estimates them); "

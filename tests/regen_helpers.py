@@ -30,13 +30,13 @@ def conversations(n: int = 30) -> list:
     return out
 
 
-def params():
+def params(**kw):
     from runner.stages import RegenerateStage
-    return RegenerateStage(max_new_tokens=5, batch_size=3, shard_conversations=4,
-                           synthetic_prompts=5, synthetic_max_tokens=4, seed=0)
+    return RegenerateStage(**{"max_new_tokens": 5, "batch_size": 3, "shard_conversations": 4,
+                              "synthetic_prompts": 5, "synthetic_max_tokens": 4, "seed": 0, **kw})
 
 
-def run(out: Path, kill_after: int | None = None) -> dict:
+def run(out: Path, kill_after: int | None = None, clock=None, **kw) -> dict:
     import torch
     import jobs.synthetic as syn
     from engine_helpers import tiny_hf_llama
@@ -61,7 +61,9 @@ def run(out: Path, kill_after: int | None = None) -> dict:
     target = from_hf_model(tiny_hf_llama(vocab=49152, hidden=32, layers=2, heads=4, kv=2))
     tok = load_tokenizer(asset_path("smollm2"))
     try:
-        return regenerate(target, tok, conversations(), params(), 96, out, progress=False)
+        extra = {} if clock is None else {"clock": clock}
+        return regenerate(target, tok, conversations(), params(**kw), 96, out, progress=False,
+                          **extra)
     finally:  # in-process callers (tests) get the module and thread count back
         syn.degenerate = degenerate
         torch.set_num_threads(threads)

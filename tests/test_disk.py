@@ -14,10 +14,21 @@ from runner.spec.load import load_spec
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
 
+def _model_dir(tmp_path):
+    """A target folder that exists (the plan checks input paths); the shape is declared."""
+    d = tmp_path / "model"
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "llama", "num_hidden_layers": 30, "hidden_size": 576, "vocab_size": 49152,
+        "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
+        "max_position_embeddings": 8192}))
+    return d
+
+
 def _spec(tmp_path, data_path, stages=None, **data):
     return load_spec(data={
         "name": "d", "work_dir": str(tmp_path / "work"),
-        "target": {"path": "/nonexistent", "num_hidden_layers": 30, "hidden_size": 576,
+        "target": {"path": str(_model_dir(tmp_path)), "num_hidden_layers": 30, "hidden_size": 576,
                    "vocab_size": 49152, "dtype": "bfloat16"},
         "drafter": {"draft_vocab_size": 1024, "aux_layer_ids": [1, 14, 26]},
         "data": {"source": "jsonl", "path": str(data_path), "max_length": 64, **data},

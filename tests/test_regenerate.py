@@ -47,6 +47,21 @@ def test_kill_mid_way_then_resume_equals_an_uninterrupted_run(tmp_path):
     assert len(keep) == info["records"] - info["dropped"] and all("messages" in k for k in keep)
 
 
+def test_time_budget_keeps_what_fits_and_accounts_for_the_rest(tmp_path):
+    """max_minutes on a clock that advances 1 s per reading: generation stops starting
+    requests once the budget is over; every conversation still ends in exactly one record
+    (answered, cut or dropped by time_budget), and without a budget nothing is dropped so."""
+    ticks = iter(range(10**6))
+    m = regen_helpers.run(tmp_path / "b", clock=lambda: float(next(ticks)), max_minutes=20 / 60)
+    recs = read_records(tmp_path / "b")
+    assert len({r["id"] for r in recs}) == len(recs) == 35  # 30 real + 5 synthetic
+    assert m["dropped_time_budget"] > 0 and m["conversations"] > 0
+    assert m["conversations"] + m["dropped_time_budget"] <= 35
+    assert sum(r["dropped"] == "time_budget" for r in recs) == m["dropped_time_budget"]
+    full = regen_helpers.run(tmp_path / "full")
+    assert not any(k.endswith("time_budget") for k in full) and full["conversations"] == 35
+
+
 def test_render_batch_equals_render(smollm2_tokenizer):
     """The batched prompt tokenisation of the regenerate stage gives render()'s ids."""
     from jobs.prompts import render, render_batch
@@ -117,7 +132,8 @@ def _spec_dir(tmp_path, template: bool) -> Path:
     d.mkdir()
     (d / "config.json").write_text(json.dumps({
         "model_type": "llama", "num_hidden_layers": 8, "hidden_size": 64, "vocab_size": 128,
-        "max_position_embeddings": 512, "num_attention_heads": 4}))
+        "max_position_embeddings": 512, "num_attention_heads": 4,
+        "intermediate_size": 128}))
     cfg = {"chat_template": "{{ messages }}"} if template else {}
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
     return d

@@ -293,3 +293,20 @@ def test_non_finite_loss_fails_naming_the_step_and_its_samples(tmp_path):
                                          rf"\[{ids[0]}, {ids[1]}\]"):
         train(train_ctx(spec, ex, tmp_path / "o", tmp_path / "r.duckdb"))
     assert not (tmp_path / "o" / "ckpt.pt").exists()
+
+
+def test_time_budget_shrinks_the_run_and_counts_the_samples_trained_on(extract_dir, tmp_path):
+    """stages.train.max_minutes: after the first 64 steps the step time is measured and the run
+    stops where the budget ends (a budget of ~0 s: right there), the schedule and the summary
+    follow; train_samples counts the samples trained on, not the whole set."""
+    spec = train_spec(epochs=100.0, batch_size=1, eval_every=1000, checkpoint_every=1000,
+                      max_minutes=1e-6)
+    summary = train(train_ctx(spec, extract_dir, tmp_path / "a", tmp_path / "r.duckdb"))
+    steps = summary["train_steps"][0]
+    assert 2 * 32 <= steps < 100 * 4  # stopped at the budget, far before 100 epochs
+    whole = train(train_ctx(train_spec(epochs=1.0, batch_size=1), extract_dir, tmp_path / "b",
+                            tmp_path / "r.duckdb"))["train_samples"][0]  # one epoch: all of them
+    assert summary["train_samples"][0] == min(whole, steps) and whole > 3
+    cut = train(train_ctx(train_spec(max_steps=3, batch_size=1), extract_dir, tmp_path / "c",
+                          tmp_path / "r.duckdb"))
+    assert cut["train_steps"][0] == 3 and cut["train_samples"][0] == 3

@@ -226,3 +226,14 @@ def test_gpu_fast_step_has_no_host_sync_and_bf16_loss_is_close():
         ref, _ = TR.ttt_loss(m, b, TR.target_dist(b["tgt_hidden"], head, used, m.t2d, 1e-5), 4,
                              0.8)
     assert float(loss2.detach()) == pytest.approx(float(ref), rel=2e-2)
+
+
+def test_train_kernels_setting_names_the_step():
+    """stages.train.kernels -> the step's paths: reference = the plain objective (None), auto =
+    the best paths of the device, the others as named; a bad name is refused."""
+    assert FT.Impl.named("reference", "cpu") is None
+    assert FT.Impl.named("auto", "cpu") == FT.Impl.best("cpu") == FT.Impl()
+    assert FT.Impl.named("flex", "cpu") == FT.Impl("flex", "triton", None)
+    assert FT.Impl.named("torch", "cpu") == FT.Impl("torch", "torch", None)
+    with pytest.raises(ValueError, match="stages.train.kernels"):
+        FT.Impl.named("cuda", "cpu")
