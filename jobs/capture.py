@@ -22,22 +22,13 @@ from typing import Any, NamedTuple
 import torch
 
 from jobs import dist as D
+from jobs.target import decoder_parts, input_device, text_config, weight
 from runner.drafts.families import target_family
 from runner.drafts.layout import to_hf_indices
 from runner.drafts.rules import model_aux_problem
 from runner.errors import StageError
 from runner.files import atomic_write
 from runner.stage import StageContext
-
-
-def decoder_parts(model) -> tuple[torch.nn.Module, torch.nn.ModuleList, torch.nn.Module]:
-    """(base model, decoder layers, final norm) of a transformers *ForCausalLM."""
-    base = getattr(model, getattr(model, "base_model_prefix", "model"), None) or model.model
-    layers, norm = getattr(base, "layers", None), getattr(base, "norm", None)
-    if layers is None or norm is None:
-        raise StageError(f"target architecture {type(model).__name__}: no `layers`/`norm` on its "
-                         "base model; only Llama-style decoders are supported")
-    return base, layers, norm
 
 
 def check_aux_ids(model, aux_ids: list[int]) -> None:
@@ -51,16 +42,21 @@ def check_aux_ids(model, aux_ids: list[int]) -> None:
 
 
 @torch.inference_mode()
-def capture(model, batch: list[list[int]], aux_ids: list[int],
-            pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def capture(model, batch: list[list[int]], aux_ids: list[int], pad_id: int = 0,
+            device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the target's decoder (no LM head) on one right-padded batch of token lists.
 
-    Returns (aux [n, T, len(aux_ids)*H], last [n, T, H]) on the model's device and dtype,
-    T = longest sample (inference tensors: copy them before autograd saves them). aux = concat
-    of decoder layer k outputs (= HF hidden_states[k+1]) for k ascending; last = the input of
-    the final norm (pre-norm last hidden). Rows past a sample's length are padding."""
+    Returns (aux [n, T, len(aux_ids)*H], last [n, T, H]) in the model's dtype on `device`
+    (default: input_device(model), where the forward starts), T = longest sample (inference
+    tensors: copy them before autograd saves them). aux = concat of decoder layer k outputs
+    (= HF hidden_states[k+1]) for k ascending; last = the input of the final norm (pre-norm last
+    hidden). Rows past a sample's length are padding. A target split over devices (accelerate,
+    jobs/target.py split_plan) hands each hook its layer's output on that layer's device; the
+    hooks copy it to `device` as it is produced, so no layer's device holds the batch's
+    captures and the result is the one-device run's, value for value."""
     base, layers, norm = decoder_parts(model)
-    dev = next(model.parameters()).device
+    dev = input_device(model)
+    out_dev = torch.device(device) if device is not None else dev
     n, T = len(batch), max(len(x) for x in batch)
     ids = torch.full((n, T), pad_id, dtype=torch.long)
     att = torch.zeros((n, T), dtype=torch.long)
@@ -71,11 +67,11 @@ def capture(model, batch: list[list[int]], aux_ids: list[int],
 
     def keep(k):
         def hook(_m, _inp, out):
-            got[k] = out[0] if isinstance(out, tuple) else out
+            got[k] = (out[0] if isinstance(out, tuple) else out).to(out_dev, non_blocking=True)
         return hook
 
     def keep_last(_m, inp):
-        got["last"] = inp[0]
+        got["last"] = inp[0].to(out_dev, non_blocking=True)
 
     hooks = [layers[k].register_forward_hook(keep(k)) for k in aux_ids]
     hooks.append(norm.register_forward_pre_hook(keep_last))
@@ -150,11 +146,11 @@ def load_target_data(ctx: StageContext) -> TargetData:
     convs, data_report = conversations(ctx)
     if world > 1:
         D.rank0_first(rank, lambda: hf_folder(spec.target))
-    model, tok, cfg = load_target(spec)
+    model, tok, cfg = load_target(spec, split=_split(ctx) if spec.target.device_map else None)
     samples, tok_report = tokenize_dataset(tok, convs, spec.target.chat_template,
                                            spec.data.max_length)
     check_aux_ids(model, list(spec.aux_ids))
-    H = model.config.hidden_size
+    H = text_config(model).hidden_size
     if spec.target.hidden_size and spec.target.hidden_size != H:
         raise StageError(f"target.hidden_size = {spec.target.hidden_size}, but the loaded model "
                          f"has hidden_size {H}")
@@ -163,12 +159,30 @@ def load_target_data(ctx: StageContext) -> TargetData:
     return TargetData(model, tok, cfg, samples, data_report, tok_report, pad)
 
 
+def _split(ctx: StageContext) -> dict:
+    """from_pretrained's device-map kwargs for this rank (jobs/target.py split_plan): its GPU
+    group (runner/placement.py replica_gpus), the activation headroom of this stage's batch and,
+    online, the drafter's state on the group's first GPU, sized from the target's config."""
+    from jobs.target import resolve_device, resolve_dtype, split_plan, target_config
+    from runner import placement as P
+    from runner.target_size import activation_bytes
+    spec = ctx.spec
+    gpus = P.replica_gpus(ctx.rank, ctx.world_size, torch.cuda.device_count()) \
+        if torch.cuda.is_available() else []
+    cfg = target_config(spec)
+    tokens, T = P.batch_shape(spec, ctx.stage, ctx.world_size)
+    act_bytes = resolve_dtype(spec.target.dtype, resolve_device(spec.target.device)).itemsize
+    headroom = activation_bytes(cfg, tokens, T, act_bytes, spec.target.attn_implementation)
+    reserve = P.drafter_state_bytes(spec, cfg) if ctx.stage == "train" else 0
+    return split_plan(spec, gpus, headroom, reserve)
+
+
 def capture_manifest(spec, td: TargetData) -> dict:
     """The manifest fields that say what was captured and from what (extract's features.json and
     the online train artifact's, jobs/features.py): layer ids in both conventions, widths,
     dtype, the target's and tokenizer's hashes, template, sample and token counts."""
     from jobs.target import config_sha256, tokenizer_sha256
-    aux_ids, H = list(spec.aux_ids), td.model.config.hidden_size
+    aux_ids, H = list(spec.aux_ids), text_config(td.model).hidden_size
     return {"aux_layer_ids": aux_ids, "hf_hidden_indices": to_hf_indices(aux_ids),
             "hidden_size": H, "feature_width": len(aux_ids) * H,
             "dtype": str(next(td.model.parameters()).dtype).removeprefix("torch."),
@@ -185,8 +199,9 @@ def write_json(path: Path, obj) -> None:
 
 
 def target_head(model) -> dict[str, torch.Tensor]:
-    """The target's frozen parts the drafter trains against, on the model's device: embed_tokens
-    [V, Ht], norm [Ht], lm_head [V, Ht] (= the embedding when tied). Views of the weights."""
-    return {"embed_tokens": model.get_input_embeddings().weight.detach(),
-            "norm": decoder_parts(model)[2].weight.detach(),
-            "lm_head": model.get_output_embeddings().weight.detach()}
+    """The target's frozen parts the drafter trains against, where the model keeps them (split:
+    each on its own device, an offloaded one in CPU memory): embed_tokens [V, Ht], norm [Ht],
+    lm_head [V, Ht] (= the embedding when tied). Views of the weights."""
+    return {"embed_tokens": weight(model.get_input_embeddings()).detach(),
+            "norm": weight(decoder_parts(model)[2]).detach(),
+            "lm_head": weight(model.get_output_embeddings()).detach()}

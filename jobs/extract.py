@@ -39,6 +39,7 @@ from jobs.capture import capture, capture_manifest, load_target_data, target_hea
 from jobs.features import FORMAT, MANIFEST
 from jobs.shards import (drop_shard, reusable_sha, sha_record, shard_index, sync_shards,
                          write_atomic, write_shard)
+from jobs.target import input_device, text_config
 from runner.errors import StageError
 from runner.files import sha256_file
 from runner.stage import StageContext
@@ -86,7 +87,7 @@ def default_writers(model) -> int:
     with an fsync per shard, since replaced by one sync_shards pass per rank).
     Several ranks on one node (LOCAL_WORLD_SIZE) split the cores unless Slurm already pinned
     this process to its share."""
-    if next(model.parameters()).is_cuda:
+    if input_device(model).type == "cuda":
         return max(1, min(12, _my_cores() - 4))
     return 1
 
@@ -155,10 +156,10 @@ def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: 
         (out_dir / f".tmp-{SHARD.format(s)}" for s in mine)  # other ranks write theirs
     for f in stale:
         f.unlink(missing_ok=True)
-    H = model.config.hidden_size
+    H = text_config(model).hidden_size
     width = len(aux_ids) * H
     dtype = next(model.parameters()).dtype
-    cuda = next(model.parameters()).is_cuda
+    cuda = input_device(model).type == "cuda"
     writers = writers or default_writers(model)
     shards, resumed, todo = [None] * len(groups), 0, []
     for s in mine:

@@ -1,8 +1,13 @@
-"""Loading the target: an HF folder or a GGUF file, on CPU (float32) or CUDA (bf16).
+"""Loading the target: an HF folder or a GGUF file, on CPU (float32) or CUDA (bf16), on one
+device or split over several (target.device_map: accelerate dispatches the layers over this
+rank's GPU group, CPU memory or disk; runner/placement.py says which GPUs and whether it fits).
 
 Public API (other stages rely on these signatures):
 
-    load_target(target, device=None, dtype=None) -> (model, tokenizer, config: dict)
+    load_target(target, device=None, dtype=None, split=None) -> (model, tokenizer, config: dict)
+    split_plan(target, gpus, headroom, first_gpu_reserve=0) -> from_pretrained kwargs (device map)
+    decoder_parts(model) -> (base, layers, norm);  input_device(model);  weight(module)
+    text_config(model) -> the language model's config (a multimodal wrapper's text_config)
     load_tokenizer(target) -> tokenizer            # no weights; fast
     hf_folder(target) -> Path                      # HF folder (converted GGUF, cached)
     target_config(target) -> dict                  # HF config dict, `architectures` set
@@ -14,8 +19,8 @@ Public API (other stages rely on these signatures):
 
 GGUF files are converted once: transformers dequantizes the GGUF into a plain float32
 LlamaForCausalLM (its `save_pretrained` refuses GGUF-loaded models, so we build the model from the
-config ourselves and load the dequantized state dict; this path also avoids the `accelerate`
-dependency of `from_pretrained(gguf_file=...)`). The result is cached as an HF folder under
+config ourselves and load the dequantized state dict, without `from_pretrained(gguf_file=...)`).
+The result is cached as an HF folder under
 `runner.files.cache_dir()/converted/<sha256[:16] of the GGUF>/` (float32 safetensors, tokenizer,
 config.json with `architectures`), written to a temp dir and renamed, so concurrent converters
 never expose a half-written folder. SmolLM2 on 2 CPU cores: ~12 s to convert, ~1.5 s afterwards.
@@ -26,7 +31,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +57,12 @@ def _target_fields(target: Any) -> tuple[Path, str, str]:
     if isinstance(target, (str, Path)):
         return expand_path(str(target)), "auto", "auto"
     return expand_path(target.path), target.dtype, target.device
+
+
+def _option(target: Any, name: str, default=None):
+    """A Target field (trust_remote_code, attn_implementation, device_map, max_memory) of a Spec
+    or Target; `default` for a bare path."""
+    return getattr(getattr(target, "target", target), name, default)
 
 
 def resolve_device(device: str | None = "auto") -> str:
@@ -173,7 +186,8 @@ def hf_folder(target: Any) -> Path:
 def load_tokenizer(target: Any):
     """The target's tokenizer (with its chat template). A GGUF is converted first (once)."""
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(hf_folder(target)))
+    trust = bool(_option(target, "trust_remote_code"))
+    return AutoTokenizer.from_pretrained(str(hf_folder(target)), trust_remote_code=trust)
 
 
 def target_config(target: Any) -> dict:
@@ -188,31 +202,222 @@ def target_config(target: Any) -> dict:
     return cfg
 
 
-def load_target(target: Any, device: str | None = None, dtype: Any = None):
+def load_target(target: Any, device: str | None = None, dtype: Any = None,
+                split: dict | None = None):
     """Load the target model for inference.
 
     target: Spec, Target or path (HF folder or .gguf). device/dtype override the spec's
     target.device/target.dtype ('auto': cuda if available; float32 on CPU, bfloat16 on CUDA).
-    Returns (model in eval mode on `device`, tokenizer, config dict). The model is a
-    transformers *ForCausalLM; `model.model.layers[k]` is decoder layer k (0-based).
-    Raises StageError for a missing/unloadable path or a CUDA request without CUDA."""
+    split: from_pretrained's device-map kwargs (split_plan) to spread the model over several
+    devices with accelerate, or None for one device. target.trust_remote_code and
+    target.attn_implementation apply either way.
+    Returns (model in eval mode (on `device`, or dispatched), tokenizer, config dict). The model
+    is a transformers *ForCausalLM (or the multimodal wrapper of one); decoder_parts finds its
+    layers. Raises StageError for a missing/unloadable path, a CUDA request without CUDA, or a
+    split that had to spill onto disk or CPU memory nobody asked for."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     _, spec_dtype, spec_device = _target_fields(target)
     dev = resolve_device(device if device is not None else spec_device)
     dt = resolve_dtype(dtype if dtype is not None else spec_dtype, dev)
     folder = hf_folder(target)
+    trust = bool(_option(target, "trust_remote_code"))
+    kw: dict = {"dtype": dt, "trust_remote_code": trust, **(split or {})}
+    if _option(target, "attn_implementation", "auto") not in (None, "auto"):
+        kw["attn_implementation"] = _option(target, "attn_implementation")
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dt)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(folder), **kw)
+        except ValueError as e:  # a multimodal wrapper (e.g. Kimi-K2.5 in transformers >= 5.2x)
+            if "Unrecognized configuration class" not in str(e):
+                raise
+            from transformers import AutoModelForImageTextToText
+            model = AutoModelForImageTextToText.from_pretrained(str(folder), **kw)
     except (OSError, ValueError) as e:
-        raise StageError(f"target.path: cannot load {folder}: {e}")
-    model.to(dev).eval()
+        hint = "" if trust or "trust_remote_code" not in str(e) else \
+            " (set target.trust_remote_code: true for a checkpoint that ships its code)"
+        raise StageError(f"target.path: cannot load {folder}: {e}{hint}")
+    if split is None:
+        model.to(dev)
+    else:
+        if split.get("offload_folder"):  # offloaded weights go when the model does
+            weakref.finalize(model, shutil.rmtree, split["offload_folder"], True)
+        _check_spill(model, split)
+    model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    tok = AutoTokenizer.from_pretrained(str(folder))
+    tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust)
     cfg = model.config.to_dict()
+    if "text_config" in cfg and "hidden_size" not in cfg:  # the text model's geometry, as
+        cfg = {**cfg["text_config"], "architectures": cfg.get("architectures"),  # target_config
+               "model_type": cfg.get("model_type")}
     if not cfg.get("architectures"):
         cfg["architectures"] = [type(model).__name__]
     return model, tok, cfg
+
+
+# ----------------------------------------------------------------------------------------------
+# a target split over devices (accelerate device maps; runner/placement.py says which GPUs)
+
+
+def decoder_parts(model) -> tuple[Any, Any, Any]:
+    """(base model, decoder layers, final norm) of a transformers *ForCausalLM or of a multimodal
+    wrapper of one (Kimi-K2.5: model.language_model / language_model.model). Raises StageError
+    when no module below the model has both `layers` and `norm`."""
+    seen, todo = set(), [model]
+    prefix = getattr(model, "base_model_prefix", "model")
+    while todo:
+        m = todo.pop(0)
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        if m is not model and getattr(m, "layers", None) is not None and \
+                getattr(m, "norm", None) is not None:
+            return m, m.layers, m.norm
+        todo += [c for name in (prefix, "model", "language_model", "text_model", "decoder")
+                 if (c := getattr(m, name, None)) is not None and len(seen) < 16]
+    raise StageError(f"target architecture {type(model).__name__}: no `layers`/`norm` on its "
+                     "base model; only Llama-style decoders are supported")
+
+
+def text_config(model):
+    """The config of the target's language model: model.config, or its text_config for a
+    multimodal wrapper (Kimi-K2.5). Has hidden_size, vocab_size, num_hidden_layers."""
+    cfg = model.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def input_device(model):
+    """The device the target's forward starts on (its embedding's execution device under an
+    accelerate device map, else its parameters' device): where input ids go and, by default,
+    where capture gathers the hidden states."""
+    emb = model.get_input_embeddings()
+    hook = getattr(emb, "_hf_hook", None)
+    if getattr(hook, "execution_device", None) is not None:
+        import torch
+        return torch.device(hook.execution_device if not isinstance(hook.execution_device, int)
+                            else f"cuda:{hook.execution_device}")
+    return emb.weight.device
+
+
+def weight(module):
+    """module.weight as a real tensor: an offloaded module (accelerate, cpu/disk) keeps it on the
+    meta device and the real one in its hook's weights_map."""
+    w = module.weight
+    if w.device.type == "meta":
+        hook = getattr(module, "_hf_hook", None)
+        wm = getattr(hook, "weights_map", None)
+        if wm is None:
+            raise StageError(f"{type(module).__name__}.weight is on the meta device and no "
+                             "offload hook holds it; map that module to a device "
+                             "(target.device_map)")
+        return wm["weight"]
+    return w
+
+
+def _names(model) -> tuple[str, list[tuple[str, bool]]]:
+    """(the decoder layers' qualified name, [(module, registered after the layers' branch)] for
+    every other child on the way from the model to them: what a layer map must also place."""
+    _, layers, _ = decoder_parts(model)
+    qual = {id(m): n for n, m in model.named_modules()}[id(layers)]
+    path, others, node = qual.split("."), [], model
+    for depth, part in enumerate(path):
+        after = False
+        for name, _child in node.named_children():
+            if name == part:
+                after = True
+            else:
+                others.append((".".join(path[:depth] + [name]), after))
+        node = getattr(node, part)
+    return qual, others
+
+
+def split_plan(target: Any, gpus: list[int], headroom: int = 0,
+               first_gpu_reserve: int = 0) -> dict:
+    """from_pretrained kwargs that split the target over the GPUs `gpus` (this rank's group,
+    runner/placement.py replica_gpus) per target.device_map:
+    - "auto": device_map "auto" (balanced; decoder layers never split) with max_memory per GPU =
+      target.max_memory (gpu / group index, GiB) or min(free, total x USABLE) - headroom (the
+      activations, runner/target_size.py) - first_gpu_reserve on gpus[0] (the drafter, online);
+      CPU memory only if target.max_memory.cpu. Without CUDA: the CPU.
+    - {layers: device}: decoder layers -> gpus[i] / cpu / disk (placement.layer_devices); the
+      modules before the layers (embedding) go with layer 0, those after (norm, lm_head) with
+      the last layer (a tied lm_head stays with the embedding it shares).
+    An offload_folder (a temp dir) is always given, so disk entries work. Raises StageError for
+    a GPU index outside the group or GPUs asked for without CUDA."""
+    import torch
+    from runner.placement import GIB, USABLE, layer_devices
+    dm, mm = _option(target, "device_map"), _option(target, "max_memory") or {}
+    off = {"offload_folder": tempfile.mkdtemp(prefix="eagle3-offload-")}
+    cuda = torch.cuda.is_available()
+    if dm == "auto":
+        budget: dict = {}
+        for j, g in enumerate(gpus if cuda else []):
+            want = mm.get(str(j), mm.get("gpu"))
+            if want is not None:
+                budget[g] = int(want * GIB)
+            else:
+                free, total = torch.cuda.mem_get_info(g)
+                budget[g] = max(0, int(min(free, total * USABLE)) - headroom
+                                - (first_gpu_reserve if j == 0 else 0))
+        if "cpu" in mm or not cuda:
+            budget["cpu"] = int(mm["cpu"] * GIB) if "cpu" in mm else _ram()
+        return {"device_map": "auto", "max_memory": budget, **off}
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+    trust = bool(_option(target, "trust_remote_code"))
+    cfg = AutoConfig.from_pretrained(str(hf_folder(target)), trust_remote_code=trust)
+    with init_empty_weights():
+        try:
+            meta = AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust)
+        except ValueError:
+            from transformers import AutoModelForImageTextToText
+            meta = AutoModelForImageTextToText.from_config(cfg, trust_remote_code=trust)
+    qual, others = _names(meta)
+    per_layer = layer_devices(dm, len(decoder_parts(meta)[1]))
+
+    def place(d):
+        if isinstance(d, str):
+            return d
+        if not cuda:
+            raise StageError(f"target.device_map maps layers to GPU {d}, but CUDA is not "
+                             "available here; map them to cpu or run on a GPU machine")
+        if d >= len(gpus):
+            raise StageError(f"target.device_map maps layers to GPU {d} of this rank's group, "
+                             f"which has {len(gpus)} GPU(s) ({gpus}); use 0..{len(gpus) - 1}")
+        return gpus[d]
+    out = {f"{qual}.{i}": place(d) for i, d in per_layer.items()}
+    first, last = place(per_layer[0]), place(per_layer[max(per_layer)])
+    out.update({name: last if after else first for name, after in others})
+    text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    head = meta.get_output_embeddings()
+    if getattr(text_cfg, "tie_word_embeddings", False) and head is not None:  # one tensor: keep
+        names = {id(m): n for n, m in meta.named_modules()}       # it where the embedding is
+        out[names[id(head)]] = first
+    return {"device_map": out, **off}
+
+
+def _ram() -> int:
+    """This machine's RAM in bytes (64 GiB when it cannot tell)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 64 << 30
+
+
+def _check_spill(model, split: dict) -> None:
+    """After a device_map "auto" load: modules on a device outside max_memory (accelerate puts
+    what does not fit on disk) mean the group's GPUs were too small. Raises StageError naming
+    the fix. An explicit map is taken as meant."""
+    if split.get("device_map") != "auto":
+        return
+    allowed = set(split.get("max_memory", {}))
+    spilled = sorted({str(d) for d in getattr(model, "hf_device_map", {}).values()} -
+                     {str(d) for d in allowed})
+    if spilled:
+        raise StageError(f"target.device_map auto: the target does not fit this rank's GPUs "
+                         f"(modules went to {', '.join(spilled)}); use fewer replicas "
+                         "(nproc_per_node), more GPUs, target.max_memory: {cpu: GiB} to offload "
+                         "to CPU memory, or a smaller batch (see `runner plan`'s memory lines)")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -82,6 +82,9 @@ def _render_plan(plan) -> str:
     if plan.disk:
         from runner.disk import render
         lines += render(plan.disk)
+    if plan.memory:
+        from runner.placement import render as render_memory
+        lines += render_memory(plan.memory)
     return "\n".join(lines)
 
 

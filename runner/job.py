@@ -20,7 +20,7 @@ from pathlib import Path
 from runner.errors import StageError
 from runner.spec.schema import Spec
 from runner.stage import StageContext, finalize, read_manifest
-from runner.stages import DATA_PARALLEL_STAGES, stage_kind, stage_module
+from runner.stages import stage_kind, stage_module, stage_nproc  # noqa: F401 (re-export)
 from runner.store import Store, now, stage_row
 from runner.verify import verify_artifact
 
@@ -78,18 +78,6 @@ def make_context(job: StageJob, rank: int = 0, world_size: int = 1) -> StageCont
                         inputs={k: Path(v) for k, v in job.inputs.items()},
                         out_dir=Path(job.partial), db_path=Path(job.db_path), rank=rank,
                         world_size=world_size)
-
-
-def stage_nproc(spec: Spec, stage: str) -> int:
-    """Ranks for `stage`: executor.nproc_per_node (or executor.stages.<stage>.nproc_per_node on
-    Slurm) for the data-parallel stages, else 1."""
-    if stage not in DATA_PARALLEL_STAGES:
-        return 1
-    ex = spec.executor
-    over = getattr(ex, "stages", {}).get(stage)
-    if over is not None and over.nproc_per_node is not None:
-        return over.nproc_per_node
-    return ex.nproc_per_node
 
 
 def lock_stage(job: StageJob):

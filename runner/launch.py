@@ -8,8 +8,9 @@ JOBFILE is a StageJob as JSON (runner/job.py). Three ways to get the ranks:
 - torchrun --nproc-per-node N -m runner.launch JOBFILE: RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* set;
 - srun / Slurm tasks (runner/slurm/task.py StageTask calls `run_rank` in each task).
 Each rank runs `run_stage(job, rank, world)`: every rank runs the stage; rank 0 alone finalizes the
-artifact and records the `stages` row. Rank r uses GPU r (LOCAL_RANK); backend "cpu:gloo,cuda:nccl"
-with CUDA, gloo without. NCCL_NVLS_ENABLE defaults to 0 (NVLink multicast off).
+artifact and records the `stages` row. Rank r uses GPU r (LOCAL_RANK), or, when the stage holds a
+target split with target.device_map, the group of GPUs r*g.. (runner/placement.py); backend
+"cpu:gloo,cuda:nccl" with CUDA, gloo without. NCCL_NVLS_ENABLE defaults to 0 (NVLink multicast off).
 
 --result gets rank 0's outcome: {"status": "done"|"failed", "metrics", "error", "stage_error",
 "rank"}; the exit code is 0 only when every rank succeeded.
@@ -29,6 +30,8 @@ from pathlib import Path
 from runner.errors import StageError
 from runner.files import atomic_write
 from runner.job import StageJob, error_text, job_row, run_stage
+from runner.placement import layout_problem, replica_gpus, splits
+from runner.spec.schema import Spec
 from runner.store import Store
 
 TIMEOUT_MIN = float(os.environ.get("EAGLE3_DIST_TIMEOUT_MIN", "60"))  # barrier / collective limit
@@ -39,20 +42,23 @@ def _backend() -> str:
     return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_rank(rank: int, world: int, local_rank: int, init_method: str | None = None) -> None:
+def init_rank(rank: int, world: int, local_rank: int, init_method: str | None = None,
+              split: bool = False) -> None:
     """Join the process group (env:// unless init_method) and pin this rank's GPU and threads.
+    split: each rank holds a target split over a group of GPUs (runner/placement.py
+    replica_gpus); its current device is the group's first.
 
-    Raises StageError when there are fewer visible GPUs than local ranks."""
+    Raises StageError when the visible GPUs cannot serve the local ranks that way."""
     import torch
     import torch.distributed as dist
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("LOCAL_WORLD_SIZE", str(_local_world(world)))  # cores/memory shares
     if torch.cuda.is_available():
-        n = torch.cuda.device_count()
-        if local_rank >= n:
-            raise StageError(f"rank {rank}: local rank {local_rank} but only {n} GPUs are visible; "
-                             "set executor.nproc_per_node <= the GPUs of the node.")
-        torch.cuda.set_device(local_rank)
+        n, local = torch.cuda.device_count(), _local_world(world)
+        problem = layout_problem(n, local, split, f"rank {rank}")
+        if problem:
+            raise StageError(problem + " (the GPUs this job sees)")
+        torch.cuda.set_device(replica_gpus(local_rank, local, n, split)[0])
     else:  # CPU ranks share the cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // _local_world(world)))
     dist.init_process_group(_backend(), init_method=init_method or "env://", rank=rank,
@@ -82,7 +88,8 @@ def run_rank(job: StageJob, rank: int, world: int, local_rank: int,
     """One rank: join the group, run_stage(job, rank, world), leave. Returns its metrics; raises
     what the stage raised."""
     import torch.distributed as dist
-    init_rank(rank, world, local_rank, init_method)
+    split = splits(Spec.model_validate_json(job.spec_json), job.stage)
+    init_rank(rank, world, local_rank, init_method, split)
     try:
         return run_stage(job, rank=rank, world_size=world)
     finally:

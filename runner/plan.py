@@ -18,12 +18,13 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from runner import disk
-from runner.errors import PlanError
+from runner import disk, placement
+from runner.errors import PlanError, RunnerError
 from runner.files import atomic_write, cache_dir, expand_path, sha256_file
 from runner.spec.load import variant_spec
 from runner.spec.schema import Spec
 from runner.stage import artifact_identity, read_manifest
+from runner.target_config import read_target_config
 from runner.stages import (STAGE_ORDER, enabled_stages, stage_files, stage_kind, stage_needs,
                            stage_slice)
 
@@ -58,6 +59,7 @@ class Plan:
     stages: tuple[PlannedStage, ...]
     warnings: tuple[str, ...] = ()  # problems the executor's machines may not have
     disk: dict = field(default_factory=dict, compare=False)  # runner/disk.py report
+    memory: dict = field(default_factory=dict, compare=False)  # runner/placement.py report
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -332,8 +334,21 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
                 if p.stage == "extract" and p.action == "run"]
     online = [(p.id, specs[p.variant]) for p in planned if p.stage == "train"
               and p.shared_with is None and specs[p.variant].stages.train.features == "online"]
+    cfg = _target_config(spec)
+    holds = [(p.id, specs[p.variant], cfg) for p in planned if p.action == "run"
+             and p.shared_with is None and placement.stage_target(specs[p.variant], p.stage)]
     return Plan(spec.name, str(work), str(results), ex, tuple(planned),
-                tuple(dict.fromkeys(warnings)), disk.report(extracts, online, work))
+                tuple(dict.fromkeys(warnings)), disk.report(extracts, online, work),
+                placement.report(holds))
+
+
+def _target_config(spec: Spec) -> dict | None:
+    """The target's config.json / GGUF geometry for the memory estimate, or None when it cannot
+    be read here (a Slurm login node without the weights: the spec's declared sizes count)."""
+    try:
+        return read_target_config(expand_path(spec.target.path))
+    except (OSError, RunnerError):
+        return None
 
 
 def _source(by_slot: dict, need: tuple[str, str]) -> PlannedStage:

@@ -336,3 +336,15 @@ def stage_module(name: str):
     """The stage's code, `jobs.<name>` (imported here, at run time, and nowhere else in runner/:
     runner/ never imports jobs/ statically). Its run(ctx) returns the stage's metrics."""
     return importlib.import_module(stage_kind(name).module)
+
+
+def stage_nproc(spec, stage: str) -> int:
+    """Ranks for `stage`: executor.nproc_per_node (or executor.stages.<stage>.nproc_per_node on
+    Slurm) for the data-parallel stages, else 1."""
+    if stage not in DATA_PARALLEL_STAGES:
+        return 1
+    ex = spec.executor
+    over = getattr(ex, "stages", {}).get(stage)
+    if over is not None and over.nproc_per_node is not None:
+        return over.nproc_per_node
+    return ex.nproc_per_node

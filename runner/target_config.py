@@ -7,9 +7,12 @@ would break the `runner validate` < 2 s budget.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
 import struct
+from functools import lru_cache
 from pathlib import Path
 
 from runner.errors import TargetConfigError
@@ -108,12 +111,13 @@ def _read_json(p: Path) -> dict:
         raise TargetConfigError(f"{p}: a model config must be a JSON object, got a "
                                 f"{type(cfg).__name__}")
     # multimodal / nested configs (e.g. Kimi-K2.5 text_config): the text model's geometry, with
-    # the wrapper's model_type and architectures (what SGLang dispatches on; the layer-id family
+    # the wrapper's model_type, architectures and auto_map (what SGLang and transformers
+    # dispatch on; the layer-id family
     # of runner/drafts/families.py reads both levels) and the nested block kept
     if "text_config" in cfg and "hidden_size" not in cfg:
         if not isinstance(cfg["text_config"], dict):
             raise TargetConfigError(f"{p}: text_config must be a JSON object")
-        top = {k: cfg[k] for k in ("model_type", "architectures") if k in cfg}
+        top = {k: cfg[k] for k in ("model_type", "architectures", "auto_map") if k in cfg}
         cfg = {**cfg["text_config"], **top, "text_config": cfg["text_config"]}
     return cfg
 
@@ -213,3 +217,43 @@ def read_gguf_config(path: Path) -> dict:
         "hidden_act": "silu",
         "tie_word_embeddings": None,
     }
+
+
+@lru_cache(maxsize=1)
+def native_causal_lm_types() -> tuple[str | None, frozenset[str] | None]:
+    """(transformers version, the model_types its AutoModelForCausalLM builds without remote
+    code), read from the installed transformers' models/auto/modeling_auto.py as text (importing
+    transformers imports torch and takes seconds). (None, None) when it cannot tell."""
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return None, None
+    root = Path(list(spec.submodule_search_locations)[0])
+    try:
+        text = (root / "models" / "auto" / "modeling_auto.py").read_text(encoding="utf-8")
+        version = re.search(r'__version__\s*=\s*"([^"]+)"',
+                            (root / "__init__.py").read_text(encoding="utf-8"))
+    except OSError:
+        return None, None
+    m = re.search(r"^MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = OrderedDict\((.*?)^\)", text, re.S | re.M)
+    if m is None:
+        return None, None
+    return (version.group(1) if version else "?",
+            frozenset(re.findall(r'\(\s*"([\w.-]+)"\s*,\s*"\w+"\s*\)', m.group(1))))
+
+
+def remote_code_problem(cfg: dict, trust_remote_code: bool) -> str | None:
+    """Why target.trust_remote_code must be true for the target of config `cfg`: its config.json
+    has auto_map (modelling code shipped with the checkpoint) and its model_type is not one the
+    installed transformers builds as a causal LM itself (e.g. Kimi-K2's kimi_k2, Kimi-K2.5's
+    kimi_k25). None when it is set, not needed, or cannot be told (no transformers here)."""
+    auto_map, mtype = cfg.get("auto_map"), cfg.get("model_type")
+    if trust_remote_code or not isinstance(auto_map, dict) or not auto_map:
+        return None
+    version, native = native_causal_lm_types()
+    if native is None or mtype in native:
+        return None
+    arch = ", ".join(a for a in cfg.get("architectures") or [] if isinstance(a, str)) or "?"
+    return (f"the target ships its modelling code (config.json auto_map: {arch}) and "
+            f"transformers {version} has no causal-LM class for model_type {mtype!r}: set "
+            "target.trust_remote_code: true to run the checkpoint's code (trusted checkpoints "
+            "only)")

@@ -74,9 +74,10 @@ def test_plan_drafter_v2_here_without_weights():
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith("plan drafter-v2") and "executor slurm" in lines[0]
-    order = [ln.split()[1] for ln in lines[1:6]]
-    assert order == ["regenerate", "extract", "train", "export", "bench"]
-    assert all(" key " in ln and "missing output" in ln for ln in lines[1:6])
+    order = [ln.split()[1] for ln in lines[1:5]]
+    assert order == ["extract", "train", "export", "bench"]
+    assert all(" key " in ln and "missing output" in ln for ln in lines[1:5])
+    assert any(ln.startswith("memory: extract:") and ": fits;" in ln for ln in lines)
 
 
 NO_TORCH = """

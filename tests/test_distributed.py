@@ -301,12 +301,15 @@ def test_drafter_v2_train_is_one_job_with_8_tasks():
     from runner.slurm.executor import group_jobs
     from runner.slurm.sbatch import sbatch_params, sbatch_script
     spec = load_spec(ROOT / "specs" / "drafter-v2.yaml")
-    for stage in ("extract", "train"):
-        s = sbatch_script(spec, stage)
-        assert "#SBATCH --ntasks-per-node=8\n" in s and "#SBATCH --nodes=1\n" in s
-        assert "#SBATCH --gpus-per-node=8\n" in s and "#SBATCH --cpus-per-task=8\n" in s
-        assert s.count("\nsrun ") == 1 and "--kill-on-bad-exit=1" in s
-        assert "NCCL_NVLS_ENABLE" in s
+    s = sbatch_script(spec, "train")
+    assert "#SBATCH --ntasks-per-node=8\n" in s and "#SBATCH --nodes=1\n" in s
+    assert "#SBATCH --gpus-per-node=8\n" in s and "#SBATCH --cpus-per-task=8\n" in s
+    assert s.count("\nsrun ") == 1 and "--kill-on-bad-exit=1" in s
+    assert "NCCL_NVLS_ENABLE" in s
+    # extract: one process holding one target replica split over all 8 GPUs
+    s = sbatch_script(spec, "extract")
+    assert "#SBATCH --ntasks-per-node=1\n" in s and "#SBATCH --gpus-per-node=8\n" in s
+    assert "#SBATCH --cpus-per-task=64\n" in s
     for stage in ("export", "bench"):
         assert "#SBATCH --ntasks-per-node=1\n" in sbatch_script(spec, stage)
         assert stage_nproc(spec, stage) == 1

@@ -57,13 +57,14 @@ def target(tmp_path_factory, smollm2_tokenizer):
     return d / "target", d / "convs.jsonl"
 
 
-def make_spec(target, features="online", stages=None, **train):
+def make_spec(target, features="online", stages=None, device_map=None, **train):
     folder, data = target
     st = stages or ({"train": {**TRAIN, **train, "features": features}} if features == "online"
                     else {"extract": {"batch_tokens": 256}, "train": {**TRAIN, **train}})
+    split = {"device_map": device_map} if device_map else {}
     return load_spec(data={
         "name": "online", "target": {"path": str(folder), "device": "cpu", "dtype": "float32",
-                                     "chat_template": "chatml"},
+                                     "chat_template": "chatml", **split},
         "drafter": {"aux_layer_ids": [0, 1, 2], "draft_vocab_size": 32},
         "data": {"source": "jsonl", "path": str(data), "max_length": 64, "holdout": 0},
         "stages": st})
@@ -189,3 +190,34 @@ def test_two_online_ranks_train_what_one_does(online, target, tmp_path):
                                                                  tmp_path / "t2"))
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], atol=2e-5, rtol=1e-4, msg=k)
+
+
+SPLIT = {"0-1": "cpu", "2-3": "disk"}  # accelerate offloads layers 2-3 (and the head) to disk
+
+
+def test_split_target_extracts_and_trains_online_as_one_device_does(offline, online, target,
+                                                                    tmp_path, monkeypatch):
+    """target.device_map through the stages (jobs/capture.py load_target_data): the extract
+    stage writes the one-device run's shards, online training gives its losses."""
+    import jobs.extract as ex
+    import jobs.target as T
+    from safetensors.torch import load_file as load
+    maps, real = [], T.load_target
+
+    def spy(*a, **kw):
+        model, tok, cfg = real(*a, **kw)
+        maps.append(getattr(model, "hf_device_map", None))
+        return model, tok, cfg
+    monkeypatch.setattr(T, "load_target", spy)
+    spec = make_spec(target, "offline", device_map=SPLIT)
+    ex.run(ctx_for(spec, "extract", tmp_path / "extract"))
+    ref = Path(offline.inputs["extract"])
+    shards = sorted(p.name for p in ref.glob("shard-*.safetensors"))
+    assert shards and shards == sorted(p.name for p in (tmp_path / "extract").glob("shard-*"))
+    for name in shards:
+        a, b = load(str(ref / name)), load(str(tmp_path / "extract" / name))
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+    ctx = ctx_for(make_spec(target, device_map=SPLIT), "train", tmp_path / "train")
+    train(ctx)
+    assert train_losses(ctx) == pytest.approx(train_losses(online), rel=1e-6)
+    assert len(maps) == 2 and all(m["model.layers.3"] == m["lm_head"] == "disk" for m in maps)

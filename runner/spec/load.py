@@ -21,7 +21,7 @@ from runner.spec.geometry import draft_geometry
 from runner.spec.messages import format_errors
 from runner.drafts.families import family_evidence
 from runner.spec.schema import PATH_FIELDS, Results, Spec
-from runner.target_config import read_chat_template, read_target_config
+from runner.target_config import read_chat_template, read_target_config, remote_code_problem
 
 MAX_YAML_NODES = 100_000  # a real spec has a few hundred; aliases count once per use
 
@@ -228,6 +228,9 @@ def _fill_target_geometry(data: dict) -> tuple[list[tuple[str, str]], dict | Non
         problems.append(("target.family", f"declared {tgt['family']}, but the model's config "
                                           f"says {fam} ({why}). Fix the spec or point target.path "
                                           "at the intended model."))
+    remote = remote_code_problem(cfg, tgt.get("trust_remote_code") is True)
+    if remote:
+        problems.append(("target.trust_remote_code", remote))
     for f in ("num_hidden_layers", "hidden_size", "vocab_size", "max_position_embeddings"):
         have = cfg.get(f)
         if have is None:

@@ -21,12 +21,16 @@ from runner.drafts.layout import ALGORITHM, AUX_COUNT
 from runner.drafts.rules import default_aux_ids, spec_aux_problems
 from runner.errors import EnvVarError
 from runner.files import expand_path, expand_vars
+from runner.placement import layer_devices
 from runner.spec.base import MAX_NAME, MAX_VARIANT_NAME, NAME_PATTERN, Strict
 from runner.stages import DATA_PARALLEL_STAGES, StageName, Stages
 
 
 # ----------------------------------------------------------------------------------------------
 # target
+
+
+LayerDevice = Union[StrictInt, Literal["cpu", "disk"]]  # a GPU of the rank's group, or offload
 
 
 class Target(Strict):
@@ -55,6 +59,44 @@ class Target(Strict):
         "gpt_oss; minimax_m3_vl; standard for the rest. Default = detected from target.path's "
         "config.json or GGUF header (declare it when that is not readable here; unreadable and "
         "undeclared = standard).")
+    device_map: Optional[Union[Literal["auto"], dict[str, LayerDevice]]] = Field(
+        None, description="Split the target over several devices (Hugging Face accelerate) "
+              "in the stages that capture from it (extract, online train): null = the whole "
+              "target on one GPU per rank; auto = balanced over the rank's group of GPUs "
+              "(gpus_per_node / nproc_per_node of them; runner/placement.py); or decoder layers "
+              "-> device, e.g. {\"0-14\": 0, \"15-29\": cpu}: a GPU index within the group, cpu "
+              "or disk (offloaded: run on the group's first GPU, streamed per forward). The "
+              "embedding goes with layer 0, the final norm and lm_head with the last layer.")
+    max_memory: Optional[dict[str, float]] = Field(
+        None, description="With device_map auto: GiB of weights per device, keys gpu (each GPU "
+        "of the group), a group GPU index (\"0\") or cpu (offload what the GPUs cannot hold to "
+        "CPU memory). Default: each GPU's memory less the activation headroom, no CPU.")
+    trust_remote_code: bool = Field(False, description="Run the modelling code that ships with "
+                                    "the checkpoint (config.json auto_map), e.g. Kimi-K2.5's "
+                                    "KimiK25ForConditionalGeneration. It is Python from the "
+                                    "model folder: enable it only for checkpoints you trust.")
+    attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = Field(
+        "auto", description="transformers' attention kernel for extract/online train; auto = "
+        "its default (sdpa where the class has it). The memory estimate counts eager attention "
+        "scores unless sdpa or flash_attention_2 is declared.")
+    num_parameters_b: Optional[float] = Field(None, gt=0, description="Total parameters in "
+                                              "billions, for `runner plan`'s memory estimate "
+                                              "when config.json is not readable here (else it "
+                                              "is estimated from the config).")
+    weight_bits: Optional[float] = Field(None, gt=0, le=32, description="Mean bits per "
+                                         "parameter as loaded, with num_parameters_b (default: "
+                                         "the dtype's; int4 experts with bf16 group scales ~4.6).")
+
+    @model_validator(mode="after")
+    def _memory_keys(self):
+        bad = [k for k in self.max_memory or {} if k not in ("gpu", "cpu") and not k.isdigit()]
+        if bad:
+            raise ValueError(f"target.max_memory key {bad[0]!r}: use gpu, cpu or a GPU index "
+                             "within the rank's group (\"0\")")
+        if self.max_memory and self.device_map != "auto":
+            raise ValueError("target.max_memory: applies to device_map: auto only; set "
+                             "device_map: auto or map the layers yourself without max_memory")
+        return self
 
 
 # ----------------------------------------------------------------------------------------------
@@ -151,12 +193,21 @@ NPROC_DOC = (f"Ranks (processes, one per GPU) of the data-parallel stages "
              "shards for extract); other stages run 1.")
 
 
+GPU_MEMORY_DOC = ("GiB of memory per GPU (as torch counts: H200 ~139, H100 ~79), for `runner "
+                  "plan`'s memory check (runner/placement.py); null = not checked. The plan "
+                  "cannot see a compute node's GPUs: this is an assumption you state.")
+
+
 class LocalExecutor(Strict):
     """Run stages in this process (the default); nproc_per_node > 1 launches that many local
     ranks (python -m runner.launch) for extract and train."""
 
     kind: Literal["local"] = Field("local", description="Selects this executor.")
     nproc_per_node: int = Field(1, ge=1, description=NPROC_DOC)
+    gpus_per_node: Optional[int] = Field(None, ge=0, description="GPUs of this machine, for the "
+                                         "plan's layout and memory check (the stages use the "
+                                         "GPUs CUDA shows them); null = not checked.")
+    gpu_memory_gb: Optional[float] = Field(None, gt=0, description=GPU_MEMORY_DOC)
 
 
 class SlurmExecutor(Strict):
@@ -172,6 +223,7 @@ class SlurmExecutor(Strict):
     cpus_per_task: int = Field(2, ge=1, description="--cpus-per-task (per rank when "
                                "nproc_per_node > 1).")
     mem_gb: int = Field(8, ge=1, description="--mem in GB.")
+    gpu_memory_gb: Optional[float] = Field(None, gt=0, description=GPU_MEMORY_DOC)
     timeout_min: int = Field(60, ge=1, description="--time in minutes.")
     account: Optional[str] = Field(None, description="--account.")
     qos: Optional[str] = Field(None, description="--qos.")
@@ -332,6 +384,11 @@ class Spec(Strict):
         L, H, V = t.num_hidden_layers, t.hidden_size, t.vocab_size
         ids = d.aux_layer_ids
         problems += spec_aux_problems(ids, L, t.family or "standard")
+        if isinstance(t.device_map, dict):
+            try:
+                layer_devices(t.device_map, L)
+            except ValueError as e:
+                problems.append(str(e))
         n_aux = len(ids) if ids is not None else AUX_COUNT
         width = n_aux * H
         if d.fc_in_features is not None and d.fc_in_features != width:

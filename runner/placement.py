@@ -1,0 +1,330 @@
+"""Where the target lives: the ranks' GPU groups, and whether the target fits them (`runner plan`
+section `memory`, and the loader's max_memory in jobs/target.py). No torch.
+
+Layout. A stage that runs the target (extract; train with features: online; regenerate, one GPU
+always) gets `ranks` = its nproc_per_node processes on a node of G GPUs:
+- target.device_map unset: every rank holds a whole target on GPU `rank` (ranks <= G).
+- target.device_map set (auto or explicit): one target REPLICA per rank, split over a group of
+  g = G / ranks GPUs (ranks must divide G); rank r owns GPUs r*g .. r*g+g-1 (`replica_gpus`, a
+  pure function) and extracts its own shards / trains on its own slice of each batch. One rank
+  with device_map: auto on an 8-GPU node = one replica over all 8 (pipeline split: one GPU
+  computes at a time).
+The plan cannot see a Slurm node's GPUs from the login node: G is executor.gpus_per_node (the
+stage's override first), the memory per GPU executor.gpu_memory_gb (GiB, as torch and
+nvidia-smi count: an H200 has ~139, an H100 ~79). Undeclared = not checked, and the plan says so.
+
+Fit, per GPU (GiB = 2**30 bytes): usable = gpu_memory_gb x USABLE (CUDA context, allocator
+slack); activations = runner/target_size.py activation_bytes for the stage's batch (extract:
+batch_tokens; online train: this rank's share of batch_size x max_length) on EVERY GPU of a
+group (each runs its layers on the whole batch); the weights per GPU = ceil(L / g) of the
+largest decoder layer + the larger of embedding and lm_head (accelerate keeps layers whole),
+or weights / g + one layer's share when only declared totals are known. Online training also
+keeps the drafter (fp32 weights, grads and two AdamW moments: 16 B per parameter), its frozen
+fp32 embedding and the target's lm_head copy on the group's first GPU (TTT activations are not
+counted). target.max_memory caps the weights per GPU (`gpu`, or a group index) and lets the rest
+go to CPU memory (`cpu`: accelerate offloads those layers and streams them to the GPU per
+forward). A plan whose target cannot fit is refused, naming the fix.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from runner.errors import PlanError
+from runner.stages import stage_nproc
+from runner.target_size import DTYPE_BITS, activation_bytes, weight_bytes
+
+USABLE = 0.95  # of a GPU's memory, for tensors (CUDA context and allocator slack take the rest)
+GIB = 2 ** 30
+
+
+# ----------------------------------------------------------------------------------------------
+# layout
+
+
+def replica_gpus(rank: int, ranks: int, gpus: int, split: bool = True) -> list[int]:
+    """The GPU indices rank `rank` of `ranks` (local ranks of one node) holds its target on,
+    out of `gpus` visible ones: [rank] unsplit, else the rank's group of gpus // ranks.
+    Raises PlanError when the ranks cannot share the GPUs that way (layout_problem)."""
+    problem = layout_problem(gpus, ranks, split)
+    if problem:
+        raise PlanError(problem)
+    if not split:
+        return [rank]
+    g = gpus // ranks
+    return list(range(rank * g, (rank + 1) * g))
+
+
+def layout_problem(gpus: int, ranks: int, split: bool, where: str = "") -> str | None:
+    """Why `ranks` ranks cannot share `gpus` GPUs (module docstring), or None."""
+    at = f"{where}: " if where else ""
+    if gpus < 1:
+        return (f"{at}the target runs on CUDA but no GPU is visible or declared; set "
+                "executor.gpus_per_node (or target.device: cpu)")
+    if not split and ranks > gpus:
+        return (f"{at}{ranks} ranks but {gpus} GPUs: each rank needs its own GPU; set "
+                f"nproc_per_node <= {gpus}")
+    if split and gpus % ranks:
+        fit = [n for n in range(1, gpus + 1) if gpus % n == 0]
+        return (f"{at}{ranks} ranks cannot split {gpus} GPUs into equal groups "
+                f"(target.device_map is set): use nproc_per_node {' or '.join(map(str, fit))}")
+    return None
+
+
+def layer_devices(device_map: dict, layers: int) -> dict[int, int | str]:
+    """An explicit target.device_map ({"0-29": 0, "30-60": 1} or single layers "7": "cpu") as
+    {decoder layer: device}: a GPU index within the rank's group, "cpu" or "disk" (offloaded:
+    the weights live there and run on the group's first GPU, streamed per forward). Raises
+    ValueError naming the key when a key is not a layer or range, ranges overlap, or the layers
+    0..layers-1 are not all covered."""
+    out: dict[int, int | str] = {}
+    for key, dev in device_map.items():
+        a, _, b = str(key).partition("-")
+        if not (a.strip().isdigit() and (not b or b.strip().isdigit())):
+            raise ValueError(f"target.device_map key {key!r}: give a decoder layer (\"7\") or "
+                             "a range (\"0-29\")")
+        lo, hi = int(a), int(b or a)
+        if lo > hi or hi >= layers:
+            raise ValueError(f"target.device_map key {key!r}: layers run 0..{layers - 1}")
+        if isinstance(dev, int) and dev < 0:
+            raise ValueError(f"target.device_map[{key!r}] = {dev}: a GPU index is >= 0")
+        for i in range(lo, hi + 1):
+            if i in out:
+                raise ValueError(f"target.device_map key {key!r}: layer {i} is mapped twice")
+            out[i] = dev
+    missing = [i for i in range(layers) if i not in out]
+    if missing:
+        raise ValueError(f"target.device_map: layers {missing[0]}..{missing[-1]} "
+                         f"({len(missing)} of {layers}) have no device; map every layer")
+    return out
+
+
+def stage_target(spec, stage: str) -> str | None:
+    """How `stage` holds the target: "split" (may use target.device_map: extract, online train),
+    "whole" (regenerate: the embedded engine on one GPU), or None (it does not load it)."""
+    if stage == "extract" or (stage == "train" and spec.stages.train is not None
+                              and spec.stages.train.features == "online"):
+        return "split"
+    return "whole" if stage == "regenerate" else None
+
+
+def splits(spec, stage: str) -> bool:
+    """Whether `stage`'s ranks each hold a target split over a GPU group."""
+    return spec.target.device_map is not None and stage_target(spec, stage) == "split"
+
+
+def _stage_gpus(spec, stage: str) -> int | None:
+    ex = spec.executor
+    over = getattr(ex, "stages", {}).get(stage)
+    if over is not None and over.gpus_per_node is not None:
+        return over.gpus_per_node
+    return ex.gpus_per_node
+
+
+# ----------------------------------------------------------------------------------------------
+# memory
+
+
+def _dtype_bits(spec) -> int:
+    dt = spec.target.dtype
+    if dt == "auto":
+        dt = "float32" if spec.target.device == "cpu" else "bfloat16"
+    return DTYPE_BITS[dt]
+
+
+def _geometry(spec, cfg: dict | None) -> dict:
+    """The config the estimates read: the target's own, else the spec's declared geometry (the
+    drafter's heads and intermediate size standing in for the target's)."""
+    if cfg:
+        return cfg
+    t, d = spec.target, spec.drafter
+    return {"hidden_size": t.hidden_size, "num_hidden_layers": t.num_hidden_layers,
+            "vocab_size": t.vocab_size, "num_attention_heads": d.num_attention_heads,
+            "num_key_value_heads": d.num_key_value_heads, "head_dim": d.head_dim,
+            "intermediate_size": d.intermediate_size}
+
+
+def weights(spec, cfg: dict | None) -> dict | None:
+    """{"bytes", "parameters", "per_gpu": f(g), "how"} of the target as loaded, from
+    target.num_parameters_b + target.weight_bits when declared, else the config (None when
+    neither is known)."""
+    t, bits = spec.target, _dtype_bits(spec)
+    L = t.num_hidden_layers
+    if t.num_parameters_b is not None:
+        wbits = t.weight_bits if t.weight_bits is not None else bits
+        total = t.num_parameters_b * 1e9 * wbits / 8
+        return {"bytes": total, "parameters": t.num_parameters_b * 1e9,
+                "per_gpu": lambda g: total if g == 1 else total / g + total / L,
+                "how": f"target.num_parameters_b {t.num_parameters_b:g} x target.weight_bits "
+                       f"{wbits:g} (declared)"}
+    if not cfg:
+        return None
+    try:
+        w = weight_bytes(cfg, bits)
+    except ValueError:
+        return None
+    return {"bytes": w["bytes"], "parameters": w["parameters"],
+            "per_gpu": lambda g: w["bytes"] if g == 1 else
+            math.ceil(L / g) * w["layer_bytes"] + w["edge_bytes"],
+            "how": f"from the target's config: {w['how']}"}
+
+
+def batch_shape(spec, stage: str, ranks: int) -> tuple[int, int]:
+    """(padded tokens per forward, longest sample) of one capture in `stage`."""
+    T = spec.data.max_length
+    if stage == "extract":
+        return spec.stages.extract.batch_tokens, T
+    if stage == "train":
+        return math.ceil(spec.stages.train.batch_size / ranks) * T, T
+    return spec.stages.regenerate.batch_size * T, T
+
+
+def drafter_state_bytes(spec, cfg: dict | None) -> int:
+    """What online training keeps on the drafter's GPU: the drafter's parameters x 16 B (fp32
+    weights, grads, AdamW m and v), its frozen fp32 copy of the target embedding and the
+    target's lm_head + norm in the target dtype. Missing geometry counts as the target's."""
+    g, d = _geometry(spec, cfg), spec.drafter
+    H, V = spec.target.hidden_size, spec.target.vocab_size
+    Hd = spec.draft_hidden
+    nh = d.num_attention_heads or g.get("num_attention_heads") or 1
+    nkv = d.num_key_value_heads or g.get("num_key_value_heads") or nh
+    hd = d.head_dim or g.get("head_dim") or Hd // nh
+    inter = d.intermediate_size or g.get("intermediate_size") or 4 * Hd
+    p = (len(spec.aux_ids) * H * Hd + 2 * Hd * (nh + 2 * nkv) * hd + nh * hd * Hd
+         + 3 * Hd * inter + d.draft_vocab_size * Hd + 4 * Hd)
+    return int(16 * p + 4 * V * H + V * H * _dtype_bits(spec) / 8)
+
+
+def stage_memory(spec, stage: str, cfg: dict | None) -> dict:
+    """The memory entry of one stage that runs the target (module docstring): layout, bytes and
+    the verdict. {"stage", "layout", "replicas", "gpus_per_replica", "weights_gib",
+    "per_gpu_gib", "activations_gib", "drafter_gib", "usable_gib", "fits" (True/False/None =
+    not checked), "why", "how", "assumptions"}."""
+    t, kind = spec.target, stage_target(spec, stage)
+    ranks = stage_nproc(spec, stage)
+    split = splits(spec, stage)
+    out: dict[str, Any] = {"stage": stage, "replicas": ranks, "fits": None}
+    if t.device == "cpu":
+        return {**out, "layout": f"{ranks} replica(s) on the CPU (target.device cpu)",
+                "why": "runs on the CPU: GPU memory not checked"}
+    G = _stage_gpus(spec, stage)
+    if G is not None and G > 0 and (problem := layout_problem(G, ranks, split, stage)):
+        raise PlanError(problem)
+    g = (G // ranks if G else None) if split else 1
+    out["gpus_per_replica"] = g
+    if split:
+        mode = "target.device_map " + ("auto" if t.device_map == "auto" else "explicit")
+        groups = f"rank r -> GPUs r*{g}..r*{g}+{g - 1}" if g and ranks > 1 else \
+            (f"rank 0 -> GPUs 0-{g - 1}" if g else "GPUs: executor.gpus_per_node not declared")
+        out["layout"] = f"{ranks} replica(s) x {g or '?'} GPUs ({mode}; {groups})"
+    else:
+        why = " (the embedded engine)" if kind == "whole" else ""
+        out["layout"] = f"{ranks} replica(s) x 1 GPU{why}: a whole target per rank"
+    w = weights(spec, cfg)
+    if w is None:
+        return {**out, "why": "target size unknown: make target.path readable or declare "
+                              "target.num_parameters_b and target.weight_bits"}
+    tokens, T = batch_shape(spec, stage, ranks)
+    act_b = activation_bytes(_geometry(spec, cfg), tokens, T, _dtype_bits(spec) // 8,
+                             t.attn_implementation) if kind == "split" else 0
+    drafter = drafter_state_bytes(spec, cfg) if stage == "train" else 0
+    out.update(weights_gib=w["bytes"] / GIB, parameters=w["parameters"], how=w["how"],
+               activations_gib=act_b / GIB, drafter_gib=drafter / GIB)
+    out["assumptions"] = (
+        f"activations for {tokens:,} tokens at max_length {T:,}"
+        + ("" if t.attn_implementation in ("sdpa", "flash_attention_2") else
+           ", eager attention scores (declare target.attn_implementation sdpa to drop them)")
+        + ("" if cfg else "; the target's heads and MLP from drafter.* (config.json not "
+           "readable here)")
+        if kind == "split" else "weights only (activations and KV cache not counted)")
+    gib = spec.executor.gpu_memory_gb
+    if gib is None:
+        return {**out, "why": "GPU memory not declared (executor.gpu_memory_gb): not checked"}
+    usable = gib * USABLE * GIB
+    out["usable_gib"] = usable / GIB
+    mm = t.max_memory or {}
+    if split and not g:
+        return {**out, "why": "executor.gpus_per_node not declared: the split is not checked"}
+    per = w["per_gpu"](g)  # balanced, layers whole
+    cap = mm["gpu"] * GIB if "gpu" in mm else usable - act_b  # weights room per GPU
+    cap0 = cap if "gpu" in mm else cap - drafter  # the group's first GPU holds the drafter
+    cpu = mm.get("cpu", 0) * GIB
+    room = cap0 + (g - 1) * cap  # what the group's GPUs hold, layer slack counted in `per`
+    spill = max(0.0, g * per - room) if split and cpu else 0.0
+    on0 = min(per, cap0)
+    rest = min(cap, (g * per - on0) / (g - 1)) if g > 1 else 0.0
+    out["weights_per_gpu_gib"] = max(on0, rest) / GIB
+    out["weights_first_gpu_gib"] = on0 / GIB
+    out["per_gpu_gib"] = max(on0 + drafter, rest) / GIB + act_b / GIB
+    out["cpu_gib"] = spill / GIB
+    fits = g * per <= room or (spill > 0 and spill <= cpu)
+    if "gpu" in mm and cap + act_b + drafter > usable:
+        fits = False
+    out["fits"] = fits
+    if not fits:
+        def fits_with(n: int) -> bool:  # n replicas of G // n GPUs, the rest unchanged
+            act = activation_bytes(_geometry(spec, cfg), batch_shape(spec, stage, n)[0], T,
+                                   _dtype_bits(spec) // 8, t.attn_implementation)
+            n_g = G // n
+            return n_g * w["per_gpu"](n_g) <= n_g * (usable - act) - drafter
+        out["why"] = _fix(stage, w, g, ranks, G, cap, act_b, drafter, split, fits_with)
+    else:
+        out["why"] = "fits"
+    return out
+
+
+def _fix(stage, w, g, ranks, G, cap, act_b, drafter, split, fits_with) -> str:
+    """The refusal: what does not fit, and the change that makes it fit (fits_with(n): whether
+    n replicas over the node's G GPUs would)."""
+    need = w["per_gpu"](g) / GIB
+    beside = f"~{act_b / GIB:,.1f} GiB of activations" + (
+        f" (and ~{drafter / GIB:,.1f} GiB of drafter state on the first)" if drafter else "")
+    head = (f"{stage}: the target needs ~{need:,.1f} GiB of weights per GPU "
+            f"({w['bytes'] / GIB:,.1f} GiB over {g} GPU(s)) but a GPU has room for "
+            f"~{max(cap, 0) / GIB:,.1f} GiB next to {beside}")
+    if not split:
+        return head + ": set target.device_map: auto to split it over a group of the node's GPUs"
+    if G and ranks > 1:
+        ok = [n for n in range(ranks - 1, 0, -1) if G % n == 0 and fits_with(n)]
+        if ok:
+            return head + (f": use fewer replicas (executor.stages.{stage}.nproc_per_node: "
+                           f"{ok[0]}, {G // ok[0]} GPUs each)")
+    return head + (": use more GPUs (executor.gpus_per_node), CPU offload (target.max_memory: "
+                   "{cpu: GiB}), a quantized checkpoint, or a smaller batch "
+                   f"({'stages.extract.batch_tokens' if stage == 'extract' else 'batch_size'})")
+
+
+def report(entries: list[tuple[str, Any, dict | None]]) -> dict:
+    """The plan's memory section for (stage id, spec, target config or None) of each stage that
+    runs and loads the target. Raises PlanError for the first that cannot fit."""
+    out = []
+    for sid, spec, cfg in entries:
+        m = {**stage_memory(spec, sid.split("@")[0], cfg), "stage": sid}
+        if m["fits"] is False:
+            raise PlanError(m["why"] + f" [{m['layout']}; {m.get('assumptions', '')}]")
+        out.append(m)
+    return {"stages": out}
+
+
+def render(d: dict) -> list[str]:
+    """The plan text's memory lines."""
+    lines = []
+    for m in d.get("stages", []):
+        lines.append(f"memory: {m['stage']}: layout {m['layout']}")
+        if "weights_gib" in m:
+            lines.append(f"memory: {m['stage']}: target ~{m['parameters'] / 1e9:,.1f}B "
+                         f"parameters, ~{m['weights_gib']:,.1f} GiB of weights ({m['how']})")
+        if m.get("per_gpu_gib") is not None:
+            weights = f"~{m['weights_per_gpu_gib']:,.1f} GiB weights" if not m["drafter_gib"] \
+                else (f"the first GPU ~{m['weights_first_gpu_gib']:,.1f} GiB weights + "
+                      f"~{m['drafter_gib']:,.1f} GiB drafter state, the others up to "
+                      f"~{m['weights_per_gpu_gib']:,.1f} GiB weights")
+            cpu = f", ~{m['cpu_gib']:,.1f} GiB offloaded to CPU memory" if m.get("cpu_gib") else ""
+            lines.append(f"memory: {m['stage']}: up to ~{m['per_gpu_gib']:,.1f} GiB per GPU "
+                         f"({weights}; + ~{m['activations_gib']:,.1f} GiB activations{cpu}) of "
+                         f"{m['usable_gib']:,.1f} usable (executor.gpu_memory_gb x {USABLE}, "
+                         f"declared, not measured): {m['why']}; {m['assumptions']}")
+        else:
+            lines.append(f"memory: {m['stage']}: {m['why']}")
+    return lines
