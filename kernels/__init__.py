@@ -9,6 +9,15 @@ the reference), or "auto" = triton on a CUDA device when Triton imports, else to
 KERNELS = ("auto", "triton", "torch")
 
 
+def geometry_problem(head_dim: int):
+    """Why the fused decode forwards (llama_decode, draft_decode) cannot tile a model with this
+    head_dim, or None: norm_qkv_rope rotates halves in 16-column blocks and the attention kernel
+    needs a power of 2, so head_dim must be a power of 2 >= 32 (Llama/SmolLM2: 64, 128)."""
+    if head_dim < 32 or head_dim & (head_dim - 1):
+        return f"head_dim {head_dim} is not a power of 2 >= 32 (the fused kernels' tiling)"
+    return None
+
+
 def resolve_kernels(kernels: str, device) -> str:
     """"auto" -> "triton" on CUDA (when triton imports) else "torch"; "triton"/"torch" as given.
     Raises ValueError for another value, or "triton" on a CPU device without TRITON_INTERPRET=1
