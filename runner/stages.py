@@ -143,6 +143,10 @@ class BenchStage(Strict):
                                       description="Speculative configurations (sweep axis).")
     cuda_graph: list[bool] = Field(default_factory=lambda: [False],
                                    description="CUDA graphs on/off (sweep axis; GPU only).")
+    kernels: Literal["auto", "triton", "torch"] = Field(
+        "auto", description="embedded: the engine's decode/verify forwards and chain draft steps; "
+        "triton = the fused kernels (kernels/), torch = the models' PyTorch forward, auto = triton "
+        "on CUDA (torch where the fused kernels cannot tile the model). Recorded per bench row.")
     context_length: Optional[int] = Field(None, ge=1, description="Serving context; the drafter's "
                                           "max_position_embeddings must cover it. Default = target's.")
     seed: int = Field(0, description="Sampling seed.")

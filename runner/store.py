@@ -41,7 +41,7 @@ SCHEMA = {
         train_samples BIGINT, tau DOUBLE, mean_accepted DOUBLE, accept_rate DOUBLE,
         accept_per_pos VARCHAR, new_tokens BIGINT, verify_ct BIGINT, spec_tok_s DOUBLE,
         base_tok_s DOUBLE, speedup DOUBLE, draft_s DOUBLE, verify_s DOUBLE, other_s DOUBLE,
-        lossless BOOLEAN, flags VARCHAR""",
+        lossless BOOLEAN, flags VARCHAR, kernels VARCHAR""",
     "bench_summary": """run_id VARCHAR, variant VARCHAR, config_id VARCHAR, backend VARCHAR,
         prompt_set VARCHAR, num_steps INTEGER, eagle_topk INTEGER, num_draft_tokens INTEGER,
         cuda_graph BOOLEAN, max_new_tokens INTEGER, temperature DOUBLE, train_samples BIGINT,
@@ -49,7 +49,7 @@ SCHEMA = {
         accept_per_pos VARCHAR, spec_tok_s DOUBLE, base_tok_s DOUBLE, speedup DOUBLE,
         draft_ms_per_round DOUBLE, verify_ms_per_round DOUBLE, other_ms_per_round DOUBLE,
         base_ms_per_token DOUBLE, break_even_tau DOUBLE, lossless BOOLEAN, flags VARCHAR,
-        explanation VARCHAR""",
+        explanation VARCHAR, kernels VARCHAR""",
 }
 
 
@@ -122,8 +122,17 @@ class Store:
                 fcntl.flock(lf, fcntl.LOCK_UN)
 
     def _create(self, con) -> None:
+        """Create missing tables; add the columns a results file made by an older SCHEMA lacks
+        (new columns are appended to SCHEMA's tables, never renamed: old rows read NULL)."""
         for t, cols in SCHEMA.items():
             con.execute(f"CREATE TABLE IF NOT EXISTS {t} ({cols})")
+            have = {r[0] for r in con.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = ?",
+                [t]).fetchall()}
+            for col in cols.replace("\n", " ").split(","):
+                name, typ = col.split()
+                if name not in have:
+                    con.execute(f"ALTER TABLE {t} ADD COLUMN {name} {typ}")
         con.execute("CREATE TABLE IF NOT EXISTS _ingested (file VARCHAR PRIMARY KEY, ts TIMESTAMP)")
 
     def ingest(self) -> int:
