@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 import torch.nn.functional as F
 
-from jobs.engine import _private
+from jobs.engine_compile import private
 from jobs.llama import Llama
 
 M31 = 0x7FFFFFFF  # hash values live in [0, 2^31): products stay below 2^63 in int64
@@ -214,7 +214,7 @@ class Generator:
             if kw.get("mode") == "reduce-overhead":
                 for t in target.caches() + list(self.state):
                     torch._dynamo.mark_static_address(t)
-            self.step = torch.compile(_private(decode_step), fullgraph=True, dynamic=None, **kw)
+            self.step = torch.compile(private(decode_step), fullgraph=True, dynamic=None, **kw)
 
     def graph_counts(self) -> int:
         """Compiled graphs of the decode step (dynamo cache entries): 1 per sampling mode used,
