@@ -14,8 +14,9 @@ One draft step (docs/eagle3-format.md, "Forward of the draft layer"):
 h = fc(aux) at the first step, the previous step's `out` afterwards.
 
 Two attention paths share the projections and RoPE:
-- `ttt_attention`: training-time test (SpecForge convention): step j's query at position i attends
-  causally to step-0 keys and to the keys of steps 1..j at position i only; RoPE position i + j.
+- `ttt_attention` (kernels/ttt_attention.py, with its fast paths): training-time test (SpecForge
+  convention): step j's query at position i attends causally to step-0 keys and to the keys of
+  steps 1..j at position i only; RoPE position i + j.
 - `cached_attention`: inference over a static KV cache with an explicit mask (bench engine).
 """
 
@@ -29,7 +30,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kernels.ttt_attention import expand_kv, ttt_attention
+from runner.drafts.forward import engine_unsupported
 from runner.drafts.layout import ARCH, eagle_config, target_rope
+from runner.errors import UnsupportedDraftError
+from runner.spec.geometry import draft_geometry
 
 
 @dataclass
@@ -55,14 +60,12 @@ class DraftConfig:
     def from_spec(cls, spec, target_config: dict) -> "DraftConfig":
         """Resolve the drafter geometry from the spec, defaulting to the target's config."""
         d, t = spec.drafter, target_config
-        H = d.hidden_size or t["hidden_size"]
-        heads = d.num_attention_heads or t["num_attention_heads"]
-        head_dim = d.head_dim or t.get("head_dim") or H // heads
+        g, problems = draft_geometry(d, t, t["hidden_size"])  # validate has reported these
+        if problems:
+            raise ValueError("; ".join(f"{f}: {m}" for f, m in problems))
         rope = target_rope(t)  # transformers-5 configs nest rope_theta
         return cls(
-            hidden_size=H, num_attention_heads=heads,
-            num_key_value_heads=d.num_key_value_heads or t.get("num_key_value_heads") or heads,
-            head_dim=head_dim, intermediate_size=d.intermediate_size or t["intermediate_size"],
+            **g,
             vocab_size=t["vocab_size"], draft_vocab_size=d.draft_vocab_size,
             target_hidden_size=t["hidden_size"], aux_layer_ids=list(spec.aux_ids),
             max_position_embeddings=max(d.max_position_embeddings or 0,
@@ -93,7 +96,15 @@ class DraftConfig:
 
     @classmethod
     def from_sglang(cls, cfg: dict) -> "DraftConfig":
-        """Inverse of to_sglang (reads an exported config.json)."""
+        """Inverse of to_sglang (reads an exported config.json). Raises UnsupportedDraftError when
+        the config selects a forward this model does not implement (runner/drafts/forward.py
+        engine_unsupported: fc_norm, norm_output, biases, N layers, ...)."""
+        unsupported = engine_unsupported(cfg)
+        if unsupported:
+            raise UnsupportedDraftError(
+                f"config.json: {'; '.join(unsupported)}: the embedded engine implements SGLang's "
+                "plain one-layer EAGLE-3 forward only, so it refuses this drafter rather than "
+                "measure another model's tau. Bench it with stages.bench.backend: sglang.")
         H = cfg["hidden_size"]
         heads = cfg["num_attention_heads"]
         return cls(
@@ -186,32 +197,10 @@ class Attention(nn.Module):
         return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
 
 
-def _expand_kv(k: torch.Tensor, n_rep: int) -> torch.Tensor:
-    return k if n_rep == 1 else k.repeat_interleave(n_rep, dim=1)
-
-
-def ttt_attention(q, ks: list, vs: list, causal_mask: torch.Tensor) -> torch.Tensor:
-    """TTT attention. q [B, nh, T, hd]; ks/vs: per-step keys/values [B, nkv, T, hd] (step 0 first,
-    the current step last); causal_mask [B or 1, 1, T, T] bool (True = attend).
-    Step-0 keys are attended causally; later steps' keys only on the diagonal. -> [B, nh, T, hd]"""
-    n_rep = q.shape[1] // ks[0].shape[1]
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    k0, v0 = _expand_kv(ks[0], n_rep), _expand_kv(vs[0], n_rep)
-    s0 = (q @ k0.transpose(-1, -2)).float() * scale  # [B, nh, T, T]
-    s0 = s0.masked_fill(~causal_mask, float("-inf"))
-    diag = [((q * _expand_kv(k, n_rep)).sum(-1).float() * scale)[..., None] for k in ks[1:]]
-    p = torch.softmax(torch.cat([s0, *diag], dim=-1), dim=-1).to(q.dtype)
-    T = q.shape[2]
-    o = p[..., :T] @ v0
-    for j, v in enumerate(vs[1:]):
-        o = o + p[..., T + j, None] * _expand_kv(v, n_rep)
-    return o
-
-
 def cached_attention(q, k_cache, v_cache, mask: torch.Tensor) -> torch.Tensor:
     """q [B, nh, T, hd]; caches [B, nkv, S, hd]; mask [B or 1, 1, T, S] bool -> [B, nh, T, hd]."""
     n_rep = q.shape[1] // k_cache.shape[1]
-    return F.scaled_dot_product_attention(q, _expand_kv(k_cache, n_rep), _expand_kv(v_cache, n_rep),
+    return F.scaled_dot_product_attention(q, expand_kv(k_cache, n_rep), expand_kv(v_cache, n_rep),
                                           attn_mask=mask)
 
 
@@ -278,17 +267,27 @@ class Eagle3Draft(nn.Module):
         return draft_ids + self.d2t[draft_ids]
 
     # -- training: one TTT step --
-    def ttt_step(self, ids, hidden, positions, cache: list, causal_mask) -> torch.Tensor:
+    def ttt_qkv(self, ids, hidden, positions):
+        """The layer up to attention: ids [B, T], hidden [B, T, H], positions [B, T] (RoPE) ->
+        q [B, nh, T, hd], k, v [B, nkv, T, hd]."""
+        x = self.midlayer.attn_input(self.embed(ids), hidden)
+        return self.midlayer.self_attn.qkv(x, positions)
+
+    def ttt_out(self, hidden, o):
+        """The layer after attention: hidden [B, T, H], o [B, nh, T, hd] -> pre-norm out [B, T, H]."""
+        return self.midlayer.finish(hidden, self.midlayer.self_attn.out(o))
+
+    def ttt_step(self, ids, hidden, positions, cache: list, causal_mask,
+                 attend=ttt_attention) -> torch.Tensor:
         """One TTT step. ids [B, T] (tokens fed at this step), hidden [B, T, H] (fc(aux) at step
         0, else the previous step's output), positions [B, T] (base positions; step j uses
         positions + j), cache: list of (k, v) of earlier steps, appended in place.
-        Returns the pre-norm output [B, T, H]."""
-        j = len(cache)
-        x = self.midlayer.attn_input(self.embed(ids), hidden)
-        q, k, v = self.midlayer.self_attn.qkv(x, positions + j)
+        attend(q, ks, vs, causal_mask): the TTT attention (kernels/ttt_attention.py; its fast
+        paths take a Segments as the mask). Returns the pre-norm output [B, T, H]."""
+        q, k, v = self.ttt_qkv(ids, hidden, positions + len(cache))
         cache.append((k, v))
-        o = ttt_attention(q, [c[0] for c in cache], [c[1] for c in cache], causal_mask)
-        return self.midlayer.finish(hidden, self.midlayer.self_attn.out(o))
+        o = attend(q, [c[0] for c in cache], [c[1] for c in cache], causal_mask)
+        return self.ttt_out(hidden, o)
 
     # -- inference: one step over a static KV cache --
     def cached_step(self, ids, hidden, positions, k_cache, v_cache, slots, mask) -> torch.Tensor:

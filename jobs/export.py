@@ -3,7 +3,8 @@ layout is stated once in runner/drafts/layout.py).
 
 Inputs: ctx.inputs["train"] (draft.safetensors = Eagle3Draft.state_dict(), draft_config.json =
 DraftConfig.as_dict(), train_metrics.json) and ctx.inputs["extract"] (features.json, the capture
-manifest; target_config.json). Writes into ctx.out_dir:
+manifest; target_config.json), or, with stages.train.features: online (no extract), the same two
+files from the train artifact. Writes into ctx.out_dir:
   config.json        DraftConfig.to_sglang(): LlamaForCausalLMEagle3, draft_vocab_size, eagle_config
                      nested (SGLang ids: k = output of layer k), tie_word_embeddings false,
                      rope_theta/rope_scaling at the top level equal to the target's,
@@ -27,6 +28,7 @@ from pathlib import Path
 import torch
 
 from jobs.draft_model import DraftConfig
+from runner.drafts.families import target_family
 from runner.drafts.layout import (AUX_IDS_KEY, config_aux_ids, expected_shapes, speculators_name,
                                   target_rope, to_hf_indices)
 from runner.drafts.rules import export_aux_problem
@@ -65,7 +67,8 @@ def sglang_config(dc: DraftConfig, target_cfg: dict, context_length: int | None 
     need = max(target_cfg.get("max_position_embeddings") or 0, context_length or 0)
     cfg["max_position_embeddings"] = max(cfg["max_position_embeddings"] or 0, need) or 8192
     if target_cfg.get("num_hidden_layers"):
-        problem = export_aux_problem(dc.aux_layer_ids, target_cfg["num_hidden_layers"])
+        problem = export_aux_problem(dc.aux_layer_ids, target_cfg["num_hidden_layers"],
+                                     target_family(target_cfg))
         if problem:
             raise StageError(problem)
     return cfg
@@ -85,6 +88,16 @@ def sglang_tensors(sd: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Te
                          f"{ {k: f'{a} vs {b}' for k, (a, b) in bad.items()} }.")
     if sd["d2t"].is_floating_point():
         raise StageError("draft.safetensors d2t is a float tensor; it must be int64 offsets.")
+    weights = {k: v for k, v in sd.items() if k not in ("d2t", "t2d")}
+    nonfloat = sorted(k for k, v in weights.items() if not v.is_floating_point())
+    if nonfloat:
+        raise StageError(f"draft.safetensors weights {nonfloat[:5]} are not floating point "
+                         f"({sd[nonfloat[0]].dtype}); the train stage must save float weights.")
+    bad = sorted(k for k, v in weights.items() if not bool(torch.isfinite(v).all()))
+    if bad:
+        raise StageError(f"draft.safetensors has NaN/Inf weights in {bad[:5]}"
+                         f"{' ...' if len(bad) > 5 else ''}: training diverged (a non-finite loss)."
+                         " Re-run train (lower lr, check the extracted features).")
     out = {}
     for k, v in sd.items():
         if k == "d2t":
@@ -143,7 +156,7 @@ def provenance(ctx: StageContext, manifest: dict, feats_sha: str, dc: DraftConfi
             "shards": [{"file": s.get("file"), "sha256": s.get("sha256")}
                        for s in manifest.get("shards", [])],
             "num_samples": manifest.get("num_samples"), "num_tokens": manifest.get("num_tokens")},
-        "artifacts": {"train": art("train"), "extract": art("extract")},
+        "artifacts": {n: art(n) for n in ("train", "extract") if n in ctx.inputs},
         "draft_config": dc.as_dict(), "train_metrics": metrics, "target_config": target_cfg,
     }
 
@@ -158,7 +171,8 @@ def _read_json_opt(path: Path) -> dict:
 def run(ctx: StageContext) -> dict:
     """Stage entry point. Returns {draft_params, model_mb, inspect_warnings}."""
     from safetensors.torch import load_file
-    tr, ex, out = Path(ctx.inputs["train"]), Path(ctx.inputs["extract"]), Path(ctx.out_dir)
+    tr, out = Path(ctx.inputs["train"]), Path(ctx.out_dir)
+    ex = Path(ctx.inputs["extract"]) if "extract" in ctx.inputs else tr  # online: train has them
     out.mkdir(parents=True, exist_ok=True)
     try:
         sd = load_file(str(tr / "draft.safetensors"))

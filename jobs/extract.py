@@ -1,17 +1,9 @@
 """The extract stage: run the target over the training conversations and store what the drafter
 trains on, in the format documented in jobs/features.py.
 
-What is captured (SGLang convention, sglang/srt/models/llama.py + llama_eagle3.py; SpecForge):
-- aux_hidden [T, 3*H]: for each aux id k (ascending) the OUTPUT of 0-based decoder layer k,
-  i.e. the residual stream entering layer k+1 = HF `hidden_states[k+1]`, concatenated in
-  ascending layer order. Captured with forward hooks on `layers[k]`.
-- last_hidden [T, H]: the last decoder layer's output BEFORE the final norm (HF's last
-  `hidden_states` element is post-norm). Captured with a forward pre-hook on the final norm.
-  Training derives the soft labels from it: norm + lm_head restricted to the draft vocab. We store
-  the pre-norm hidden instead of logits: H values per token instead of V (576 vs 49152 for
-  SmolLM2, 7168 vs 163840 for Kimi). Disk per token: (3+1)*H*bytes + 9 B (jobs/features.py).
-- input_ids int64 and loss_mask uint8 (1 = assistant token, jobs/data.py).
-The LM head is never run during extraction (the base model is called directly).
+What is captured, and the capture itself: jobs/capture.py (shared with the online train stage).
+Per token on disk: (3+1)*H*bytes + 9 B (jobs/features.py); input_ids int64 and loss_mask uint8
+(1 = assistant token, jobs/data.py) are stored next to the hidden states.
 
 Shards and batching: the samples are sorted by length, longest first (ties by index), and cut
 into shards of params.shard_samples in that order; each shard records its samples' dataset
@@ -35,7 +27,6 @@ listing every shard in shard order.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -44,13 +35,12 @@ from pathlib import Path
 import torch
 
 from jobs import dist as D
+from jobs.capture import capture, capture_manifest, load_target_data, target_head, write_json
 from jobs.features import FORMAT, MANIFEST
 from jobs.shards import (drop_shard, reusable_sha, sha_record, shard_index, sync_shards,
                          write_atomic, write_shard)
-from runner.drafts.layout import to_hf_indices
-from runner.drafts.rules import model_aux_problem
 from runner.errors import StageError
-from runner.files import atomic_write, sha256_file
+from runner.files import sha256_file
 from runner.stage import StageContext
 
 SHARD = "shard-{:05d}.safetensors"
@@ -74,62 +64,6 @@ def plan_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
     if cur:
         batches.append(cur)
     return batches
-
-
-def decoder_parts(model) -> tuple[torch.nn.Module, torch.nn.ModuleList, torch.nn.Module]:
-    """(base model, decoder layers, final norm) of a transformers *ForCausalLM."""
-    base = getattr(model, getattr(model, "base_model_prefix", "model"), None) or model.model
-    layers, norm = getattr(base, "layers", None), getattr(base, "norm", None)
-    if layers is None or norm is None:
-        raise StageError(f"target architecture {type(model).__name__}: no `layers`/`norm` on its "
-                         "base model; only Llama-style decoders are supported")
-    return base, layers, norm
-
-
-def check_aux_ids(model, aux_ids: list[int]) -> None:
-    """Run-time check against the real model: ids distinct, ascending and in SGLang's range
-    (runner/drafts/rules.py). Raises StageError."""
-    problem = model_aux_problem(aux_ids, len(decoder_parts(model)[1]))
-    if problem:
-        raise StageError(problem)
-
-
-@torch.inference_mode()
-def capture(model, batch: list[list[int]], aux_ids: list[int],
-            pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the target's decoder (no LM head) on one right-padded batch of token lists.
-
-    Returns (aux [n, T, len(aux_ids)*H], last [n, T, H]) on the model's device and dtype,
-    T = longest sample. aux = concat of decoder layer k outputs (= HF hidden_states[k+1]) for
-    k ascending; last = the input of the final norm (pre-norm last hidden). Rows past a
-    sample's length are padding."""
-    base, layers, norm = decoder_parts(model)
-    dev = next(model.parameters()).device
-    n, T = len(batch), max(len(x) for x in batch)
-    ids = torch.full((n, T), pad_id, dtype=torch.long)
-    att = torch.zeros((n, T), dtype=torch.long)
-    for i, x in enumerate(batch):
-        ids[i, :len(x)] = torch.tensor(x, dtype=torch.long)
-        att[i, :len(x)] = 1
-    got: dict = {}
-
-    def keep(k):
-        def hook(_m, _inp, out):
-            got[k] = out[0] if isinstance(out, tuple) else out
-        return hook
-
-    def keep_last(_m, inp):
-        got["last"] = inp[0]
-
-    hooks = [layers[k].register_forward_hook(keep(k)) for k in aux_ids]
-    hooks.append(norm.register_forward_pre_hook(keep_last))
-    try:
-        base(input_ids=ids.to(dev, non_blocking=True), attention_mask=att.to(dev, non_blocking=True),
-             use_cache=False)
-    finally:
-        for h in hooks:
-            h.remove()
-    return torch.cat([got[k] for k in sorted(aux_ids)], dim=-1), got["last"]
 
 
 def forward_features(model, batch: list[list[int]], aux_ids: list[int],
@@ -318,45 +252,14 @@ def gather_shards(res: dict) -> dict:
 # the stage
 
 
-def _conversations(ctx: StageContext) -> tuple[list, dict]:
-    from jobs.data import clean_records, load_conversations
-    if "regenerate" in ctx.inputs:
-        from jobs.regen_store import read_conversations
-        try:
-            records, info = read_conversations(Path(ctx.inputs["regenerate"]))
-        except (OSError, ValueError) as e:
-            raise StageError(f"extract: the regenerate artifact is unreadable ({e}); rerun "
-                             "with --force regenerate")
-        convs, rep = clean_records(records)
-        return convs, {"source": "regenerate", **info, **rep, "train": len(convs)}
-    from jobs.contamination import bench_guard
-    train, _holdout, report = load_conversations(ctx.spec.data)
-    guard = bench_guard(ctx.spec)  # no bench prompt in the training data
-    kept = [c for c in train if not guard.conversation(c)]
-    report["dropped_contaminated"] = len(train) - len(kept)
-    if not kept:
-        raise StageError("data: every training conversation holds a bench prompt (MT-bench, "
-                         "HumanEval or the holdout's); use other data")
-    return kept, {**report, "train": len(kept)}
-
-
-def _write_json(path: Path, obj) -> None:
-    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True, default=str))
-
-
 def write_target_parts(model, config: dict, out_dir: Path) -> dict[str, str]:
     """target_head.safetensors (embed_tokens, norm, lm_head; lm_head = embed copy when tied) and
     target_config.json. Returns {relative path: sha256}."""
     from safetensors.torch import save
-    _write_json(out_dir / "target_config.json", config)
+    write_json(out_dir / "target_config.json", config)
     if (out_dir / "target_head.safetensors").exists():  # atomic: present = complete (resume)
         return {"target_head.safetensors": sha256_file(out_dir / "target_head.safetensors")}
-    _base, _layers, norm = decoder_parts(model)
-    embed = model.get_input_embeddings().weight.detach().cpu()
-    head = model.get_output_embeddings().weight.detach().cpu()
-    tensors = {"embed_tokens": embed.clone().contiguous(),
-               "norm": norm.weight.detach().cpu().clone().contiguous(),
-               "lm_head": head.clone().contiguous()}
+    tensors = {k: v.cpu().clone().contiguous() for k, v in target_head(model).items()}
     hashes = {"target_head.safetensors": write_atomic(out_dir / "target_head.safetensors",
                                                       [save(tensors)])}
     return hashes
@@ -369,55 +272,36 @@ def run(ctx: StageContext) -> dict:
     summary; rank 0 writes target parts and features.json after all shards exist.
     Raises StageError for bad data, a tokenizer without chat template, aux ids out of range for
     the real model, a hidden-size mismatch, or a full disk."""
-    from jobs.data import tokenize_dataset
-    from jobs.target import config_sha256, hf_folder, load_target, tokenizer_sha256
     spec, p, out = ctx.spec, ctx.params, Path(ctx.out_dir)
     rank, world = D.check(ctx)
     out.mkdir(parents=True, exist_ok=True)
     if not torch.cuda.is_available():
         torch.set_num_threads(min(torch.get_num_threads(), os.cpu_count() or 1))
-    convs, data_report = _conversations(ctx)
-    if world > 1:  # a GGUF target is converted once, by rank 0, before the others read it
-        D.rank0_first(rank, lambda: hf_folder(spec.target))
-    model, tok, cfg = load_target(spec)
-    samples, tok_report = tokenize_dataset(tok, convs, spec.target.chat_template,
-                                           spec.data.max_length)
-    aux_ids = list(spec.aux_ids)
-    check_aux_ids(model, aux_ids)
-    H = model.config.hidden_size
-    if spec.target.hidden_size and spec.target.hidden_size != H:
-        raise StageError(f"target.hidden_size = {spec.target.hidden_size}, but the loaded model "
-                         f"has hidden_size {H}")
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    td = load_target_data(ctx)
+    model, samples, tok_report, aux_ids = td.model, td.samples, td.tok_report, list(spec.aux_ids)
     res = gather_shards(extract_samples(model, samples, aux_ids, out, p.shard_samples,
-                                        p.batch_tokens, pad, progress=rank == 0, rank=rank,
+                                        p.batch_tokens, td.pad, progress=rank == 0, rank=rank,
                                         world=world))
     if rank == 0:
-        ctx.file_hashes.update(write_target_parts(model, cfg, out))
+        ctx.file_hashes.update(write_target_parts(model, td.cfg, out))
     ctx.file_hashes.update({s["file"]: s["sha256"] for s in res["shards"]})
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    n_tok = sum(s["num_tokens"] for s in res["shards"])
+    n_tok = sum(sh["num_tokens"] for sh in res["shards"])
+    cm = capture_manifest(spec, td)
     manifest = {
-        "format": FORMAT, "aux_layer_ids": aux_ids, "hf_hidden_indices": to_hf_indices(aux_ids),
-        "hidden_size": H, "feature_width": len(aux_ids) * H, "dtype": dtype,
-        "num_hidden_layers": len(decoder_parts(model)[1]),
-        "target_path": spec.target.path, "target_config_sha256": config_sha256(cfg),
-        "tokenizer_sha256": tokenizer_sha256(tok), "chat_template": tok_report["template"],
-        "max_length": spec.data.max_length, "num_samples": len(samples), "num_tokens": n_tok,
-        "num_supervised_tokens": tok_report["supervised_tokens"], "shards": res["shards"],
-        "data_report": {**data_report, "tokenize": tok_report},
+        **cm, "format": FORMAT, "num_tokens": n_tok, "shards": res["shards"],
+        "data_report": {**td.data_report, "tokenize": tok_report},
         "tensors": {"input_ids": "int64 [T]", "loss_mask": "uint8 [T]",
-                    "aux_hidden": f"{dtype} [T, {len(aux_ids) * H}]",
-                    "last_hidden": f"{dtype} [T, {H}]", "offsets": "int64 [n+1]",
-                    "sample_ids": "int64 [n]"},
+                    "aux_hidden": f"{cm['dtype']} [T, {cm['feature_width']}]",
+                    "last_hidden": f"{cm['dtype']} [T, {cm['hidden_size']}]",
+                    "offsets": "int64 [n+1]", "sample_ids": "int64 [n]"},
     }
     if rank == 0:
-        _write_json(out / MANIFEST, manifest)
+        write_json(out / MANIFEST, manifest)
         for sh in res["shards"]:  # features.json now records the hashes
             sha_record(out / sh["file"]).unlink(missing_ok=True)
     D.barrier()  # the manifest exists before any rank returns
     secs = max(res["seconds"], 1e-9)
-    dropped = sum(data_report.get("dropped", {}).values())
+    dropped = sum(td.data_report.get("dropped", {}).values())
     return {"samples": len(samples), "tokens": (n_tok, "tok"),
             "supervised_tokens": (tok_report["supervised_tokens"], "tok"),
             "tokens_per_s": (res["computed_tokens"] / secs if res["computed_tokens"] else 0.0,

@@ -22,6 +22,10 @@ read.
 Disk per token: (3+1) * Ht * bytes(dtype) + 9 bytes; SmolLM2 (Ht 576) = 4,617 B in bf16,
 9,225 B in float32; Kimi (Ht 7168) = 57,353 B in bf16.
 
+An online train stage (stages.train.features: online; jobs/train_data.py) writes the same
+manifest, with format ONLINE_FORMAT and no shards, and target_config.json into its own artifact:
+export reads them from there. open_features refuses it (there are no features to read).
+
 The manifest records the layer ids ACTUALLY captured (SGLang convention and HF indices) and the
 width; `open_features` refuses features that do not match the spec's drafter, naming both values.
 """
@@ -39,6 +43,8 @@ from runner.errors import StageError
 
 FORMAT = "eagle3-features/2"
 READABLE = ("eagle3-features/1", FORMAT)
+# the capture manifest of an online train artifact: the same fields, no shards (nothing to read)
+ONLINE_FORMAT = "eagle3-features/online"
 MANIFEST = "features.json"
 
 

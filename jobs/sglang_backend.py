@@ -30,6 +30,7 @@ from pathlib import Path
 from jobs.bench_results import (config_fields, config_id, prompt_row, save_results, summary_row,
                                 train_samples)
 from runner.drafts.layout import ALGORITHM
+from runner.drafts.server import simulate_acc_len_problem
 from runner.errors import StageError
 
 ACCEPT_LEN_RE = re.compile(r"accept len:\s*([0-9]+(?:\.[0-9]+)?)")
@@ -183,6 +184,9 @@ def run_bench(ctx, export_dir: Path) -> dict:
     from jobs.prompts import load_prompt_set, render
     from jobs.target import hf_folder, load_tokenizer
     p, spec, o = ctx.params, ctx.spec, ctx.params.sglang
+    simulated = simulate_acc_len_problem(os.environ)  # the servers inherit this environment
+    if simulated:
+        raise StageError(f"bench: {simulated}")
     model = str(hf_folder(spec))
     tok = load_tokenizer(spec)
     sets = {s: [(q["id"], render(tok, q["messages"])) for q in load_prompt_set(s, spec, p.num_prompts)]

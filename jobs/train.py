@@ -1,16 +1,26 @@
 """Stage `train`: TTT (training-time test) training of the EAGLE-3 drafter, as a small recipe:
-`setup` (features, draft vocab, drafter, AdamW), `train_step`, `evaluate`, `checkpoint` (and
+`setup` (sample source, draft vocab, drafter, AdamW), `train_step`, `evaluate`, `checkpoint` (and
 `resume`), `finish` (the outputs). A run's state lives in one place, `TrainRun` (its `Learner`
-holds what a step uses). The objective itself (batches, soft labels, the K-step loss and its
-alignment) is jobs/ttt.py.
+holds what a step uses). The objective: the fast step of jobs/ttt_fast.py (packed rows, Triton
+kernels on CUDA) by default; the reference of jobs/ttt.py (its alignment and loss, which the
+fast step equals: tests/test_ttt.py) when Learner.impl is None (tests, the bench baseline).
 
-Inputs: ctx.inputs["extract"] (jobs/features.py format). Outputs in ctx.out_dir:
+Inputs (jobs/train_data.py): ctx.inputs["extract"] (jobs/features.py format), or with
+stages.train.features: online the target itself, run on each batch (ctx.inputs["regenerate"]
+or the spec's data give the conversations). Outputs in ctx.out_dir:
   draft.safetensors   Eagle3Draft.state_dict(): fc.weight, midlayer.*, norm.weight,
                       lm_head.weight, d2t (int64 offsets), t2d (bool) -- float32
   draft_config.json   DraftConfig.as_dict() (load with DraftConfig(**json))
   train_metrics.json  summary, eval history, vocab stats
   vocab/vocab-<key>.pt  the cached draft-vocab mapping (jobs/vocab.py)
   ckpt.pt             the resumable checkpoint (removed when training completes)
+  features.json, target_config.json  online only: the capture manifest and the target's config
+                      (export reads them here instead of from an extract artifact)
+
+Host syncs: a step queues its work and returns device tensors; the loop reads them once every
+SYNC_EVERY steps (and before each evaluation, checkpoint and the end). There it fails with a
+StageError at the first non-finite loss or gradient norm, naming that step and its batch's
+sample ids, before any checkpoint could keep the broken weights.
 
 Data parallel (ctx.world_size > 1, launched by runner/launch.py; DDP over NCCL/gloo): batch_size
 stays the GLOBAL batch. Rank r takes samples r::world of each step's batch; the per-step token
@@ -18,6 +28,7 @@ counts are all-reduced before the loss, so each rank's loss is its share of the 
 mean and DDP's gradient average (x world) is exactly the single-rank gradient (up to float
 summation order). Eval batches are spread round-robin and their sums all-reduced. Rank 0 alone
 writes the vocab cache (first), checkpoints and outputs; every rank resumes from the same ckpt.pt.
+Online, each rank runs its own copy of the target on its own slice of each batch.
 """
 
 from __future__ import annotations
@@ -30,20 +41,23 @@ import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from functools import partial
+from typing import Any, NamedTuple
 
 import torch
 
 from jobs import dist as D
+from jobs import ttt_fast as F
 from jobs import vocab as V
 from jobs.draft_model import DraftConfig, Eagle3Draft
-from jobs.features import Features, open_features
+from jobs.train_data import batch_indices, open_source, split_samples
 from jobs.ttt import TTTObjective, loss_counts, make_batch, target_dist, to_device, ttt_loss
 from runner.errors import StageError
 from runner.files import atomic_path, atomic_write
 from runner.stage import StageContext
 
 CKPT = "ckpt.pt"
+SYNC_EVERY = 32  # optimizer steps between host reads of the step results (module docstring)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -54,8 +68,9 @@ CKPT = "ckpt.pt"
 class Learner:
     """What one optimizer step uses: the drafter (and its DDP wrapper when data parallel), AdamW,
     the TTT settings p (stages.train: ttt_steps, step_decay, grad_clip, batch_size), the target's
-    head {norm [Ht], lm_head [V, Ht]} and the draft vocab (used [Vd] target ids, t2d [V] bool) on
-    `device`, and the target's RMSNorm eps."""
+    head and the draft vocab (used [Vd] target ids, t2d [V] bool) on `device`, the target's
+    RMSNorm eps, and impl: the fast step's paths (jobs/ttt_fast.py Impl; head = its split_head)
+    or None for the reference objective (jobs/ttt.py; head = {norm [Ht], lm_head [V, Ht]})."""
 
     model: Eagle3Draft
     opt: torch.optim.Optimizer
@@ -68,6 +83,26 @@ class Learner:
     ddp: Any = None  # DDP(TTTObjective(model)) when world > 1
     rank: int = 0
     world: int = 1
+    impl: Any = None  # jobs/ttt_fast.py Impl; None = the reference objective
+
+    def objective(self) -> TTTObjective:
+        """The drafter and its loss as one module (what DDP wraps)."""
+        loss = ttt_loss if self.impl is None else partial(F.fast_ttt_loss, impl=self.impl)
+        return TTTObjective(self.model, self.p.ttt_steps, self.p.step_decay, loss)
+
+    def prepare(self, samples: list[dict]) -> tuple[dict, Any]:
+        """Samples -> (batch on the device, the target's side): the fast path's packed rows and
+        TargetLogits, or the reference's padded batch and target_dist."""
+        K = self.p.ttt_steps
+        if self.impl is not None:
+            return F.prepare(samples, K, self.head, self.eps, self.device)
+        batch = to_device(make_batch(samples, K), self.device)
+        return batch, target_dist(batch["tgt_hidden"], self.head, self.used, self.t2d, self.eps)
+
+    def counts(self, batch: dict, tgt) -> torch.Tensor:
+        """Trained positions per TTT step [K] int64 (the loss denominators)."""
+        fn = loss_counts if self.impl is None else F.fast_loss_counts
+        return fn(batch, tgt, self.p.ttt_steps)
 
     def autocast(self):
         """bf16 autocast on CUDA; a no-op context on the CPU (float32)."""
@@ -76,73 +111,75 @@ class Learner:
         return torch.autocast("cpu", enabled=False)
 
 
-def train_step(learner: Learner, samples: list[dict],
-               empty: bool = False) -> tuple[float, float, int]:
+class StepOut(NamedTuple):
+    """What a step returns, without a host sync: loss and grad norm (before clipping) as device
+    scalars, tokens an int (one rank) or a device scalar (data parallel, all-reduced)."""
+    loss: torch.Tensor
+    gnorm: torch.Tensor
+    tokens: Any
+
+
+def train_step(learner: Learner, samples: list[dict], empty: bool = False) -> StepOut:
     """One optimizer step on `samples` (no LR-scheduler step): batch, target distribution, TTT
-    loss, backward, grad clipping (p.grad_clip), AdamW.
+    loss, backward, grad clipping (p.grad_clip), AdamW. No host sync on the fast path.
 
     Data parallel (learner.ddp set): `samples` = this rank's slice of the global batch. The
     per-step counts are summed over ranks first and the backward loss is scaled by the world
     size, so DDP's gradient AVERAGE equals the gradient of the global loss. empty = this rank has no
     sample this step: `samples` is a stand-in whose mask is cleared (it adds exactly 0 but joins
     the all-reduce).
-    Returns (global loss, grad norm before clipping, global sequence tokens)."""
+    Returns StepOut(global loss, grad norm before clipping, global sequence tokens)."""
     p = learner.p
-    batch = to_device(make_batch(samples, p.ttt_steps), learner.device)
+    batch, tgt = learner.prepare(samples)
     if empty:
         batch["pmask"].zero_()
         batch["tokens"] = 0
-    tgt = target_dist(batch["tgt_hidden"], learner.head, learner.used, learner.t2d, learner.eps)
     learner.opt.zero_grad(set_to_none=True)
     if learner.ddp is None:
         with learner.autocast():
-            loss, _ = ttt_loss(learner.model, batch, tgt, p.ttt_steps, p.step_decay)
+            loss, _ = learner.objective()(batch, tgt)
         loss.backward()
         ntok = batch["tokens"]
     else:
-        denom = D.all_reduce_sum(loss_counts(batch, tgt, p.ttt_steps))
+        denom = D.all_reduce_sum(learner.counts(batch, tgt))
         with learner.autocast():
             loss, _ = learner.ddp(batch, tgt, denom)
         (loss * learner.world).backward()
         ntok = torch.tensor(float(batch["tokens"]), device=learner.device, dtype=torch.float64)
         red = D.all_reduce_sum(torch.stack([loss.detach().double(), ntok]))
-        loss, ntok = red[0], int(red[1])
+        loss, ntok = red[0], red[1]
     gnorm = torch.nn.utils.clip_grad_norm_(learner.model.parameters(), p.grad_clip)
     learner.opt.step()
-    return float(loss.detach()), float(gnorm), ntok
+    return StepOut(loss.detach(), gnorm.detach(), ntok)
 
 
-def evaluate(learner: Learner, feats: Features, ids: list[int]) -> dict:
-    """Loss and per-step top-1 accuracy of the drafter on samples `ids` (no grad).
-    Data parallel: batch k (of p.batch_size samples) runs on rank k % world and the sums are
-    all-reduced, so every rank returns the single-rank numbers."""
+def evaluate(learner: Learner, source, ids: list[int]) -> dict:
+    """Loss and per-step top-1 accuracy of the drafter on samples `ids` of `source`
+    (jobs/train_data.py; no grad). Data parallel: batch k (of p.batch_size samples) runs on rank
+    k % world and the sums are all-reduced, so every rank returns the single-rank numbers."""
     p, model = learner.p, learner.model
     model.eval()
-    tot = torch.zeros(3, p.ttt_steps, dtype=torch.float64)
-    loss_sum, nb = 0.0, 0
+    obj = learner.objective()
+    # [3 x K] sums of step loss, correct, count, then the loss sum and the batch count
+    tot = torch.zeros(3 * p.ttt_steps + 2, dtype=torch.float64, device=learner.device)
     with torch.no_grad():
         for k, a in enumerate(range(0, len(ids), p.batch_size)):
             if k % learner.world != learner.rank:
                 continue
-            batch = to_device(make_batch([feats.get(i) for i in ids[a:a + p.batch_size]],
-                                         p.ttt_steps), learner.device)
-            tgt = target_dist(batch["tgt_hidden"], learner.head, learner.used, learner.t2d,
-                              learner.eps)
+            batch, tgt = learner.prepare(source.batch(ids[a:a + p.batch_size]))
             with learner.autocast():
-                loss, st = ttt_loss(model, batch, tgt, p.ttt_steps, p.step_decay)
-            loss_sum, nb = loss_sum + float(loss), nb + 1
-            tot += torch.stack([st["loss"], st["correct"], st["count"]])
-    if learner.world > 1:
-        red = D.all_reduce_sum(torch.cat([tot.flatten(), torch.tensor([loss_sum, nb],
-                                          dtype=torch.float64)]).to(learner.device)).cpu()
-        tot, loss_sum, nb = red[:-2].view(3, -1), float(red[-2]), int(red[-1])
+                loss, st = obj(batch, tgt)
+            tot += torch.cat([torch.stack([st["loss"], st["correct"], st["count"]]).flatten()
+                              .to(tot.device), torch.stack([loss.double(), tot.new_tensor(1.0)])])
+    red = D.all_reduce_sum(tot).cpu()  # the one host sync of an evaluation
+    tot, loss_sum, nb = red[:-2].view(3, -1), float(red[-2]), int(red[-1])
     model.train()
     return {"loss": loss_sum / max(nb, 1), "loss_step": (tot[0] / max(nb, 1)).tolist(),
             "acc_step": (tot[1] / tot[2].clamp_min(1)).tolist()}
 
 
 # ---------------------------------------------------------------------------------------------
-# schedule, data order, RNG state
+# schedule, RNG state
 
 
 def lr_lambda(step: int, warmup: int, total: int) -> float:
@@ -150,15 +187,6 @@ def lr_lambda(step: int, warmup: int, total: int) -> float:
     if step < warmup:
         return (step + 1) / (warmup + 1)
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
-
-
-def batch_indices(step: int, n: int, bs: int, seed: int) -> list[int]:
-    """Training-sample indices of optimizer step `step`: a fresh permutation per epoch, a pure
-    function of (step, seed), so a resumed run sees exactly the uninterrupted run's batches."""
-    spe = math.ceil(n / bs)
-    epoch, b = divmod(step, spe)
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
-    return perm[b * bs:(b + 1) * bs].tolist()
 
 
 def _rng_state() -> dict:
@@ -189,7 +217,7 @@ class TrainRun:
     (step .. history: what `checkpoint` saves and `resume` restores)."""
 
     ctx: StageContext
-    feats: Features
+    source: Any  # jobs/train_data.py Offline | Online
     cfg: DraftConfig
     train_ids: list[int]
     eval_ids: list[int]
@@ -202,6 +230,9 @@ class TrainRun:
     tokens: int = 0  # sequence tokens trained on
     train_s: float = 0.0  # seconds in optimizer steps (eval and checkpoints excluded)
     history: list = field(default_factory=list)  # evaluations, oldest first
+    pending: list = field(default_factory=list)  # (step, StepOut) not yet read on the host
+    budgeted: bool = False  # total already shrunk to stages.train.max_minutes (fit_budget)
+    budget_s: list = field(default_factory=list)  # (step, train_s) at the host reads
 
     @property
     def out(self) -> Path:
@@ -213,60 +244,66 @@ class TrainRun:
         return (self.eval_ids, "eval") if self.eval_ids else (self.train_ids, "trainset")
 
 
-def setup(ctx: StageContext) -> TrainRun:
-    """Open the features, build (or load) the draft vocab, initialise the drafter (seeded by
-    stages.train.seed), AdamW and its schedule. Raises StageError for unusable inputs."""
+def setup(ctx: StageContext, impl: Any = "spec") -> TrainRun:
+    """Open the sample source (jobs/train_data.py), build (or load) the draft vocab, initialise
+    the drafter (seeded by stages.train.seed), AdamW and its schedule. impl: the fast step's
+    paths ("spec" = stages.train.kernels through jobs/ttt_fast.py Impl.named; "best" =
+    Impl.best(device)) or None (the reference objective).
+    Raises StageError for unusable inputs."""
     p, spec, out = ctx.params, ctx.spec, Path(ctx.out_dir)
     rank, world = D.check(ctx)
     out.mkdir(parents=True, exist_ok=True)
-    if "extract" not in ctx.inputs:
-        raise StageError("stage train needs the extract stage's artifact (stages.extract).")
-    feats = open_features(ctx.inputs["extract"], spec.aux_ids, spec.feature_width)
-    tcfg = feats.target_config
+    source = open_source(ctx)
+    tcfg = source.target_config
     cfg = DraftConfig.from_spec(spec, tcfg)
     if cfg.hidden_size != cfg.target_hidden_size:
         raise StageError(f"drafter.hidden_size = {cfg.hidden_size} differs from the target's "
                          f"{cfg.target_hidden_size}: the drafter reuses the target's frozen "
                          "embedding, so this trainer needs equal sizes. Remove drafter.hidden_size.")
-    train_ids, eval_ids = _split(len(feats), p)
+    train_ids, eval_ids = split_samples(len(source), p)
     eps = float(tcfg.get("rms_norm_eps") or 1e-5)
     device = _device(ctx)
 
     # draft vocab (cached under a content hash that includes both sizes)
-    key = V.cache_key(V.features_identity(feats.root), train_ids, cfg.draft_vocab_size,
-                      cfg.vocab_size)
+    key = V.cache_key(source.identity, train_ids, cfg.draft_vocab_size, cfg.vocab_size)
     d2t, t2d, vstats = D.rank0_first(rank, lambda: V.build_or_load(
-        out / "vocab", key, lambda: ((s["input_ids"], s["loss_mask"]) for s in
-                                     (feats.get(i, ("input_ids", "loss_mask")) for i in train_ids)),
+        out / "vocab", key, lambda: source.token_masks(train_ids),
         cfg.draft_vocab_size, cfg.vocab_size))
     if vstats["supervised_tokens"] == 0:
-        raise StageError(f"{feats.root}: the loss mask of the {len(train_ids)} training samples "
-                         "is all zero (no assistant tokens found), so there is nothing to train. "
-                         "Check target.chat_template and the extract stage.")
+        raise StageError(f"{source.where}: the loss mask of the {len(train_ids)} training "
+                         "samples is all zero (no assistant tokens found), so there is nothing "
+                         "to train. Check target.chat_template and the data.")
 
-    head = {k: v.to(device) for k, v in feats.head().items()}
+    head = {k: v.to(device) for k, v in source.head().items()}
     if head["lm_head"].shape[0] != cfg.vocab_size:
-        raise StageError(f"{feats.root}/target_head.safetensors: lm_head has "
-                         f"{head['lm_head'].shape[0]} rows, target_config vocab_size is "
-                         f"{cfg.vocab_size}. Re-run extract.")
+        raise StageError(f"{source.where}: the target's lm_head has {head['lm_head'].shape[0]} "
+                         f"rows, its config's vocab_size is {cfg.vocab_size}. Re-run extract.")
     torch.manual_seed(p.seed)
     random.seed(p.seed)
-    model = Eagle3Draft(cfg, head["embed_tokens"].float())
+    model = Eagle3Draft(cfg, head.pop("embed_tokens").to(torch.float32, copy=True))
     model.d2t.copy_(d2t)
     model.t2d.copy_(t2d)
     model.to(device).train()
-    ddp = D.ddp(TTTObjective(model, p.ttt_steps, p.step_decay), device) if world > 1 else None
+    if impl == "spec":
+        impl = F.Impl.named(p.kernels, device)
+    elif impl == "best":
+        impl = F.Impl.best(device)
+    used = V.used_ids(d2t).to(device)
+    if impl is not None:
+        head = F.split_head(head, used)
     opt = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
     spe = math.ceil(len(train_ids) / p.batch_size)
     total = max(1, math.ceil(p.epochs * spe))
     total = min(total, p.max_steps) if p.max_steps else total
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, p.warmup_steps, total))
     fp = hashlib.sha256(json.dumps({"train": p.model_dump(), "draft": cfg.as_dict(), "vocab": key,
-                                    "device": device.type}, sort_keys=True,
+                                    "device": device.type, "impl": impl}, sort_keys=True,
                                    default=str).encode()).hexdigest()[:16]
-    learner = Learner(model, opt, p, head, V.used_ids(d2t).to(device), t2d.to(device), eps, device,
-                      ddp, rank, world)
-    return TrainRun(ctx, feats, cfg, train_ids, eval_ids, vstats, fp, total, learner, sched)
+    learner = Learner(model, opt, p, head, used, t2d.to(device), eps, device, None, rank, world,
+                      impl)
+    if world > 1:
+        learner.ddp = D.ddp(learner.objective(), device)
+    return TrainRun(ctx, source, cfg, train_ids, eval_ids, vstats, fp, total, learner, sched)
 
 
 def resume(run: TrainRun) -> None:
@@ -285,17 +322,19 @@ def resume(run: TrainRun) -> None:
     _set_rng_state(st["rng"])
     run.step, run.tokens, run.train_s, run.history = (st["step"], st["tokens"], st["train_s"],
                                                       st["history"])
+    run.total, run.budgeted = st.get("total", run.total), st.get("budgeted", False)
 
 
 def checkpoint(run: TrainRun) -> None:
     """Save ckpt.pt atomically (rank 0: the ranks hold identical weights and optimizer state
-    under DDP), with the resolved spec inside; every rank waits for it."""
+    under DDP), with the resolved spec inside; every rank waits for it. Call `drain` first."""
     if run.learner.rank == 0:
         with atomic_path(run.out / CKPT) as tmp:
             torch.save({"model": run.learner.model.state_dict(),
                         "opt": run.learner.opt.state_dict(), "sched": run.sched.state_dict(),
                         "rng": _rng_state(), "step": run.step, "tokens": run.tokens,
                         "train_s": run.train_s, "history": run.history, "fingerprint": run.fp,
+                        "total": run.total, "budgeted": run.budgeted,
                         "spec": run.ctx.spec.model_dump(mode="json")}, tmp)
     D.barrier()
 
@@ -303,7 +342,7 @@ def checkpoint(run: TrainRun) -> None:
 def record_eval(run: TrainRun) -> None:
     """Evaluate at the current step; append it to the history and record its metrics."""
     ids, split = run.eval_split
-    r = evaluate(run.learner, run.feats, ids)
+    r = evaluate(run.learner, run.source, ids)
     run.history.append({"step": run.step, "split": split, **r})
     run.ctx.metric(f"{split}_loss", r["loss"], "nats", step=run.step)
     for j, (a, lj) in enumerate(zip(r["acc_step"], r["loss_step"])):
@@ -311,52 +350,101 @@ def record_eval(run: TrainRun) -> None:
         run.ctx.metric(f"{split}_loss_{j}", lj, "nats", step=run.step)
 
 
-def train(ctx: StageContext, stop_at: int | None = None) -> dict:
-    """Train the drafter of ctx.spec on ctx.inputs["extract"]; resume from ctx.out_dir/ckpt.pt.
+def fit_budget(run: TrainRun, budget_s: float) -> None:
+    """Shrink run.total to the steps that fit `budget_s` seconds of optimizer steps, from the
+    step time measured since the first host read (the first SYNC_EVERY steps hold the compile).
+    Deterministic for a given measured time; decided once (a resumed run keeps the decision)."""
+    first = next((st for st in run.budget_s if st[0] >= SYNC_EVERY), None)
+    if first is None or run.step <= first[0]:
+        return
+    per_step = (run.train_s - first[1]) / (run.step - first[0])
+    fit = run.step + int(max(0.0, budget_s - run.train_s) / max(per_step, 1e-9))
+    run.total, run.budgeted = max(run.step, min(run.total, fit)), True
+    print(f"train: stages.train.max_minutes = {budget_s / 60:g}: {per_step * 1000:.1f} ms per "
+          f"step -> {run.total} steps", flush=True)
+
+
+def drain(run: TrainRun) -> tuple[float, int]:
+    """Read the pending steps' results on the host (one sync) and add their tokens.
+    Returns (their mean loss, their count). Raises StageError at the first step whose loss or
+    gradient norm is not finite, naming the step and its global batch's sample ids."""
+    if not run.pending:
+        return 0.0, 0
+    vals = torch.stack([torch.stack([o.loss.double(), o.gnorm.double()])
+                        for _, o in run.pending]).cpu()
+    bad = (~torch.isfinite(vals)).any(1).nonzero()
+    if bad.numel():
+        step, i = run.pending[int(bad[0])][0], int(bad[0])
+        p = run.ctx.params
+        ids = [run.train_ids[j] for j in batch_indices(step - 1, len(run.train_ids),
+                                                        p.batch_size, p.seed)]
+        raise StageError(
+            f"train: non-finite {'loss' if not torch.isfinite(vals[i, 0]) else 'gradient norm'} "
+            f"at step {step} (loss {float(vals[i, 0])}, grad norm {float(vals[i, 1])}); that "
+            f"step's batch holds samples {ids} (dataset order, as extract and data number "
+            "them). Lower stages.train.lr or raise warmup_steps, or check those samples.")
+    run.tokens += sum(int(o.tokens) for _, o in run.pending)
+    n = len(run.pending)
+    run.pending.clear()
+    return float(vals[:, 0].sum()), n
+
+
+def train(ctx: StageContext, stop_at: int | None = None, impl: Any = "spec") -> dict:
+    """Train the drafter of ctx.spec on its sample source (jobs/train_data.py); resume from
+    ctx.out_dir/ckpt.pt. impl: as `setup`.
 
     stop_at (tests only): return None after that many optimizer steps, as if the job had been
     killed there (no checkpoint is written at that point).
     Data parallel when ctx.world_size > 1 (see the module docstring); every rank returns the
     same summary, rank 0 writes the files.
-    Raises StageError for unusable inputs (no samples, no supervised tokens, hidden mismatch)."""
+    Raises StageError for unusable inputs (no samples, no supervised tokens, hidden mismatch)
+    and at the first non-finite loss or gradient norm (`drain`)."""
     from tqdm import tqdm
-    run = setup(ctx)
+    run = setup(ctx, impl)
     done = _completed(run.out, run.fp)
     D.barrier()  # every rank has looked before rank 0 may write anything below
     if done is not None:  # finished before, but the runner never finalized the artifact
         return done
+    run.sched.lr_lambdas[0] = lambda s: lr_lambda(s, ctx.params.warmup_steps, run.total)
     resume(run)
     learner, p = run.learner, ctx.params
     if learner.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(learner.device)
     bar = tqdm(total=run.total, initial=run.step, desc="train", unit="step",
                disable=learner.rank != 0)
-    run_loss, run_n = 0.0, 0
+    run_loss, run_n, t0 = 0.0, 0, time.perf_counter()
     while run.step < run.total:
         if stop_at is not None and run.step >= stop_at:
             bar.close()
             return None  # type: ignore[return-value]
-        t0 = time.perf_counter()
         idx = batch_indices(run.step, len(run.train_ids), p.batch_size, p.seed)
         mine = idx[learner.rank::learner.world]  # this rank's slice of the global batch
-        samples = [run.feats.get(run.train_ids[i]) for i in (mine or idx[:1])]
-        loss, gnorm, ntok = train_step(learner, samples, empty=not mine)
+        samples = run.source.batch([run.train_ids[i] for i in (mine or idx[:1])])
+        out = train_step(learner, samples, empty=not mine)
         run.sched.step()
-        if learner.device.type == "cuda":
-            torch.cuda.synchronize(learner.device)
-        run.train_s += time.perf_counter() - t0
-        run.tokens += ntok
         run.step += 1
-        run_loss, run_n = run_loss + loss, run_n + 1
+        run.pending.append((run.step, out))
         bar.update(1)
-        bar.set_postfix(loss=f"{loss:.3f}", gnorm=f"{gnorm:.2f}")
-        if run.step % p.eval_every == 0 or run.step == run.total:
-            ctx.metric("train_loss", run_loss / run_n, "nats", step=run.step)
-            ctx.metric("lr", run.sched.get_last_lr()[0], "", step=run.step)
-            run_loss, run_n = 0.0, 0
-            record_eval(run)
-        if run.step % p.checkpoint_every == 0 and run.step < run.total:
-            checkpoint(run)
+        log = run.step % p.eval_every == 0 or run.step == run.total
+        ckpt = run.step % p.checkpoint_every == 0 and run.step < run.total
+        if log or ckpt or run.step % SYNC_EVERY == 0:
+            loss_sum, n = drain(run)  # the host sync: the steps so far are done
+            run.train_s += time.perf_counter() - t0
+            run.budget_s.append((run.step, run.train_s))
+            run_loss, run_n = run_loss + loss_sum, run_n + n
+            bar.set_postfix(loss=f"{loss_sum / max(n, 1):.3f}", gnorm=f"{float(out.gnorm):.2f}")
+            if p.max_minutes and not run.budgeted and run.step >= 2 * SYNC_EVERY:
+                fit_budget(run, p.max_minutes * 60)
+                bar.total = run.total
+                log = log or run.step == run.total
+            if log:
+                ctx.metric("train_loss", run_loss / run_n, "nats", step=run.step)
+                ctx.metric("lr", run.sched.get_last_lr()[0], "", step=run.step)
+                run_loss, run_n = 0.0, 0
+                record_eval(run)
+            if ckpt:
+                checkpoint(run)
+            t0 = time.perf_counter()  # eval and checkpoint time excluded
     bar.close()
     if not run.history or run.history[-1]["step"] != run.step:
         record_eval(run)
@@ -370,7 +458,8 @@ def finish(run: TrainRun) -> dict:
     peak, peak_kind = _peak_mem_mib(learner.device)
     last = run.history[-1]
     summary = {"final_loss": (last["loss"], "nats"), "train_steps": (run.step, "steps"),
-               "train_samples": (len(run.train_ids), "samples"),
+               "train_samples": (min(len(run.train_ids), run.step * run.ctx.params.batch_size),
+                                 "samples"),  # the samples trained on (< all: max_steps/budget)
                "tokens_per_s": (run.tokens / run.train_s if run.train_s else 0.0, "tok/s"),
                "peak_mem_mib": (peak, "MiB"),
                "draft_vocab_coverage": (run.vstats["coverage"], "fraction"),
@@ -420,17 +509,6 @@ def _device(ctx) -> torch.device:
     if want != "cpu" and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())  # the launcher set it per rank
     return torch.device("cpu")
-
-
-def _split(n_total: int, p) -> tuple[list[int], list[int]]:
-    """Held-out eval = the LAST eval_samples samples; train = the first num_samples of the rest."""
-    n_avail = n_total - p.eval_samples
-    if n_avail < 1:
-        raise StageError(f"train.eval_samples = {p.eval_samples} leaves no training samples: the "
-                         f"extract artifact holds {n_total}. Lower train.eval_samples or extract "
-                         "more data (data.max_samples).")
-    n = min(p.num_samples or n_avail, n_avail)
-    return list(range(n)), list(range(n_avail, n_total))
 
 
 def _completed(out: Path, fp: str) -> dict | None:

@@ -11,7 +11,7 @@ K = num_steps, N = num_draft_tokens:
             k*k candidates; the k best become the next frontier (not after the last step)
     tree:   the N-1 best of all k + (K-1)*k^2 candidates by score, in candidate order (SGLang sorts
             the selected indices), form the tree under the root (node 0 = the last round's bonus
-            token). Hence SGLang's bound N <= 1 + k + (K-1)*k^2 (max_draft_tokens).
+            token). Hence SGLang's bound N <= 1 + k + (K-1)*k^2 (runner/drafts/rules.py).
 Candidate c < k has the root as parent; a candidate of step i >= 1 has the frontier node that
 expanded it. A parent's score is >= its child's, so the parent of a selected node is selected too,
 except on exact score ties; such an orphan gets parent -1 and is never reached by acceptance.
@@ -60,31 +60,21 @@ from jobs.engine_steps import draft_extend
 from jobs.llama import Llama
 from kernels.llama_decode import target_forward
 from kernels.mask import dense_mask
-
-
-def max_draft_tokens(num_steps: int, topk: int) -> int:
-    """SGLang 0.5.23's bound on num_draft_tokens: the root + every candidate of the draft
-    (k + (K-1)*k^2), before the final top-(N-1) selection. K + 1 for a chain (topk 1)."""
-    return 1 + topk + (num_steps - 1) * topk ** 2
+from runner.drafts.rules import chain_draft_tokens, spec_draft_tokens_problem
 
 
 def check_shape(num_steps: int, eagle_topk: int, num_draft_tokens: Optional[int],
                 width: Optional[int] = None) -> int:
-    """SGLang 0.5.23's rules on a speculative shape -> num_draft_tokens N (None: num_steps + 1
-    for a chain). ValueError, naming the field, when a tree lacks N, a chain's N is not
-    num_steps + 1 (SGLang would reset it), N is outside 2..max_draft_tokens, or the verify
-    `width` is below N."""
-    N = num_draft_tokens or (num_steps + 1 if eagle_topk == 1 else None)
-    if N is None:
-        raise ValueError("num_draft_tokens: required when eagle_topk > 1 (SGLang's "
-                         "--speculative-num-draft-tokens)")
-    if eagle_topk == 1 and N != num_steps + 1:
-        raise ValueError(f"num_draft_tokens = {N}: with eagle_topk 1 it must equal num_steps + 1"
-                         f" = {num_steps + 1}")
-    bound = max_draft_tokens(num_steps, eagle_topk)
-    if not 2 <= N <= bound:
-        raise ValueError(f"num_draft_tokens = {N}: must be in 2..1 + topk + (num_steps-1) * "
-                         f"topk^2 = {bound} (SGLang's bound)")
+    """A speculative shape -> num_draft_tokens N (None: num_steps + 1 for a chain). SGLang's rules
+    are runner/drafts/rules.py's (spec_draft_tokens_problem, every SGLang version row: a tree
+    needs N, a chain's N is num_steps + 1, N <= 1 + k + (K-1)*k^2); this adds the engine's own:
+    N >= 2 and a verify `width` >= N. Raises ValueError naming the field."""
+    problem = spec_draft_tokens_problem(num_steps, eagle_topk, num_draft_tokens)
+    if problem:
+        raise ValueError(problem)
+    N = num_draft_tokens or chain_draft_tokens(num_steps)
+    if N < 2:
+        raise ValueError(f"num_draft_tokens = {N}: the verify forward needs at least 2 rows")
     if width is not None and width < N:
         raise ValueError(f"width = {width}: the verify forward needs at least num_draft_tokens "
                          f"= {N} rows")

@@ -109,14 +109,15 @@ def ttt_loss(model: Eagle3Draft, batch: dict, tgt: tuple, K: int, decay: float,
 
 class TTTObjective(torch.nn.Module):
     """The drafter plus its TTT loss as one module, so that DDP sees a forward call:
-    forward(batch, tgt, denom) = ttt_loss(draft, ...)."""
+    forward(batch, tgt, denom) = loss(draft, batch, tgt, K, decay, denom); loss = ttt_loss or
+    a function of the same signature (jobs/ttt_fast.py fast_ttt_loss with its impl bound)."""
 
-    def __init__(self, draft: Eagle3Draft, K: int, decay: float):
+    def __init__(self, draft: Eagle3Draft, K: int, decay: float, loss=None):
         super().__init__()
-        self.draft, self.K, self.decay = draft, K, decay
+        self.draft, self.K, self.decay, self.loss = draft, K, decay, loss or ttt_loss
 
-    def forward(self, batch: dict, tgt: tuple, denom: torch.Tensor | None = None):
-        return ttt_loss(self.draft, batch, tgt, self.K, self.decay, denom)
+    def forward(self, batch: dict, tgt, denom: torch.Tensor | None = None):
+        return self.loss(self.draft, batch, tgt, self.K, self.decay, denom)
 
 
 def to_device(batch: dict, device) -> dict:

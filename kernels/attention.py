@@ -82,7 +82,7 @@ def _attn_block(q, kb, vb, sks, svs, tm_ptr, start, total, plen, W, w, rmask, m_
     nmask = n < total
     d = tl.arange(0, HD)
     k = tl.load(kb + n[:, None] * sks + d[None, :], mask=nmask[:, None], other=0.0)
-    s = tl.dot(q, tl.trans(k)) * qk_scale  # [BM, BN], log2 units
+    s = (tl.dot(q, tl.trans(k)) * qk_scale).to(tl.float32)  # [BM, BN], log2 units; fp32 always
     j = n - plen  # >= 0: new slot j
     if TREE:
         jj = tl.minimum(tl.maximum(j, 0), W - 1)

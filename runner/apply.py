@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import sys
 import time
@@ -52,7 +53,7 @@ def apply(spec: Spec, plan: Plan, quiet: bool = False) -> tuple[str, list[StageO
     started = now()
     run_row = dict(run_id=run_id, spec_name=spec.name, spec_hash=_spec_hash(spec),
                    code_version=_code_version(), host=host(), executor=plan.executor,
-                   started_at=started, spec_json=spec.model_dump_json())
+                   started_at=started, spec_json=spec.model_dump_json(), pid=os.getpid())
     store.emit("runs", {**run_row, "status": "running"})
     for p in plan.stages:
         if p.action == "skip":

@@ -68,12 +68,17 @@ def _render_plan(plan) -> str:
         lines.append(f"  {i}. {p.id:<22} {p.action:<4}  key {p.key[:12]}  {p.reason}")
     n = sum(p.action == "run" for p in plan.stages)
     lines.append(f"{n} stage(s) to run")
+    lines += [f"warning: {w}" for w in plan.warnings]
+    if plan.disk:
+        from runner.disk import render
+        lines += render(plan.disk)
     return "\n".join(lines)
 
 
 def _selection_args(p) -> None:
     """--force / --only / --variant, shared by plan and apply (runner.plan.build_plan)."""
-    p.add_argument("--force", action="append", metavar="STAGE", help="rerun STAGE")
+    p.add_argument("--force", action="append", metavar="STAGE",
+                   help="rerun STAGE and everything downstream of it")
     p.add_argument("--only", action="append", metavar="STAGE", help="run only STAGE")
     p.add_argument("--variant", action="append", metavar="NAME",
                    help="run only variant NAME ('base' = the spec itself) and what it needs")
@@ -107,7 +112,7 @@ def cmd_apply(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from runner.results import status
+    from runner.status import status
     return status(_results_path(args), args.json, spec_name=_load(args).name if args.spec else None)
 
 
@@ -133,12 +138,13 @@ def cmd_fetch(args) -> int:
 
 def cmd_inspect(args) -> int:
     from runner.inspect import inspect_cli
-    return inspect_cli(args.draft_dir, args.target, args.server_args, args.json)
+    return inspect_cli(args.draft_dir, args.target, args.server_args, args.json,
+                       args.sglang_version)
 
 
 def cmd_convert(args) -> int:
     from runner.convert import convert_cli
-    return convert_cli(args.src, args.dst, args.to, args.target)
+    return convert_cli(args.src, args.dst, args.to, args.target, args.sglang_version)
 
 
 def cmd_report(args) -> int:
@@ -176,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable plan")
     _selection_args(p)
     _selection_args(add("apply", cmd_apply, "execute the plan and print a results table"))
-    p = add("status", cmd_status, "stages of the latest run (and Slurm job states)",
+    p = add("status", cmd_status, "the latest run now: its stages, the one in progress, dead "
+            "runs marked (pid/host or Slurm job state)",
             spec_optional=True)
     p.add_argument("--json", action="store_true")
     p.add_argument("--results", help="DuckDB file (default from the spec or runs/results.duckdb)")
@@ -197,7 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
             spec=False)
     p.add_argument("draft_dir")
     p.add_argument("--target", help="target HF folder, config.json or GGUF (no weights loaded)")
-    p.add_argument("--server-args", help="the sglang.launch_server command line to check")
+    p.add_argument("--server-args", help="the sglang.launch_server command line to check; "
+                   "leading VAR=value words are the server's environment")
+    p.add_argument("--sglang-version", help="check for this SGLang version (default: the "
+                   "installed sglang's, else the newest the rules table knows)")
     p.add_argument("--json", action="store_true")
     p = add("convert", cmd_convert, "convert a speculators / layers.0-style draft to SGLang form",
             spec=False)
@@ -205,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dst")
     p.add_argument("--to", choices=["sglang"], default="sglang")
     p.add_argument("--target", help="target config (needed to check widths and vocab)")
+    p.add_argument("--sglang-version", help="inspect the result for this SGLang version "
+                   "(default as for inspect)")
     p = add("report", cmd_report, "write PNG plots (tau vs samples, per-position acceptance, "
             "tok/s vs num_steps)")
     p.add_argument("--out", default="reports", help="output folder")

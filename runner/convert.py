@@ -9,32 +9,107 @@ What it changes, and why (each is a silent failure in SGLang otherwise):
   hidden_states indices (= SGLang id + 1), so they are shifted down by one;
 - d2t: absolute target ids become offsets (target_id = i + d2t[i]); a float d2t is rebuilt from t2d;
   t2d is written as bool [vocab_size] (rebuilt from d2t when missing).
+- forward-changing flags (runner/drafts/forward.py): the ones SGLang reads (fc_norm,
+  use_aux_norm, norm_output, norm_before_fc, num_aux_hidden_states, bias, attention_bias) are kept
+  as they are, with a note; speculators' norm_before_residual, which no SGLang version reads, is
+  dropped when false (a note) and refused when true;
+- torch_dtype is written explicitly (float32 or none would run the draft in float16 under
+  SGLang's --dtype auto).
 It refuses, saying why, when it cannot decide safely (a second decoder layer, unknown tensors,
-d2t that could be either form, sizes that disagree). Tensor bytes are copied unchanged (no torch);
-the result is inspected and then moved into place atomically.
+d2t that could be either form, sizes that disagree). Tensor bytes are copied unchanged (no torch;
+all-zero chunks stay sparse) and every read is bounded by the source files' sizes. The result is
+written into a temporary sibling of DST (`.tmp-<name>-<pid>`), inspected for the SGLang version
+asked for (default as `runner inspect`), and renamed into place; a convert killed by SIGKILL
+leaves only that temporary folder, which the next convert into the same folder removes (its pid
+is gone); SIGTERM and Ctrl-C remove it at once.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from runner.drafts.layout import (ARCH, AUX_IDS_KEY, LAYER_LISTS, OPTIONAL, config_aux_ids,
-                                  eagle_config, expected_shapes, from_hf_indices, sglang_name)
+from runner.drafts.forward import FORWARD_FLAGS, draft_params
+from runner.drafts.layout import (ARCH, AUX_IDS_KEY, FC_NORM_LEGACY, LAYER_LISTS, config_aux_ids,
+                                  config_view, eagle_config, from_hf_indices, sglang_name)
+from runner.drafts.rules import RULES
 from runner.drafts.safetensors import draft_tensors, tensor_values, write_safetensors
 from runner.errors import ConvertError, InspectError, TargetConfigError
 from runner.files import atomic_path
-from runner.inspect import inspect_draft
+from runner.inspect import inspect_draft, read_small_json
 from runner.target_config import read_target_config
 
 SPECULATORS_ONLY = ("speculators_model_type", "speculators_config", "speculators_version",
                     "transformer_layer_config", "eagle_aux_hidden_state_layer_ids",
                     "norm_before_residual", "embed_requires_grad", "enable_sp_ulysses", "auto_map",
                     "has_no_defaults_at_init")
+SGLANG_FLAGS = ("fc_norm", "use_aux_norm", "norm_output", "norm_before_fc",
+                "num_aux_hidden_states", "bias", "attention_bias")
+_DTYPE_NAMES = {"BF16": "bfloat16", "F16": "float16"}
+
+
+def _flags(src: dict, cfg: dict) -> list[str]:
+    """Notes on the forward-changing flags (kept as they are), refusing norm_before_residual."""
+    nested = src.get("transformer_layer_config") if isinstance(
+        src.get("transformer_layer_config"), dict) else {}
+    nbr = src.get("norm_before_residual", nested.get("norm_before_residual"))
+    notes = []
+    if nbr:
+        raise ConvertError(f"norm_before_residual = {nbr!r}: the draft was trained with "
+                           f"{FORWARD_FLAGS['norm_before_residual']}, which no SGLang version "
+                           "implements (0.5.6-0.5.23 never read it); it cannot be served as "
+                           "trained. Retrain with norm_before_residual false.")
+    if nbr is not None:
+        notes.append("norm_before_residual: false dropped (no SGLang version reads it; false is "
+                     "SGLang's forward)")
+    cfg.pop("norm_before_residual", None)
+    ec = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
+    for f in SGLANG_FLAGS:
+        for where, d in (("", cfg), ("eagle_config.", ec)):
+            if f in d:
+                notes.append(f"kept {where}{f} = {d[f]!r} (read by SGLang: see runner inspect "
+                             "for the versions that implement it)")
+    return notes
+
+
+def _torch_dtype(src_cfg: dict, tensors: dict) -> tuple[str, str]:
+    """(torch_dtype to write, note): the source's bfloat16/float16, else the weights' uniform
+    BF16/F16, else bfloat16 (SGLang --dtype auto runs float32 or no dtype as float16)."""
+    named = src_cfg.get("torch_dtype") or src_cfg.get("dtype")
+    if named in ("bfloat16", "float16"):
+        return named, f"torch_dtype: {named} (from the source config)"
+    kinds = {t["dtype"] for k, t in tensors.items() if "d2t" not in k and "t2d" not in k}
+    if len(kinds) == 1 and next(iter(kinds)) in _DTYPE_NAMES:
+        dt = _DTYPE_NAMES[next(iter(kinds))]
+        return dt, f"torch_dtype: {dt} written (the weights' dtype; the source named {named!r})"
+    return "bfloat16", (f"torch_dtype: bfloat16 written (weights {sorted(kinds)}, the source "
+                        f"named {named!r}; float32 or none would run as float16 under --dtype "
+                        "auto)")
+
+
+def _clean_stale(dst: Path) -> list[str]:
+    """Remove `.tmp-<dst.name>-<pid>` siblings left by converts that were killed (pid gone)."""
+    notes = []
+    for p in dst.parent.glob(f".tmp-{dst.name}-*") if dst.parent.is_dir() else []:
+        pid = p.name.rsplit("-", 1)[-1]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # still running
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError):
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        notes.append(f"removed {p.name}, left by a convert that was killed")
+    return notes
 
 
 def convert_config(src: dict, lm_rows: int, target: dict | None) -> tuple[dict, list[str]]:
@@ -126,56 +201,88 @@ def convert_d2t(d2t: np.ndarray | None, dtype: str | None, t2d: np.ndarray | Non
     return d, []
 
 
-def convert(src, dst, target=None) -> list[str]:
+def convert(src, dst, target=None, sglang_version: str | None = None) -> list[str]:
     """Convert SRC (speculators or layers.0 style) into an SGLang draft at DST (must not exist).
 
-    target: HF folder / config.json / GGUF (checks vocab and widths) or None.
-    Returns notes on what changed. Raises ConvertError (nothing written) when unsafe."""
+    target: HF folder / config.json / GGUF (checks vocab and widths) or None. sglang_version: the
+    version the result is inspected for (None: as `runner inspect`). Returns notes on what
+    changed. Raises ConvertError (nothing written at DST) when unsafe."""
     src, dst = Path(src), Path(dst)
     if dst.exists():
         raise ConvertError(f"{dst} exists; choose a new destination (convert never overwrites).")
     if dst.resolve().is_relative_to(src.resolve()):
         raise ConvertError(f"{dst} is inside the source {src}; choose a destination outside it.")
-    try:
-        scfg = json.loads((src / "config.json").read_text(encoding="utf-8"))
-        tensors = draft_tensors(src)
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError, InspectError) as e:
-        raise ConvertError(f"{src}: needs config.json and *.safetensors ({e})")
+    scfg, why = read_small_json(src / "config.json")
+    if why:
+        raise ConvertError(f"{src}: needs a readable config.json ({why})")
     if not isinstance(scfg, dict):
         raise ConvertError(f"{src}/config.json: must be a JSON object, got a {type(scfg).__name__}")
+    pre = []
+    if "target_hidden_size" in scfg and scfg["target_hidden_size"] is None:  # speculators: same
+        scfg = {k: v for k, v in scfg.items() if k != "target_hidden_size"}
+        pre.append("target_hidden_size: null dropped (SGLang cannot read null; absent = the "
+                   "draft's hidden size)")
+    flat = {**(scfg.get("transformer_layer_config") if isinstance(
+        scfg.get("transformer_layer_config"), dict) else {}), **scfg}
+    bad = config_view(flat)[1]
+    if bad:
+        raise ConvertError(f"{src}/config.json: {bad[0][1]}")
+    try:
+        tensors = draft_tensors(src)
+    except InspectError as e:
+        raise ConvertError(f"{src}: needs readable *.safetensors ({e})")
     tgt = None
     if target:
         try:
             tgt = read_target_config(Path(target).expanduser())
-        except (FileNotFoundError, TargetConfigError) as e:
+        except (OSError, TargetConfigError) as e:
             raise ConvertError(f"--target {target}: cannot read its config ({e})")
     renamed: dict[str, dict] = {}
     for name, t in tensors.items():
         new = sglang_name(name)
+        for old, canon in FC_NORM_LEGACY.items():
+            new = new.replace(old, canon)
         if new.split(".")[0] in LAYER_LISTS:
             raise ConvertError(f"tensor {name}: a second decoder layer; SGLang's EAGLE-3 draft has one.")
         if new in renamed:
             raise ConvertError(f"tensors {name} and another both map to {new}.")
         renamed[new] = t
-    if "lm_head.weight" not in renamed:
-        raise ConvertError("no lm_head.weight (or prefixed variant): nothing to take the draft "
-                           "vocab from.")
-    rows = renamed["lm_head.weight"]["shape"][0]
+    lm = renamed.get("lm_head.weight")
+    if lm is None or len(lm["shape"]) != 2:
+        raise ConvertError("no lm_head.weight [rows, hidden] (or prefixed variant): nothing to "
+                           "take the draft vocab from.")
+    rows = lm["shape"][0]
     cfg, notes = convert_config(scfg, rows, tgt)
+    notes += pre + _flags(scfg, cfg)
+    cfg["torch_dtype"], n_dt = _torch_dtype(flat, tensors)
+    cfg.pop("dtype", None)
+    notes.append(n_dt)
     notes += [f"rename: {a} -> {sglang_name(a)}" for a in sorted(tensors) if sglang_name(a) != a][:3]
-    exp = expected_shapes(cfg)
-    unknown = sorted(set(renamed) - set(exp) - set(OPTIONAL))
+    try:
+        known = set().union(*(draft_params(r, config_view(cfg)[0]) for r in RULES))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+        raise ConvertError(f"config lacks a usable Llama geometry field ({e!r}).")
+    unknown = sorted(set(renamed) - known - {"d2t", "t2d"})
     if unknown:
         raise ConvertError(f"tensors with no SGLang name: {unknown[:5]}; cannot tell what they are.")
     V = cfg["vocab_size"]
-    get = lambda k: tensor_values(renamed[k]) if k in renamed else None  # noqa: E731
-    t2d = get("t2d")
+    for k in ("d2t", "t2d"):
+        if k in renamed and (len(renamed[k]["shape"]) != 1 or renamed[k]["data_offsets"][1]
+                             - renamed[k]["data_offsets"][0] > 1 << 28):
+            raise ConvertError(f"{k} has shape {renamed[k]['shape']}; it must be one-dimensional.")
+    try:
+        get = lambda k: tensor_values(renamed[k]) if k in renamed else None  # noqa: E731
+        t2d = get("t2d")
+        d2t_raw = get("d2t")
+    except InspectError as e:
+        raise ConvertError(str(e))
     t2d = t2d.reshape(-1).astype(bool) if t2d is not None else None
     if t2d is not None and len(t2d) != V:
         raise ConvertError(f"t2d has {len(t2d)} entries but vocab_size is {V}.")
-    d2t_raw = get("d2t")
     if d2t_raw is not None and d2t_raw.reshape(-1).shape[0] != rows:
         raise ConvertError(f"len(d2t) = {d2t_raw.size} but lm_head.weight has {rows} rows.")
+    if d2t_raw is not None and not np.all(np.isfinite(d2t_raw.astype(np.float64))):
+        raise ConvertError("d2t holds NaN or Inf values; token ids cannot be recovered.")
     d2t, n2 = convert_d2t(d2t_raw, renamed.get("d2t", {}).get("dtype"), t2d, rows, V)
     notes += n2
     tid = d2t + np.arange(rows)
@@ -191,6 +298,7 @@ def convert(src, dst, target=None) -> list[str]:
         items.append((name, t["dtype"], t["shape"], (t["file"], t["start"] + t["data_offsets"][0],
                                                        t["start"] + t["data_offsets"][1])))
     items += [("d2t", "I64", [rows], d2t.astype(np.int64)), ("t2d", "BOOL", [V], t2d.astype(np.bool_))]
+    notes += _clean_stale(dst)
     try:
         with atomic_path(dst) as tmp:
             shutil.rmtree(tmp, ignore_errors=True)  # a stale one from an earlier crash
@@ -203,25 +311,38 @@ def convert(src, dst, target=None) -> list[str]:
             (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
             (tmp / "convert.json").write_text(json.dumps({"source": str(src.resolve()),
                                                           "notes": notes}, indent=1))
-            errs = [f for f in inspect_draft(tmp, tgt) if f.severity == "error"]
+            found = inspect_draft(tmp, tgt, sglang_version=sglang_version)
+            errs = [f for f in found if f.severity == "error"]
             if errs:
-                raise ConvertError("the converted draft still fails inspection:\n" +
+                raise ConvertError(f"the converted draft still fails inspection for "
+                                   f"{', '.join(found.sglang.get('rules') or ['?'])}:\n" +
                                    "\n".join(f"  {f.code}: {f.message}" for f in errs))
+            notes.append(f"inspected for SGLang {', '.join(found.sglang['rules'])}: no errors")
+    except InspectError as e:
+        raise ConvertError(f"reading the source failed: {e}; nothing was written at {dst}.")
     except OSError as e:  # e.g. a full disk: nothing is left at dst
         raise ConvertError(f"writing {dst} failed: {e.strerror or e}; nothing was written there.")
     return notes
 
 
-def convert_cli(src, dst, to="sglang", target=None) -> int:
-    """`runner convert SRC DST --to sglang [--target T]`: exit 0 on success, 1 with the reason."""
+def _terminate(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds through atomic_path, which removes the temporary
+
+
+def convert_cli(src, dst, to="sglang", target=None, sglang_version=None) -> int:
+    """`runner convert SRC DST --to sglang [--target T] [--sglang-version V]`: exit 0 on
+    success, 1 with the reason. SIGTERM is turned into an exit that removes the temporary."""
     if to != "sglang":
         print(f"error: --to {to}: only sglang is supported", file=sys.stderr)
         return 1
+    old = signal.signal(signal.SIGTERM, _terminate)
     try:
-        notes = convert(src, dst, target)
+        notes = convert(src, dst, target, sglang_version)
     except ConvertError as e:
         print(f"error: cannot convert {src}: {e}", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, old)
     for n in notes:
         print(f"  {n}")
     print(f"wrote {dst} (SGLang LlamaForCausalLMEagle3); check it with `runner inspect {dst}"

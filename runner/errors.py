@@ -46,6 +46,11 @@ class ConvertError(RunnerError):
     """A draft cannot be converted safely (`runner convert`); the message says why."""
 
 
+class UnsupportedDraftError(RunnerError):
+    """A drafter whose config selects a forward the embedded engine does not implement (it would
+    not compute what SGLang computes, so its tau would not be SGLang's)."""
+
+
 class SlurmError(RunnerError):
     """A Slurm problem the user can fix (no sbatch, unknown partition, a rejected job)."""
 
@@ -56,3 +61,12 @@ class TargetConfigError(RunnerError):
 
 class ReportError(RunnerError):
     """No report can be drawn (no results file, no bench rows); the message says what to run."""
+
+
+class EnvVarError(RunnerError):
+    """A spec path names an environment variable that is not set (or a malformed `${...}`);
+    `name` is the variable."""
+
+    def __init__(self, name: str, message: str):
+        self.name = name
+        super().__init__(message)

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+from runner.errors import EnvVarError
 
 
 @contextmanager
@@ -66,11 +69,37 @@ def cache_dir() -> Path:
     return Path(os.environ.get("EAGLE3_CACHE") or Path.home() / ".cache" / "eagle3-runner")
 
 
-def expand_path(p: str) -> Path:
-    """Expand `~` and `$VARS` in a spec path. $EAGLE3_CACHE defaults to cache_dir()."""
+_VAR = re.compile(r"\$(?:\{(?P<braced>[^}]*)\}|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def expand_vars(p: str) -> str:
+    """Expand `${VAR}` and `$VAR` like a shell, each name exactly (`${USERNAME}` is USERNAME,
+    never `${USER}` + "NAME"; `$VAR` takes the longest name). `$EAGLE3_CACHE` defaults to
+    cache_dir(). A `$` not followed by a name or `{` stays as it is. Raises EnvVarError naming
+    the variable when it is not set, or when a `${...}` is unclosed or not a name."""
     env = dict(os.environ)
     env.setdefault("EAGLE3_CACHE", str(cache_dir()))
-    out = p
-    for k in sorted(env, key=len, reverse=True):
-        out = out.replace("${" + k + "}", env[k]).replace("$" + k, env[k])
-    return Path(os.path.expanduser(out))
+
+    def one(m: re.Match) -> str:
+        name = m.group("plain") if m.group("plain") is not None else m.group("braced")
+        if not _NAME.fullmatch(name):
+            raise EnvVarError(name, f"${{{name}}} is not a variable name (letters, digits, _)")
+        if name not in env:
+            raise EnvVarError(name, f"environment variable {name} is not set; export it, or "
+                                    "write the path out")
+        return env[name]
+
+    out = _VAR.sub(one, p)
+    tail = p[p.rfind("${"):] if "${" in p else ""
+    if tail and "}" not in tail:
+        raise EnvVarError(tail, f"unclosed {tail!r}: write ${{NAME}}")
+    return out
+
+
+def expand_path(p: str) -> Path:
+    """A spec path as a Path: `~` and `${VAR}` / `$VAR` expanded (expand_vars; an unset variable
+    raises EnvVarError). Relative paths stay relative to the current directory here: load_spec
+    has already made a spec file's relative paths absolute against the spec's folder
+    (runner/spec/load.py resolve_spec_paths)."""
+    return Path(os.path.expanduser(expand_vars(p)))

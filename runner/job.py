@@ -19,9 +19,10 @@ from pathlib import Path
 
 from runner.errors import StageError
 from runner.spec.schema import Spec
-from runner.stage import StageContext, finalize
-from runner.stages import DATA_PARALLEL_STAGES, stage_module
+from runner.stage import StageContext, finalize, read_manifest
+from runner.stages import DATA_PARALLEL_STAGES, stage_kind, stage_module
 from runner.store import Store, now, stage_row
+from runner.verify import verify_artifact
 
 
 @dataclass
@@ -111,14 +112,35 @@ def lock_stage(job: StageJob):
     return f
 
 
+def check_inputs(job: StageJob) -> None:
+    """Before the stage reads anything: every input artifact matches its artifact.json
+    (runner/verify.py), and the stage's registry check accepts those inputs (e.g. train's
+    num_samples against the extract). Raises StageError naming the file or field."""
+    manifests = {}
+    for name, path in job.inputs.items():
+        m = read_manifest(Path(path))
+        if m is None:
+            raise StageError(f"{job.id}: its input {name} ({path}) has no artifact.json: it is "
+                             f"not a completed artifact. Rebuild it: runner apply SPEC --force "
+                             f"{name}")
+        verify_artifact(Path(path), m, name)
+        manifests[name] = m
+    check = stage_kind(job.stage).check
+    problem = check(Spec.model_validate_json(job.spec_json), manifests) if check else None
+    if problem:
+        raise StageError(problem)
+
+
 def run_stage(job: StageJob, rank: int = 0, world_size: int = 1) -> dict:
     """Run one stage to completion and finalize its artifact. Returns its summary metrics.
 
-    Records a `stages` row (done or failed, with host, job id and duration). Raises whatever the
+    Records a `running` row when it starts (after taking the lock, before check_inputs), then
+    its `stages` row (done or failed, with host, job id and duration). Raises whatever the
     stage raised after recording it. With world_size > 1 (called by runner/launch.py in every
     rank, the process group already joined): every rank runs the stage; after a barrier rank 0
     alone finalizes the artifact and records rows; other ranks record nothing."""
     if rank != 0:
+        check_inputs(job)
         ctx = make_context(job, rank, world_size)
         stage_module(job.stage).run(ctx)
         _barrier(world_size)
@@ -129,6 +151,10 @@ def run_stage(job: StageJob, rank: int = 0, world_size: int = 1) -> dict:
     lock = None
     try:
         lock = lock_stage(job)  # before any write: a second process fails here, untouched
+        # the stage in progress, for `runner status` (which checks that this pid/job lives)
+        store.emit("stages", job_row(job, "running", started_at=started, finished_at=None,
+                                     job_id=job_id))
+        check_inputs(job)
         ctx = make_context(job, rank, world_size)
         metrics = stage_module(job.stage).run(ctx) or {}
         _barrier(world_size)  # every rank finished writing before the partial dir is renamed

@@ -18,12 +18,14 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from runner import disk
 from runner.errors import PlanError
 from runner.files import atomic_write, cache_dir, expand_path, sha256_file
 from runner.spec.load import variant_spec
 from runner.spec.schema import Spec
-from runner.stage import read_manifest
-from runner.stages import STAGE_ORDER, enabled_stages, stage_kind, stage_needs, stage_slice
+from runner.stage import artifact_identity, read_manifest
+from runner.stages import (STAGE_ORDER, enabled_stages, stage_files, stage_kind, stage_needs,
+                           stage_slice)
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT_PACKAGES = ("jobs", "kernels", "runner")  # their modules are hashed into the code key
@@ -54,6 +56,8 @@ class Plan:
     results: str
     executor: str
     stages: tuple[PlannedStage, ...]
+    warnings: tuple[str, ...] = ()  # problems the executor's machines may not have
+    disk: dict = field(default_factory=dict, compare=False)  # runner/disk.py report
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -183,7 +187,7 @@ def input_files(spec: Spec, stage: str) -> dict:
     """External files a stage reads (their content is part of the key): the registry row's
     `files`, "target" = target.path, "data" = data.path when set."""
     paths = {"target": spec.target.path, "data": spec.data.path}
-    return {f: file_identity(expand_path(paths[f])) for f in stage_kind(stage).files if paths[f]}
+    return {f: file_identity(expand_path(paths[f])) for f in stage_files(spec, stage) if paths[f]}
 
 
 def _flat(d, prefix="") -> dict:
@@ -234,6 +238,14 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
             raise PlanError(f"--force/--only {s!r}: variant {v!r} is not selected by --variant "
                             f"{' '.join(variants)}; add --variant {v} or drop {s!r}")
     work = spec.resolved_work_dir()
+    results = expand_path(spec.results.path)
+    _check_dir("work_dir", work, spec.work_dir)  # before any path below it is looked at
+    _check_length("results.path", Path(os.path.abspath(results)), spec.results.path)
+    if results.is_dir():
+        raise PlanError(f"results.path: {results} is a folder; set it to a .duckdb file, e.g. "
+                        f"{results / 'results.duckdb'}")
+    _check_dir("results.path", results.parent, spec.results.path)
+    _check_results_file(results)
     vspecs = [("base", spec)] + [(v.name, variant_spec(spec, v.name)) for v in spec.variants]
     planned: list[PlannedStage] = []
     by_key: dict[tuple[str, str], PlannedStage] = {}
@@ -261,17 +273,24 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
     # of them applies to that one
     forced_keys = {(e[1], e[2]) for e in entries if e[5]}
     selected_keys = {(e[1], e[2]) for e in entries if e[6]}
+    by_slot: dict[tuple[str, str], PlannedStage] = {}  # (variant, stage) -> its entry
     for vname, stage, key, parts, needs, _, _ in entries:
         artifact = work / stage / key[:16]
         partial = work / stage / f".partial-{key[:16]}"
         if (stage, key) in by_key:
             first = by_key[(stage, key)]
-            planned.append(PlannedStage(vname, stage, key, "skip", f"same as {first.id}",
-                                        str(artifact), str(partial), needs, first.variant, parts))
+            by_slot[(vname, stage)] = PlannedStage(
+                vname, stage, key, "skip", f"same as {first.id}", str(artifact), str(partial),
+                needs, first.variant, parts)
+            planned.append(by_slot[(vname, stage)])
             continue
-        complete = read_manifest(artifact) is not None
+        manifest = read_manifest(artifact)
+        complete = manifest is not None
+        stale = _stale(manifest, [_source(by_slot, n) for n in needs]) if complete else None
         if (stage, key) in forced_keys:
             action, reason = "run", "forced"
+        elif stale and (stage, key) in selected_keys:
+            action, reason = "run", stale
         elif complete:
             action, reason = "skip", "up to date"
         elif (stage, key) not in selected_keys:
@@ -285,7 +304,7 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
             reason = "missing output" if state is None else _explain(state, parts)
         ps = PlannedStage(vname, stage, key, action, reason, str(artifact), str(partial),
                           needs, None, parts)
-        by_key[(stage, key)] = ps
+        by_key[(stage, key)] = by_slot[(vname, stage)] = ps
         planned.append(ps)
     # --only: a selected stage whose upstream is neither complete nor running is an error
     running = {(p.variant, p.stage) for p in planned if p.action == "run"}
@@ -299,20 +318,112 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
             if (src.variant, src.stage) not in running and read_manifest(Path(src.artifact)) is None:
                 raise PlanError(f"{p.id} needs {src.id}, which has no complete output; run it "
                                 f"first (drop --only or add --only {src.stage})")
-    results = expand_path(spec.results.path)
-    _check_dir("work_dir", work, spec.work_dir)
-    if results.is_dir():
-        raise PlanError(f"results.path: {results} is a folder; set it to a .duckdb file, e.g. "
-                        f"{results / 'results.duckdb'}")
-    _check_dir("results.path", results.parent, spec.results.path)
+    specs = dict(vspecs)
+    warnings = []
+    for p in planned:
+        if p.action == "run":
+            for problem in _run_problems(specs[p.variant], p, by_slot):
+                if spec.executor.kind == "slurm" and problem.startswith(("target.", "data.")):
+                    warnings.append(problem + " (it may exist on the compute nodes only)")
+                else:
+                    raise PlanError(problem)
     ex = spec.executor.kind
-    return Plan(spec.name, str(work), str(results), ex, tuple(planned))
+    extracts = [(p.id, specs[p.variant]) for p in planned
+                if p.stage == "extract" and p.action == "run"]
+    online = [(p.id, specs[p.variant]) for p in planned if p.stage == "train"
+              and p.shared_with is None and specs[p.variant].stages.train.features == "online"]
+    return Plan(spec.name, str(work), str(results), ex, tuple(planned),
+                tuple(dict.fromkeys(warnings)), disk.report(extracts, online, work))
+
+
+def _source(by_slot: dict, need: tuple[str, str]) -> PlannedStage:
+    """The entry that computes the artifact of slot `need` (itself, or the entry it shares)."""
+    up = by_slot[need]
+    return up if up.shared_with is None else by_slot[(up.shared_with, up.stage)]
+
+
+def _stale(manifest: dict, sources: list[PlannedStage]) -> str | None:
+    """Why a complete artifact is out of date although its key is not: an upstream it needs
+    reruns in this plan (forced, say: its new output is this stage's new input), or was rebuilt
+    since this artifact was made (its content identity differs from the one recorded in
+    `inputs`). None when it is current."""
+    for up in sources:
+        if up.action == "run":  # name the root cause: the first stage that reruns
+            return up.reason if up.reason.startswith("upstream ") else \
+                f"upstream {up.id} reruns ({up.reason})"
+    seen = manifest.get("inputs")
+    if not isinstance(seen, dict):  # made before inputs were recorded
+        return None
+    for up in sources:
+        m = read_manifest(Path(up.artifact))
+        if m is not None and up.stage in seen and seen[up.stage] != artifact_identity(m):
+            return f"input changed: {up.id} was rebuilt since"
+    return None
+
+
+def _run_problems(spec: Spec, p: PlannedStage, by_slot: dict) -> list[str]:
+    """What would make stage `p` fail at once, checkable now: an input file (target.path,
+    data.path, the fetched ShareGPT) that does not exist, or the registry row's check of its
+    complete upstream artifacts (e.g. train.num_samples against the extract)."""
+    out = []
+    kind = stage_kind(p.stage)
+    for f in stage_files(spec, p.stage):
+        declared = spec.target.path if f == "target" else spec.data.path
+        if declared is None and f == "data" and spec.data.source == "sharegpt":
+            from runner.assets import asset_path
+            from runner.errors import FetchError
+            try:
+                asset_path("sharegpt")
+            except FetchError as e:
+                out.append(f"data.source = sharegpt ({p.id} reads it): {e}")
+        elif declared is not None and not expand_path(declared).exists():
+            out.append(f"{f}.path = {declared!r}: {expand_path(declared)} does not exist "
+                       f"({p.id} reads it). Fix the path"
+                       + (", or run `runner fetch all` for the demo assets." if f == "target"
+                          else "."))
+    if kind.check is not None:
+        manifests = {n: read_manifest(Path(_source(by_slot, (v, n)).artifact))
+                     for v, n in p.needs}
+        if all(m is not None for m in manifests.values()):
+            problem = kind.check(spec, manifests)
+            if problem:
+                out.append(f"{p.id}: {problem}")
+    return out
+
+
+def _check_results_file(path: Path) -> None:
+    """An existing results.path must be a DuckDB file (its header says DUCK at byte 8; DuckDB
+    refuses an empty file too); a missing one is created by the first ingest. Raises
+    PlanError."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise PlanError(f"results.path: cannot read {path} ({e.strerror}); point results.path "
+                        "at a DuckDB file or a new path.")
+    if head[8:12] != b"DUCK":
+        raise PlanError(f"results.path: {path} exists and is not a DuckDB file"
+                        f"{' (it is empty)' if not head else ''}; point "
+                        "results.path at a DuckDB file or a new path (e.g. runs/results.duckdb).")
+
+
+def _check_length(field: str, path: Path, declared: str) -> None:
+    """Raise PlanError when a part of `path` is longer than a file name may be (255 bytes) or
+    the whole leaves too little of PATH_MAX (4096) for the artifacts below it."""
+    long = [part for part in Path(path).parts if len(part.encode()) > 255]
+    if long or len(str(path).encode()) > 3800:
+        what = f"its part {long[0][:40]!r}... has {len(long[0].encode())} bytes (at most 255)" \
+            if long else f"it has {len(str(path).encode())} bytes (at most 3800)"
+        raise PlanError(f"{field} = {declared[:80]!r}: {what}; use a shorter path.")
 
 
 def _check_dir(field: str, path: Path, declared: str) -> None:
     """Raise PlanError unless `path` is (or can be created as) a writable folder: its nearest
     existing ancestor must be a folder we may write to. Nothing is created here."""
     p = Path(os.path.abspath(path))
+    _check_length(field, p, declared)
     while not p.exists() and p != p.parent:
         p = p.parent
     if not p.is_dir():

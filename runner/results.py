@@ -1,4 +1,4 @@
-"""Reading the results store: `runner results`, `runner status`, `runner query`."""
+"""Reading the results store: `runner results`, `runner query` (`runner status`: runner/status.py)."""
 
 from __future__ import annotations
 
@@ -71,37 +71,3 @@ def print_results(db: Path, run_id: str | None = None, as_json: bool = False) ->
     if brows:
         print()
         print(_table(bcols, brows))
-
-
-def status(db: Path, as_json: bool = False, spec_name: str | None = None) -> int:
-    """Stage rows of the latest run (of `spec_name` when given), with Slurm job ids and states."""
-    if not Path(db).exists():
-        raise StoreError(f"no results at {db}; run `runner apply SPEC` first or pass --results")
-    store = Store(db)
-    where = f"WHERE spec_name = '{spec_name}'" if spec_name else ""
-    _, runs = store.query(f"SELECT run_id, status, started_at FROM runs {where} "
-                          "ORDER BY started_at DESC LIMIT 1")
-    if not runs:
-        print("no runs yet")
-        return 0
-    run_id = runs[0][0]
-    cols, rows = store.query(
-        "SELECT variant, stage, status, reason, job_id, host, round(duration_s, 1) AS seconds, "
-        f"error, executor FROM stages WHERE run_id = '{run_id}' ORDER BY started_at")
-    rows = [list(r) for r in rows]
-    slurm_ids = [r[4] for r in rows if r[4] and r[8] == "slurm"]  # local job ids are pids
-    try:
-        from runner.slurm.probes import live_states
-        states = live_states(slurm_ids) if slurm_ids else {}
-        for r in rows:
-            if r[4] in states:
-                r[2] = f"{r[2]} ({states[r[4]]})"
-    except Exception:  # noqa: BLE001 - no Slurm here: states from the store only
-        pass
-    if as_json:
-        print(json.dumps({"run_id": run_id, "status": runs[0][1],
-                          "stages": [dict(zip(cols, r)) for r in rows]}, default=str, indent=1))
-    else:
-        print(f"run {run_id}: {runs[0][1]}")
-        print(_table(cols, rows))
-    return 0

@@ -10,6 +10,7 @@ partial directory to the final one. A directory without `artifact.json` is never
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from runner.files import atomic_write, sha256_file
 from runner.store import Store, now
+from runner.verify import SAMPLE_MIN, remember, sampled_sha256
 
 if TYPE_CHECKING:  # annotations only: a stage's code hash need not cover the schema
     from runner.spec.schema import Spec
@@ -70,16 +72,35 @@ def read_manifest(artifact: Path) -> dict | None:
         return None
 
 
+def artifact_identity(manifest: dict) -> str:
+    """The content identity of a completed artifact: sha256 over its files' hashes. A stage's
+    manifest records the identity of each input it read (`inputs`), so that `runner plan` sees
+    when an upstream was rebuilt after it (runner/plan.py)."""
+    files = json.dumps(manifest.get("files") or {}, sort_keys=True)
+    return hashlib.sha256(files.encode()).hexdigest()
+
+
 def finalize(ctx: StageContext, key: str, parts: dict, final: Path, metrics: dict) -> dict:
-    """Hash every file, write artifact.json last, rename partial -> final. Returns the manifest."""
+    """Hash every file, write artifact.json last, rename partial -> final, remember the files'
+    stat as verified (runner/verify.py). Returns the manifest.
+
+    artifact.json: stage, variant, run_id, cache_key, key_parts, files {rel: sha256}, sizes
+    {rel: bytes}, sampled_sha256 {rel: digest} (files over verify.SAMPLE_MIN), inputs {upstream
+    stage: artifact_identity}, metrics, finished_at."""
     out = Path(ctx.out_dir)
-    files = {}
+    files, sizes, sampled = {}, {}, {}
     for p in sorted(out.rglob("*")):
         if p.is_file() and p.name != MANIFEST and not p.name.startswith(".tmp"):
             rel = str(p.relative_to(out))
             files[rel] = ctx.file_hashes.get(rel) or sha256_file(p)
+            sizes[rel] = p.stat().st_size
+            if sizes[rel] > SAMPLE_MIN:
+                sampled[rel] = sampled_sha256(p)
+    inputs = {name: artifact_identity(read_manifest(path) or {})
+              for name, path in sorted(ctx.inputs.items())}
     manifest = {"stage": ctx.stage, "variant": ctx.variant, "run_id": ctx.run_id,
-                "cache_key": key, "key_parts": parts, "files": files,
+                "cache_key": key, "key_parts": parts, "files": files, "sizes": sizes,
+                "sampled_sha256": sampled, "inputs": inputs,
                 "metrics": {k: (v[0] if isinstance(v, (tuple, list)) else v)
                             for k, v in (metrics or {}).items()},
                 "finished_at": now()}
@@ -90,4 +111,5 @@ def finalize(ctx: StageContext, key: str, parts: dict, final: Path, metrics: dic
         os.replace(final, trash)
         shutil.rmtree(trash, ignore_errors=True)
     os.replace(out, final)
+    remember(final, files)
     return manifest

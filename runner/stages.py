@@ -21,9 +21,10 @@ from typing import Any, Callable, Literal, Optional
 
 from pydantic import Field, create_model, model_validator
 
-from runner.drafts.rules import rules_for, spec_draft_tokens_problem
+from runner.drafts.rules import chain_draft_tokens, spec_draft_tokens_problem
 from runner.errors import PlanError
 from runner.spec.base import Strict
+from runner.spec.server import extra_args_problems, host_problem
 
 # ----------------------------------------------------------------------------------------------
 # the stages' spec blocks
@@ -78,6 +79,11 @@ class TrainStage(Strict):
                                        "samples (data-scaling sweeps); null = all.")
     epochs: float = Field(1.0, gt=0, description="Passes over the training samples.")
     max_steps: Optional[int] = Field(None, ge=1, description="Stop after this many optimizer steps.")
+    max_minutes: Optional[float] = Field(None, gt=0, description=(
+        "A time budget for the optimizer steps (eval and checkpoints excluded): once the step "
+        "time is measured (after the first 64 steps, compilation included in them), the run's "
+        "step count shrinks to what fits, and the cosine schedule with it; train_metrics.json "
+        "records the steps run and train_samples counts only the samples trained on."))
     batch_size: int = Field(4, ge=1, description="Samples per optimizer step.")
     lr: float = Field(1e-4, gt=0, description="Peak AdamW learning rate.")
     warmup_steps: int = Field(20, ge=0, description="Linear warmup, then cosine decay to 0.")
@@ -87,6 +93,17 @@ class TrainStage(Strict):
     eval_samples: int = Field(8, ge=0, description="Held-out extracted samples for evaluation.")
     checkpoint_every: int = Field(100, ge=1, description="Steps between checkpoints.")
     seed: int = Field(0, description="Initialisation and shuffling seed.")
+    kernels: Literal["auto", "triton", "flex", "torch", "reference"] = Field("auto", description=(
+        "The training step: auto = triton on CUDA, torch on CPU; triton = the fast step with "
+        "Triton TTT attention and the fused soft CE (kernels/); flex = flex_attention instead of "
+        "the Triton attention; torch = the fast step (packing, draft-vocab logits) on PyTorch "
+        "references; reference = the plain K-step objective (jobs/ttt.py), the slow baseline."))
+    features: Literal["offline", "online"] = Field("offline", description=(
+        "Where the aux hidden states come from. offline = the extract stage's features on disk "
+        "((3 aux + 1 last) x hidden x dtype bytes per token: `runner plan` estimates them); "
+        "online = the train stage runs the target itself on each batch (each data-parallel "
+        "rank its own copy) and writes nothing but checkpoints and the drafter; the spec then "
+        "has no stages.extract."))
 
 
 class ExportStage(Strict):
@@ -101,7 +118,8 @@ class SpecParams(Strict):
     num_steps: int = Field(..., ge=1, description="--speculative-num-steps: draft chain depth.")
     eagle_topk: int = Field(1, ge=1, description="--speculative-eagle-topk: branching per step.")
     num_draft_tokens: Optional[int] = Field(None, ge=2, description="--speculative-num-draft-tokens;"
-                                            " default num_steps+1 (required when topk > 1).")
+                                            " default num_steps+1 (required when topk > 1); at "
+                                            "most 1 + topk + (num_steps - 1) x topk^2.")
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -112,21 +130,32 @@ class SpecParams(Strict):
 
     @property
     def draft_tokens(self) -> int:
-        return self.num_draft_tokens or rules_for().chain_draft_tokens(self.num_steps)
+        return self.num_draft_tokens or chain_draft_tokens(self.num_steps)
 
 
 class SglangOptions(Strict):
     """How the sglang backend launches servers."""
 
     python: str = Field("python3", description="Interpreter that has sglang installed.")
-    host: str = Field("127.0.0.1", description="Bind address (loopback only).")
+    host: str = Field("127.0.0.1", description="Bind address: loopback only (127.0.0.1, ::1, "
+                      "localhost).")
     port: int = Field(30000, ge=1024, le=65535, description="Speculative server port; baseline "
                       "uses port+1.")
     tp: int = Field(1, ge=1, description="--tp-size.")
     startup_timeout_s: float = Field(900, gt=0, description="Health-check timeout.")
     request_timeout_s: float = Field(600, gt=0, description="Per-request timeout.")
     cuda_graph_max_bs: Optional[int] = Field(None, ge=1, description="--cuda-graph-max-bs.")
-    extra_args: list[str] = Field(default_factory=list, description="Extra server argv items.")
+    extra_args: list[str] = Field(default_factory=list, description="Extra server argv items "
+                                  "(appended last); flags the runner sets itself are refused.")
+
+    @model_validator(mode="after")
+    def _guards(self):
+        problems = extra_args_problems(self.extra_args)
+        if (bad := host_problem(self.host)) is not None:
+            problems.append(bad)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
 
 
 class BenchStage(Strict):
@@ -166,19 +195,53 @@ class StageKind:
     description: str  # the field's description in the spec reference
     needs: Callable[[Any], tuple[str, ...]]  # spec -> upstream stage names (when enabled)
     key: Callable[[Any, dict], dict]  # (spec, spec.model_dump(mode="json")) -> key slice
-    files: tuple[str, ...] = ()  # external inputs hashed into the key: "target", "data"
+    # external inputs hashed into the key ("target", "data"), or spec -> those names
+    files: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = ()
     data_parallel: bool = False  # runs executor.nproc_per_node ranks (one per GPU)
     checkpointable: bool = False  # a Slurm timeout/preemption requeues it; it resumes
+    # (spec, {upstream stage: its artifact.json}) -> why the stage cannot run on those inputs,
+    # or None; runner plan calls it when the upstream is complete, run_stage before the stage
+    check: Optional[Callable[[Any, dict], Optional[str]]] = None
 
     @property
     def module(self) -> str:
         return f"jobs.{self.name}"
 
 
+def _online(spec) -> bool:
+    """Whether the train stage runs the target itself (stages.train.features: online)."""
+    return spec.stages.train is not None and spec.stages.train.features == "online"
+
+
+def _train_key(spec, d: dict) -> dict:
+    key = {"target": _target(d), "drafter": d["drafter"], "aux_layer_ids": spec.aux_ids,
+           "train": d["stages"]["train"]}
+    return {**key, "data": d["data"]} if _online(spec) else key
+
+
 def _target(d: dict) -> dict:
     """The target fields every stage that runs the target depends on."""
     return {k: d["target"][k] for k in ("path", "dtype", "num_hidden_layers", "hidden_size",
                                         "vocab_size", "chat_template")}
+
+
+def _train_check(spec, manifests: dict) -> str | None:
+    """train.num_samples must fit the extract (train would otherwise clamp it silently and a
+    data-scaling sweep would get duplicate points): the extract's `samples` metric."""
+    p, n = spec.stages.train, (manifests.get("extract") or {}).get("metrics", {}).get("samples")
+    if not isinstance(n, int):
+        return None
+    avail = n - p.eval_samples
+    if avail < 1:
+        return (f"stages.train.eval_samples = {p.eval_samples}: the extract holds {n} samples, "
+                "so none are left to train on. Lower train.eval_samples or extract more data "
+                "(data.max_samples).")
+    if p.num_samples is not None and p.num_samples > avail:
+        return (f"stages.train.num_samples = {p.num_samples}: the extract holds {n} samples and "
+                f"train.eval_samples holds out {p.eval_samples}, so {avail} are available. Set "
+                f"num_samples <= {avail} (or null = all), or extract more data "
+                "(data.max_samples).")
+    return None
 
 
 REGISTRY: tuple[StageKind, ...] = (
@@ -192,10 +255,10 @@ REGISTRY: tuple[StageKind, ...] = (
               key=lambda spec, d: {"target": _target(d), "data": d["data"],
                                    "aux_layer_ids": spec.aux_ids, "extract": d["stages"]["extract"]},
               files=("target", "data"), data_parallel=True),
-    StageKind("train", TrainStage, "Train the drafter with TTT.", needs=lambda spec: ("extract",),
-              key=lambda spec, d: {"target": _target(d), "drafter": d["drafter"],
-                                   "aux_layer_ids": spec.aux_ids, "train": d["stages"]["train"]},
-              data_parallel=True, checkpointable=True),
+    StageKind("train", TrainStage, "Train the drafter with TTT.",
+              needs=lambda spec: ("regenerate",) if _online(spec) else ("extract",),
+              key=_train_key, files=lambda spec: ("target", "data") if _online(spec) else (),
+              data_parallel=True, checkpointable=True, check=_train_check),
     StageKind("export", ExportStage, "Write the SGLang draft directory.",
               needs=lambda spec: ("train", "extract"),
               key=lambda spec, d: {"drafter": d["drafter"], "export": d["stages"]["export"]}),
@@ -210,8 +273,21 @@ STAGE_ORDER = tuple(k.name for k in REGISTRY)
 DATA_PARALLEL_STAGES = tuple(k.name for k in REGISTRY if k.data_parallel)
 StageName = Literal[STAGE_ORDER]  # type: ignore[valid-type]
 
+class _StagesRules(Strict):
+    """The rules between stage blocks."""
+
+    @model_validator(mode="after")
+    def _online_has_no_extract(self):
+        if self.train is not None and self.train.features == "online" and self.extract is not None:
+            raise ValueError(
+                "stages.extract: set, but stages.train.features = 'online' runs the target in the "
+                "train stage, so nothing would read the extracted features. Remove stages.extract "
+                "(in a variant: `stages.extract: null`), or use features: offline.")
+        return self
+
+
 Stages = create_model(
-    "Stages", __base__=Strict, __module__=__name__,
+    "Stages", __base__=_StagesRules, __module__=__name__,
     __doc__="Each stage is optional; present = enabled. They run in this order.",
     **{k.name: (Optional[k.params], Field(None, description=k.description)) for k in REGISTRY})
 
@@ -233,6 +309,12 @@ def stage_needs(spec, name: str) -> tuple[str, ...]:
     """The enabled stages that stage `name` reads the artifacts of."""
     on = enabled_stages(spec)
     return tuple(n for n in stage_kind(name).needs(spec) if n in on)
+
+
+def stage_files(spec, name: str) -> tuple[str, ...]:
+    """The external inputs ("target", "data") whose content is part of stage `name`'s key."""
+    f = stage_kind(name).files
+    return f(spec) if callable(f) else f
 
 
 def stage_slice(spec, name: str) -> dict:

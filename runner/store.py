@@ -8,7 +8,8 @@ unlink never duplicates rows), then removes the files. The coordinator ingests a
 anyone may ingest at any time.
 
 Schema (README "Results schema"): runs, stages, metrics (long form), bench (per prompt),
-bench_summary (per configuration).
+bench_summary (per configuration). One row per run (the latest status wins) and one row per
+stage execution: the `running` row a stage writes when it starts is replaced by its outcome.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from runner.files import atomic_write
 SCHEMA = {
     "runs": """run_id VARCHAR, spec_name VARCHAR, spec_hash VARCHAR, code_version VARCHAR,
         host VARCHAR, executor VARCHAR, started_at TIMESTAMP, finished_at TIMESTAMP,
-        status VARCHAR, spec_json VARCHAR""",
+        status VARCHAR, spec_json VARCHAR, pid BIGINT""",
     "stages": """run_id VARCHAR, variant VARCHAR, stage VARCHAR, cache_key VARCHAR, reason VARCHAR,
         status VARCHAR, started_at TIMESTAMP, finished_at TIMESTAMP, duration_s DOUBLE,
         host VARCHAR, job_id VARCHAR, executor VARCHAR, artifact VARCHAR, log_path VARCHAR,
@@ -122,17 +123,17 @@ class Store:
                 fcntl.flock(lf, fcntl.LOCK_UN)
 
     def _create(self, con) -> None:
-        """Create missing tables; add the columns a results file made by an older SCHEMA lacks
-        (new columns are appended to SCHEMA's tables, never renamed: old rows read NULL)."""
+        """Create the tables, and add the columns a results file made by an older version
+        lacks (a new column is appended to its table's SCHEMA entry)."""
+        have = {}
+        for t, c in con.execute("SELECT table_name, column_name FROM information_schema.columns "
+                                "WHERE table_schema = 'main'").fetchall():
+            have.setdefault(t, set()).add(c)
         for t, cols in SCHEMA.items():
             con.execute(f"CREATE TABLE IF NOT EXISTS {t} ({cols})")
-            have = {r[0] for r in con.execute(
-                "SELECT column_name FROM information_schema.columns WHERE table_name = ?",
-                [t]).fetchall()}
-            for col in cols.replace("\n", " ").split(","):
-                name, typ = col.split()
-                if name not in have:
-                    con.execute(f"ALTER TABLE {t} ADD COLUMN {name} {typ}")
+            for col in (c.split() for c in cols.split(",")):
+                if t in have and col[0] not in have[t]:
+                    con.execute(f"ALTER TABLE {t} ADD COLUMN {col[0]} {col[1]}")
         con.execute("CREATE TABLE IF NOT EXISTS _ingested (file VARCHAR PRIMARY KEY, ts TIMESTAMP)")
 
     def ingest(self) -> int:
@@ -166,6 +167,12 @@ class Store:
                         for row in batch["rows"]:
                             if batch["table"] == "runs":  # one row per run: latest status wins
                                 con.execute("DELETE FROM runs WHERE run_id = ?", [row["run_id"]])
+                            elif batch["table"] == "stages" and row.get("status") != "running":
+                                # a stage's outcome replaces the row that said it was running
+                                con.execute("DELETE FROM stages WHERE run_id = ? AND variant = ? "
+                                            "AND stage = ? AND status = 'running'",
+                                            [row.get("run_id"), row.get("variant"),
+                                             row.get("stage")])
                             cols = [c for c in row if row[c] is not None]
                             con.execute(
                                 f"INSERT INTO {batch['table']} ({', '.join(cols)}) VALUES "

@@ -49,11 +49,14 @@ def _read_json(p: Path) -> dict:
     if not isinstance(cfg, dict):
         raise TargetConfigError(f"{p}: a model config must be a JSON object, got a "
                                 f"{type(cfg).__name__}")
-    # multimodal / nested configs (e.g. Kimi-K2.5 text_config)
+    # multimodal / nested configs (e.g. Kimi-K2.5 text_config): the text model's geometry, with
+    # the wrapper's model_type and architectures (what SGLang dispatches on; the layer-id family
+    # of runner/drafts/families.py reads both levels) and the nested block kept
     if "text_config" in cfg and "hidden_size" not in cfg:
         if not isinstance(cfg["text_config"], dict):
             raise TargetConfigError(f"{p}: text_config must be a JSON object")
-        cfg = {**cfg["text_config"], "model_type": cfg.get("model_type")}
+        top = {k: cfg[k] for k in ("model_type", "architectures") if k in cfg}
+        cfg = {**cfg["text_config"], **top, "text_config": cfg["text_config"]}
     return cfg
 
 

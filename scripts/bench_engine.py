@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from runner.drafts.layout import default_aux_ids  # noqa: E402
+from runner.drafts.rules import default_aux_ids  # noqa: E402
 
 PROMPT = "Write a short story about a robot who learns to paint. Describe its first painting."
 

@@ -273,10 +273,11 @@ def main(argv=None) -> dict:
     import torch
     import jobs.extract as ex
     import jobs.shards as shards
+    from jobs.capture import check_aux_ids
     torch.set_num_threads(args.threads)
     model, source, dev, dt = load_model(args)
     aux = [int(x) for x in args.aux.split(",")]
-    ex.check_aux_ids(model, aux)
+    check_aux_ids(model, aux)
     B, S, n = args.batch, args.seq, args.batches
     V = model.config.vocab_size
     g = torch.Generator().manual_seed(0)

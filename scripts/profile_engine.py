@@ -346,7 +346,7 @@ def main(argv=None):
     import torch
     from jobs.draft_model import DraftConfig, Eagle3Draft
     from jobs.llama import from_hf_model
-    from runner.drafts.layout import default_aux_ids
+    from runner.drafts.rules import default_aux_ids
     if not torch.cuda.is_available():
         ap.error("needs CUDA (the steps are timed as CUDA graph replays)")
     deadline = time.time() + a.budget

@@ -63,6 +63,9 @@ expected and why):
   `num_key_value_heads` divides `num_attention_heads`.
 - `stages.bench.configs[]`: with `eagle_topk` 1, `num_draft_tokens` equals `num_steps + 1`;
   always `num_draft_tokens <= num_steps * eagle_topk + 1`; required when `eagle_topk > 1`.
+- `stages.train.features: online` runs the target in the train stage, so `stages.extract` must
+  be absent (a variant: `stages.extract: null`); train then needs only `regenerate` (if present)
+  and its cache key covers the target, the data and the aux ids.
 - `drafter.max_position_embeddings` covers the serving context (`stages.bench.context_length`,
   default `target.max_position_embeddings`).
 - Target geometry (`num_hidden_layers`, `hidden_size`, `vocab_size`, `max_position_embeddings`)
@@ -70,6 +73,32 @@ expected and why):
   declared value that disagrees is an error. Unreadable and undeclared is an error too.
 - `variants[].overrides` are applied like `-o` and each variant is validated as a whole spec;
   they may not change `name`, `work_dir`, `results`, `executor` or `variants`.
+- The drafter geometry is checked against the target's config: each of `num_attention_heads`,
+  `num_key_value_heads`, `head_dim` and `intermediate_size` the spec leaves out is the
+  target's; kv heads must divide heads, `head_dim` must be even (RoPE) and is needed when the
+  heads do not divide the hidden size.
+- `stages.bench.sglang.extra_args` may not set a flag the runner sets itself (the model, host,
+  port, tp size, the speculative flags, CUDA graphs, context length; `--flag=value`, `_` for
+  `-`, aliases and abbreviations included): each error names the dedicated field.
+  `stages.bench.sglang.host` is a loopback address (127.0.0.0/8, ::1, localhost).
+- Names are at most 100 characters (variant names 64): they are parts of file names.
+- No value is coerced silently: a boolean where a number is wanted (YAML reads yes/no/on/off as
+  booleans), NaN, infinity, integers beyond 2^63-1 and empty strings are errors.
+
+## Paths
+
+`work_dir`, `results.path`, `data.path`, `target.path` and `executor.log_dir`:
+- A relative path is relative to the **spec file's folder**, not the current directory, so a
+  spec runs the same from anywhere; the defaults (`runs/${name}`, `runs/results.duckdb`) too.
+  This holds for values given with `-o` and in `variants[].overrides` as well. Absolute paths,
+  `~` and `${EAGLE3_CACHE}/...` are used as written.
+- `${VAR}` and `$VAR` expand like a shell, each name exactly (`${USERNAME}` is USERNAME). An
+  unset variable is an error naming it; `$EAGLE3_CACHE` defaults to the fetch cache
+  (~/.cache/eagle3-runner). `${name}` in `work_dir` is the spec's name.
+- `runner plan` checks what it can before anything runs: the input files of the stages it
+  would run exist (on Slurm a missing one is a warning: it may exist on the compute nodes
+  only), `results.path` is a DuckDB file or new, and `train.num_samples` fits a complete
+  extract (the count available is in the message).
 """
 
 

@@ -17,6 +17,9 @@ def _interpret_triton_without_cuda() -> None:
 
 
 _interpret_triton_without_cuda()
+# specs/drafter-v2.yaml names ${USER}, and an unset variable in a spec path is an error; some CI
+# containers do not set USER
+os.environ.setdefault("USER", __import__("getpass").getuser())
 
 
 # ---- target model (jobs/target.py) -------------------------------------------------------------

@@ -122,3 +122,16 @@ def geometry(**kw) -> dict:
     g = copy.deepcopy(LLAMA8B)
     g.update(kw)
     return g
+
+
+# reading findings (runner.inspect_checks.Finding lists)
+def codes(findings, severity=None) -> list[str]:
+    return [f.code for f in findings if severity is None or f.severity == severity]
+
+
+def errors(findings) -> list[str]:
+    return codes(findings, "error")
+
+
+def msg(findings, code) -> str:
+    return next(f.message for f in findings if f.code == code)

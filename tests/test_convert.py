@@ -49,7 +49,7 @@ def _clean(d, tmp_path):
 
 def test_case03_convert_renames_layers0(tmp_path):
     src = make_draft(tmp_path, TINY, tensor_edit=_layers0, dense=True)
-    assert "E_KEY_LAYERS0" in [f.code for f in inspect_draft(src, _target(tmp_path))]
+    assert "E_KEY_LAYERS0" in [f.code for f in inspect_draft(src, _target(tmp_path), sglang_version="0.5.6")]
     ref = make_draft(tmp_path, TINY, dense=True, name="ref")  # same seed: the intended result
     dst = tmp_path / "out"
     assert cli_main(["convert", str(src), str(dst), "--to", "sglang", "--target",
@@ -89,7 +89,7 @@ def _speculators(src_cfg):
 
 def test_speculators_style_ids_shift_into_eagle_config(tmp_path):
     src = make_draft(tmp_path, TINY, dense=True, cfg_edit=_speculators, tensor_edit=_layers0)
-    codes = [f.code for f in inspect_draft(src, _target(tmp_path))]
+    codes = [f.code for f in inspect_draft(src, _target(tmp_path), sglang_version="0.5.6")]
     assert {"E_SPECULATORS_FORMAT", "E_AUX_IDS_TOP_LEVEL", "E_KEY_LAYERS0"} <= set(codes)
     dst = tmp_path / "out"
     convert(src, dst, _target(tmp_path))

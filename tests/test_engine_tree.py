@@ -17,7 +17,8 @@ from jobs.draft_model import load_exported  # noqa: E402
 from jobs.engine import Engine  # noqa: E402
 from jobs.engine_steps import draft_extend, draft_step  # noqa: E402
 from jobs.llama import from_hf_model  # noqa: E402
-from jobs.tree import draft_tree, max_draft_tokens  # noqa: E402
+from jobs.tree import draft_tree  # noqa: E402
+from runner.drafts.rules import check_draft_tokens  # noqa: E402
 
 AUX = (0, 1, 2)
 SHAPES = [(3, 4, 16), (5, 4, 8), (2, 2, 4)]  # num_steps / eagle_topk / num_draft_tokens
@@ -133,7 +134,7 @@ def test_draft_tree_selects_the_same_tree_as_sglang(K, k, N):
             p = int(parent[p])
         assert set(torch.nonzero(tmask[j])[:, 0].tolist()) == anc
         assert int(depth[j]) == len(anc) - 1
-    assert N <= max_draft_tokens(K, k) and max_draft_tokens(3, 4) == 37
+    assert N <= check_draft_tokens(K, k, None).bound and check_draft_tokens(3, 4, None).bound == 37
 
 
 def test_draft_tree_attention_equals_the_chain_along_each_path(tmp_path):
@@ -232,7 +233,7 @@ def test_tree_engine_rejects_inconsistent_shapes(tmp_path):
     _, t, d = _tiny(tmp_path)
     with pytest.raises(ValueError, match="required when eagle_topk > 1"):
         Engine(t, d, num_steps=3, eagle_topk=4, max_seq=64)
-    with pytest.raises(ValueError, match="= 37 .SGLang's bound"):
+    with pytest.raises(ValueError, match="= 37 .SGLang.s candidate list"):
         Engine(t, d, num_steps=3, eagle_topk=4, num_draft_tokens=38, max_seq=64)
     with pytest.raises(ValueError, match="must equal num_steps"):
         Engine(t, d, num_steps=3, num_draft_tokens=5, max_seq=64)

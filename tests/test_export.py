@@ -132,6 +132,9 @@ def test_speculators_copy_converts_back_to_the_same_drafter(tmp_path):
         np.testing.assert_array_equal(tensor_values(a[k]), tensor_values(b[k]), err_msg=k)
     cb = json.loads((back / "config.json").read_text())
     assert cb["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5]
+    assert cb["torch_dtype"] == "bfloat16"  # written explicitly (--dtype auto: float16 else)
+    notes = json.loads((back / "convert.json").read_text())["notes"]
+    assert any("norm_before_residual: false dropped" in n for n in notes)
 
 
 def _absolute(model):
@@ -142,9 +145,15 @@ def _absolute(model):
     (dict(edit=_absolute), "E_D2T_ABSOLUTE"),
     (dict(manifest_aux=(1, 3, 6)), "captured"),
     (dict(dc_edit=lambda dc: setattr(dc, "rope_theta", 10000.0)), "RoPE"),
+    (dict(edit=lambda m: m.midlayer.mlp.up_proj.weight.data.__setitem__((0, 0), float("nan"))),
+     "NaN/Inf weights"),  # a diverged training (issue 21)
+    (dict(aux=(2, 3, 5), deepseek=True), "first id must be 1"),  # the DeepSeek rule (issue 20)
 ])
 def test_bad_train_artifact_fails_the_stage(tmp_path, kw, match):
-    ctx, _ = make_inputs(tmp_path, tiny_target_config(), speculators=False, **kw)
+    tcfg = tiny_target_config()
+    if kw.pop("deepseek", False):
+        tcfg.update(architectures=["DeepseekV3ForCausalLM"], model_type="kimi_k2")
+    ctx, _ = make_inputs(tmp_path, tcfg, speculators=False, **kw)
     with pytest.raises(StageError, match=match):
         run(ctx)
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import jobs.extract as ex
+from jobs.capture import check_aux_ids
 import jobs.shards as shards
 from jobs.features import MANIFEST, open_features
 from runner.errors import StageError
@@ -94,7 +95,7 @@ def test_forward_features_equal_hf_hidden_states(smollm2):
 def test_aux_id_out_of_range_for_real_model(smollm2):
     model = smollm2[0]
     with pytest.raises(StageError, match=r"30 decoder layers.*0\.\.28"):
-        ex.check_aux_ids(model, [1, 14, 29])
+        check_aux_ids(model, [1, 14, 29])
 
 
 def test_shard_writer_is_valid_safetensors(tmp_path):

@@ -173,7 +173,7 @@ def _smollm2(layers=30) -> Llama:
                     intermediate_size=1536, rope_theta=1e5, tie_word_embeddings=True)
     torch.manual_seed(0)
     with torch.device("cuda"):
-        m = Llama(c, (1, 14, 26)).eval().requires_grad_(False)
+        m = Llama(c, (1, 14, 26) if layers == 30 else (0, 1, layers - 1)).eval().requires_grad_(False)
     return m.to(torch.bfloat16)
 
 

@@ -9,28 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from draft_fixtures import LLAMA8B, TINY, geometry, make_draft, target_config, used_ids
+from draft_fixtures import (LLAMA8B, TINY, codes, errors, geometry, make_draft, msg,
+                            target_config, used_ids)
 from runner.cli import main as cli_main
 from runner.inspect import inspect_draft
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def codes(findings, severity=None):
-    return [f.code for f in findings if severity is None or f.severity == severity]
-
-
-def errors(findings):
-    return codes(findings, "error")
-
-
-def msg(findings, code):
-    return next(f.message for f in findings if f.code == code)
-
-
-def run(d, server_args=None, target="default"):
+def run(d, server_args=None, target="default", v=None):
     t = d.parent / "target" if target == "default" else target
-    return inspect_draft(d, target=t, server_args=server_args)
+    return inspect_draft(d, target=t, server_args=server_args, sglang_version=v)
 
 
 GOOD_ARGS = ("python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B-Instruct "
@@ -70,9 +59,15 @@ def test_case03_layers0_keys(tmp_path):
     def edit(ts):
         for k in [k for k in ts if k.startswith("midlayer.")]:
             ts["layers.0." + k[len("midlayer."):]] = ts.pop(k)
-    f = run(make_draft(tmp_path, tensor_edit=edit))
+    d = make_draft(tmp_path, tensor_edit=edit)
+    f = run(d, v="0.5.6")  # 0.5.6 knows only midlayer.*
     assert errors(f) == ["E_KEY_LAYERS0"]
     assert "midlayer" in msg(f, "E_KEY_LAYERS0") and "runner convert" in msg(f, "E_KEY_LAYERS0")
+    assert "0.5.6" in msg(f, "E_KEY_LAYERS0")
+    for v in ("0.5.14", "0.5.23", "0.5.30"):  # loaded natively; portability warning only
+        f = run(d, v=v)
+        assert errors(f) == [] and "0.5.6" in msg(f, "W_NOT_PORTABLE"), (v, f)
+    assert errors(run(d, v="0.5.10")) == ["E_KEY_LAYERS0"]  # between rows: both apply
 
 
 def test_case04_off_by_one_against_provenance(tmp_path):
@@ -140,9 +135,16 @@ def test_case10_draft_hidden_differs_without_target_hidden_size(tmp_path):
     m = msg(f, "E_TARGET_HIDDEN_SIZE")
     assert "target_hidden_size: 4096" in m and "8192" in m
     # declaring target_hidden_size fixes it
-    ok = make_draft(tmp_path, g, name="ok", tensor_edit=fc,
+    # declaring target_hidden_size switches off the embedding swap: the draft's own embedding
+    # must be in the file (SGLang llama.py set_embed)
+    no_emb = make_draft(tmp_path, g, name="no_emb", tensor_edit=fc,
+                        cfg_edit=lambda c: c.update(target_hidden_size=4096))
+    f = run(no_emb)
+    assert errors(f) == ["E_KEY_MISSING"] and "embed_tokens.weight" in msg(f, "E_KEY_MISSING")
+    ok = make_draft(tmp_path, g, name="ok", tensor_edit=lambda ts: (fc(ts), ts.update(
+        {"embed_tokens.weight": ("BF16", [128256, 8192], None)})),
                     cfg_edit=lambda c: c.update(target_hidden_size=4096))
-    assert run(ok) == []
+    assert codes(run(ok)) == ["W_ENGINE_UNSUPPORTED"]  # our engine swaps in the target's
 
 
 def test_case11_head_dim_mismatch(tmp_path):
@@ -228,9 +230,12 @@ def test_aux_ids_top_level_unsorted_out_of_range(tmp_path):
 
 
 def test_more_than_one_layer_and_tied_embeddings(tmp_path):
-    f = run(make_draft(tmp_path, cfg_edit=lambda c: c.update(num_hidden_layers=2,
-                                                             tie_word_embeddings=True)))
-    assert sorted(errors(f)) == ["E_NUM_LAYERS", "E_TIED_EMBEDDINGS"]
+    d = make_draft(tmp_path, cfg_edit=lambda c: c.update(num_hidden_layers=2,
+                                                         tie_word_embeddings=True))
+    assert sorted(errors(run(d, v="0.5.6"))) == ["E_NUM_LAYERS", "E_TIED_EMBEDDINGS"]
+    f = run(d, v="0.5.23")  # builds two layers: layer 1's tensors are missing
+    assert sorted(errors(f)) == ["E_KEY_MISSING", "E_TIED_EMBEDDINGS"]
+    assert "layers.1." in msg(f, "E_KEY_MISSING")
 
 
 def test_architecture_and_speculators_format(tmp_path):
@@ -267,7 +272,8 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
     assert "clean" in capsys.readouterr().out
     assert cli_main(["inspect", str(bad), "--target", t, "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
-    assert out["ok"] is False and set(out) == {"ok", "findings"}
+    assert out["ok"] is False and set(out) == {"ok", "sglang", "notes", "findings"}
+    assert out["sglang"]["rules"] and out["sglang"]["source"]
     assert all(set(f) == {"severity", "code", "message"} for f in out["findings"])
     assert {"severity": "error", "code": "E_DRAFT_VOCAB_NULL"}.items() <= out["findings"][0].items()
     assert cli_main(["inspect", str(good), "--target", t, "--json",

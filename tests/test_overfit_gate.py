@@ -1,7 +1,8 @@
 """The overfit gate (issue 4 item 6): one test that catches capture-layer, vocab-mapping and
 export bugs together, on the real SmolLM2.
 
-Two MT-bench prompts; the target's own greedy answers to them become the training conversations
+Two short questions (in no bench set: the contamination guard drops bench prompts from
+training data); the target's own greedy answers to them become the training conversations
 (so the target's argmax at every assistant position is the next token of the sample, as after a
 `regenerate` stage). The real stages run in order: extract -> train (until the drafter predicts
 them) -> export (which runs `runner inspect` itself) -> inspect clean against the GGUF -> the
@@ -32,14 +33,12 @@ def _ctx(spec, stage, inputs, out, db):
 
 
 def _prompts() -> list[str]:
-    """The shortest first-turn MT-bench questions (short = fast on 2 CPU cores)."""
-    rows = [json.loads(x) for x in ASSETS["mtbench"].path().read_text().splitlines() if x.strip()]
-    qs = sorted((r["turns"][0] for r in rows), key=len)
-    return qs[:N_PROMPTS]
+    """Two short questions (short = fast on 2 CPU cores), in no bench set."""
+    return ["Name three colours of the rainbow.", "What is the capital city of France?"][:N_PROMPTS]
 
 
 def test_overfit_gate(tmp_path):
-    for a in ("smollm2", "mtbench"):
+    for a in ("smollm2", "mtbench", "humaneval"):
         if not ASSETS[a].path().exists():
             pytest.skip(f"asset {a} missing: run `runner fetch all` first")
     torch.manual_seed(0)

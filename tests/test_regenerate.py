@@ -117,7 +117,8 @@ def _spec_dir(tmp_path, template: bool) -> Path:
     d.mkdir()
     (d / "config.json").write_text(json.dumps({
         "model_type": "llama", "num_hidden_layers": 8, "hidden_size": 64, "vocab_size": 128,
-        "max_position_embeddings": 512, "num_attention_heads": 4}))
+        "max_position_embeddings": 512, "num_attention_heads": 4,
+        "intermediate_size": 128}))
     cfg = {"chat_template": "{{ messages }}"} if template else {}
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
     return d

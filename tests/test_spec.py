@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.drafts.layout import default_aux_ids
+from runner.drafts.rules import default_aux_ids
 from runner.errors import SpecError
 from runner.spec.load import load_spec
 from runner.stages import STAGE_ORDER
@@ -181,10 +181,12 @@ def test_topk1_num_draft_tokens_must_be_steps_plus_1():
 
 
 def test_num_draft_tokens_bounded_by_tree_size():
-    assert load_spec(data=bench_cfg(num_steps=3, eagle_topk=2, num_draft_tokens=7))
+    # SGLang's bound, 1 + topk + (steps - 1) * topk^2 (eagle_utils.py), not steps * topk + 1
+    assert load_spec(data=bench_cfg(num_steps=3, eagle_topk=2, num_draft_tokens=11))
+    assert load_spec(data=bench_cfg(num_steps=3, eagle_topk=4, num_draft_tokens=16))
     msg = one("stages.bench.configs.1.num_draft_tokens",
-              problems(bench_cfg(num_steps=3, eagle_topk=2, num_draft_tokens=8)))
-    assert "num_steps*eagle_topk+1 = 7" in msg
+              problems(bench_cfg(num_steps=3, eagle_topk=2, num_draft_tokens=12)))
+    assert "= 11" in msg and "1 + topk + (num_steps - 1) x topk^2" in msg
     assert "required" in one("stages.bench.configs.1.num_draft_tokens",
                              problems(bench_cfg(num_steps=3, eagle_topk=2)))
 
@@ -314,7 +316,8 @@ def test_variants_are_validated():
 
 def _hf_dir(tmp_path, **over):
     cfg = {"model_type": "llama", "num_hidden_layers": 8, "hidden_size": 64, "vocab_size": 1000,
-           "max_position_embeddings": 512, "num_attention_heads": 4, "num_key_value_heads": 2}
+           "max_position_embeddings": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "intermediate_size": 256}
     cfg.update(over)
     d = tmp_path / "hf"
     d.mkdir()

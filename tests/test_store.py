@@ -258,7 +258,7 @@ def test_status_asks_slurm_only_about_slurm_jobs(tmp_path, monkeypatch, capsys):
     """A local stage's job_id is a pid: querying squeue for it cost 10 s with no controller and
     could match an unrelated Slurm job."""
     import runner.slurm.probes
-    from runner.results import status
+    from runner.status import status
     db = tmp_path / "r.duckdb"
     s = Store(db)
     s.emit("runs", dict(run_id="r1", spec_name="x", status="done", started_at="2026-01-01 00:00:00"))

@@ -9,7 +9,8 @@ from safetensors.torch import load_file
 
 from jobs import vocab as V
 from jobs.draft_model import DraftConfig, Eagle3Draft
-from jobs.train import batch_indices, lr_lambda, train
+from jobs.train import lr_lambda, train
+from jobs.train_data import batch_indices
 from jobs.ttt import make_batch, target_dist, ttt_loss
 from runner.errors import StageError
 from train_helpers import tiny_extract, train_ctx, train_spec
@@ -269,3 +270,43 @@ def test_refusals(extract_dir, tmp_path):
         save_file(t, str(f))
     with pytest.raises(StageError, match="all zero"):
         train(train_ctx(train_spec(eval_samples=0), zero, tmp_path / "o3", db))
+
+
+def test_non_finite_loss_fails_naming_the_step_and_its_samples(tmp_path):
+    """One sample's features poisoned with inf: the stage stops at the first step whose batch
+    holds it, names the step and the batch's sample ids, and leaves no checkpoint behind."""
+    from safetensors.torch import save_file
+    from jobs.features import open_features
+    from jobs.train_data import batch_indices
+    ex = tiny_extract(tmp_path / "x", n_samples=6, shard_samples=6)
+    bad = 3
+    f = next(ex.glob("shard-*.safetensors"))
+    t = load_file(str(f))
+    j = t["sample_ids"].tolist().index(bad)
+    t["aux_hidden"][t["offsets"][j]:t["offsets"][j + 1]] = float("inf")
+    save_file(t, str(f))
+    n_train = len(open_features(ex)) - 2
+    step = next(s for s in range(100) if bad in batch_indices(s, n_train, 2, 0))
+    ids = batch_indices(step, n_train, 2, 0)
+    spec = train_spec(max_steps=step + 3, eval_every=50, checkpoint_every=step + 1)
+    with pytest.raises(StageError, match=rf"non-finite loss at step {step + 1} .*samples "
+                                         rf"\[{ids[0]}, {ids[1]}\]"):
+        train(train_ctx(spec, ex, tmp_path / "o", tmp_path / "r.duckdb"))
+    assert not (tmp_path / "o" / "ckpt.pt").exists()
+
+
+def test_time_budget_shrinks_the_run_and_counts_the_samples_trained_on(extract_dir, tmp_path):
+    """stages.train.max_minutes: after the first 64 steps the step time is measured and the run
+    stops where the budget ends (a budget of ~0 s: right there), the schedule and the summary
+    follow; train_samples counts the samples trained on, not the whole set."""
+    spec = train_spec(epochs=100.0, batch_size=1, eval_every=1000, checkpoint_every=1000,
+                      max_minutes=1e-6)
+    summary = train(train_ctx(spec, extract_dir, tmp_path / "a", tmp_path / "r.duckdb"))
+    steps = summary["train_steps"][0]
+    assert 2 * 32 <= steps < 100 * 4  # stopped at the budget, far before 100 epochs
+    whole = train(train_ctx(train_spec(epochs=1.0, batch_size=1), extract_dir, tmp_path / "b",
+                            tmp_path / "r.duckdb"))["train_samples"][0]  # one epoch: all of them
+    assert summary["train_samples"][0] == min(whole, steps) and whole > 3
+    cut = train(train_ctx(train_spec(max_steps=3, batch_size=1), extract_dir, tmp_path / "c",
+                          tmp_path / "r.duckdb"))
+    assert cut["train_steps"][0] == 3 and cut["train_samples"][0] == 3

@@ -40,7 +40,20 @@ def tiny_extract(root: Path, n_samples=6, lengths=(12, 30), vocab=96, hidden=32,
                 "feature_width": len(aux_ids) * hidden, "dtype": "float32",
                 "num_samples": n_samples, "shards": res["shards"]}
     (root / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    seal_artifact(root, "extract")
     return root
+
+
+def seal_artifact(root: Path, stage: str) -> None:
+    """Write artifact.json (what runner/stage.py finalize writes), so that run_stage accepts
+    `root` as a completed input artifact (it verifies every file against it)."""
+    from runner.files import sha256_file
+    from runner.stage import MANIFEST as ARTIFACT
+    files = sorted(p for p in Path(root).rglob("*") if p.is_file() and p.name != ARTIFACT)
+    rel = {str(p.relative_to(root)): p for p in files}
+    (Path(root) / ARTIFACT).write_text(json.dumps({
+        "stage": stage, "files": {k: sha256_file(p) for k, p in rel.items()},
+        "sizes": {k: p.stat().st_size for k, p in rel.items()}}))
 
 
 def train_spec(vocab=96, hidden=32, layers=4, aux_ids=(0, 1, 2), draft_vocab=40, **train):

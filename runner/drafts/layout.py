@@ -75,8 +75,96 @@ def expected_shapes(cfg: dict) -> dict[str, list[int]]:
     }
 
 
+def layer_shapes(cfg: dict, i: int) -> dict[str, list[int]]:
+    """Shapes of decoder layer i >= 1 of an N-layer draft (`layers.{i}.*`; SGLang 0.5.14+
+    llama_eagle3.py: only layer 0 takes the 2H concatenation, later layers take H and fuse the
+    residual into hidden_norm; input_layernorm is built but unused)."""
+    H, nh = cfg["hidden_size"], cfg["num_attention_heads"]
+    nkv = cfg.get("num_key_value_heads") or nh
+    hd = cfg.get("head_dim") or H // nh
+    I, p = cfg["intermediate_size"], f"layers.{i}."
+    return {p + "self_attn.q_proj.weight": [nh * hd, H], p + "self_attn.k_proj.weight": [nkv * hd, H],
+            p + "self_attn.v_proj.weight": [nkv * hd, H], p + "self_attn.o_proj.weight": [H, nh * hd],
+            p + "mlp.gate_proj.weight": [I, H], p + "mlp.up_proj.weight": [I, H],
+            p + "mlp.down_proj.weight": [H, I], p + "hidden_norm.weight": [H],
+            p + "post_attention_layernorm.weight": [H]}
+
+
+# tensors of the forward-changing config flags (SGLang 0.5.14+ / 0.5.23 llama_eagle3.py)
+FC_NORM = "fc_norm."  # fc_norm.{i}.weight [Ht], one RMSNorm per aux chunk (fc_norm / use_aux_norm)
+FC_NORM_LEGACY = {"aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1",
+                  "aux_norm_high": "fc_norm.2"}  # renamed by 0.5.14+ load_weights
+INPUT_NORM = "input_norm.weight"  # [n_aux * Ht], one RMSNorm over the concat (norm_before_fc)
+EMBED = "embed_tokens.weight"  # [V, H]: used only when target_hidden_size != hidden_size
+O_BIAS = MIDLAYER + "self_attn.o_proj.bias"  # [H]: built when `bias` or `attention_bias`
+
+
 # ----------------------------------------------------------------------------------------------
 # config.json fields
+
+# field -> kind: the typed view every checker reads (config_view); "pos" = int >= 1
+CONFIG_FIELDS = {
+    **{k: "pos" for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                          "intermediate_size", "vocab_size", "max_position_embeddings",
+                          "num_hidden_layers", "target_hidden_size", "num_aux_hidden_states")},
+    "draft_vocab_size": "pos_or_null", "rms_norm_eps": "num", "rope_theta": "num",
+    "tie_word_embeddings": "bool", "bias": "bool", "attention_bias": "bool", "fc_norm": "bool",
+    "use_aux_norm": "bool", "norm_output": "bool", "norm_before_fc": "bool",
+    "norm_before_residual": "bool", "rope_scaling": "dict_or_null", "eagle_config": "dict",
+    "architectures": "strs", "model_type": "str", "torch_dtype": "str", "dtype": "str",
+    "hidden_act": "str",
+}
+MAX_DIM = 1 << 31  # larger "sizes" are not a model: refused as implausible
+
+
+def _kind_ok(v, kind: str) -> bool:
+    isint = isinstance(v, int) and not isinstance(v, bool)
+    return {"pos": isint and 1 <= v < MAX_DIM,
+            "pos_or_null": v is None or (isint and 1 <= v < MAX_DIM),
+            "num": isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e30,
+            "bool": isinstance(v, bool) or v is None, "dict_or_null": v is None or isinstance(v, dict),
+            "dict": isinstance(v, dict), "str": isinstance(v, str) or v is None,
+            "strs": v is None or isinstance(v, list) and all(isinstance(x, str) for x in v)}[kind]
+
+
+_KIND_TEXT = {"pos": "a positive integer below 2^31", "pos_or_null": "a positive integer",
+              "num": "a positive number", "bool": "true or false", "dict_or_null": "an object or null",
+              "dict": "a JSON object", "str": "a string", "strs": "a list of strings"}
+_WHY = {"target_hidden_size": " (SGLang reads it with hasattr, so null builds fc from None: a "
+                              "TypeError at start; remove the key when the hidden sizes match)"}
+
+
+def config_view(cfg: dict) -> tuple[dict, list[tuple[str, str]]]:
+    """(view, problems): config.json with every CONFIG_FIELDS field of the wrong type removed
+    from `view` (so later checks see only well-typed values) and one (field, message) problem
+    for each; eagle_config's id list must be a list of ints. Never raises."""
+    view, problems = dict(cfg), []
+    for k, kind in CONFIG_FIELDS.items():
+        if k in view and not _kind_ok(view[k], kind):
+            problems.append((k, f"config.json {k} = {_short(view.pop(k))}: must be "
+                                f"{_KIND_TEXT[kind]}{_WHY.get(k, '')}."))
+    ec = view.get("eagle_config")
+    if isinstance(ec, dict) and AUX_IDS_KEY in ec:
+        ids = ec[AUX_IDS_KEY]
+        if not (isinstance(ids, list) and ids and all(
+                isinstance(x, int) and not isinstance(x, bool) and -MAX_DIM < x < MAX_DIM
+                for x in ids)):
+            problems.append((f"eagle_config.{AUX_IDS_KEY}", f"config.json eagle_config."
+                             f"{AUX_IDS_KEY} = {_short(ids)}: must be a non-empty list of "
+                             "integers (SGLang eagle_config ids)."))
+            view["eagle_config"] = {k: v for k, v in ec.items() if k != AUX_IDS_KEY}
+    top = view.get(AUX_IDS_KEY)
+    if top is not None and not (isinstance(top, list) and all(
+            isinstance(x, int) and not isinstance(x, bool) and 0 <= x < MAX_DIM for x in top)):
+        problems.append((AUX_IDS_KEY, f"config.json {AUX_IDS_KEY} = {_short(top)}: must be a "
+                         "list of non-negative integers."))
+        view.pop(AUX_IDS_KEY)
+    return view, problems
+
+
+def _short(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
 
 
 def eagle_config(aux_ids) -> dict:
@@ -92,21 +180,20 @@ def config_aux_ids(cfg: dict):
 def target_rope(cfg: dict) -> tuple:
     """(rope_theta, rope_scaling) of an HF config in either form: top-level `rope_theta` /
     `rope_scaling` (what SGLang reads) or transformers-5 `rope_parameters`."""
-    rp = cfg.get("rope_parameters") or {}
+    rp = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
     theta = cfg.get("rope_theta") or rp.get("rope_theta")
     scaling = cfg.get("rope_scaling")
     if not scaling and (rp.get("rope_type") or rp.get("type")) not in (None, "default"):
         scaling = {k: v for k, v in rp.items() if k != "rope_theta"}
-    return (float(theta) if theta is not None else None), (scaling or None)
+    try:
+        theta = float(theta) if theta is not None else None
+    except (TypeError, ValueError, OverflowError):
+        theta = None
+    return theta, (scaling or None)
 
 
 # ----------------------------------------------------------------------------------------------
 # aux layer id conventions
-
-
-def default_aux_ids(num_layers: int) -> list[int]:
-    """SGLang's default when eagle_config has no ids: outputs of [1, L//2-1, L-4]."""
-    return [1, num_layers // 2 - 1, num_layers - 4]
 
 
 def to_hf_indices(aux_ids) -> list[int]:

@@ -1,92 +1,343 @@
-"""SGLang's rules for a drafter and a server line, each checked once, with the messages each
-caller shows (docs/eagle3-format.md).
+"""SGLang's rules for a drafter, keyed by SGLang version, each checked once, with the messages each
+caller shows (docs/eagle3-format.md states every fact with its version and file).
 
-Rules are looked up by SGLang version: `RULES` is a table of `SglangRules` rows, each holding for
-a range of SGLang versions (a PEP 440 specifier string), and `rules_for(version)` picks the row.
-Today one row covers every supported version. A rule that changes between versions becomes a
-field (or a method reading fields) of SglangRules with a value per row; a rule that depends on the
-target's family (e.g. which layer ids mean the same thing on every version) gets a `family`
-argument in `check_aux_ids`. The checks return plain facts (`AuxIdCheck`, `DraftTokenCheck`); the
-`*_problems` / `*_findings` functions below turn them into the messages of each caller: the spec
-(runner/spec/schema.py, runner/stages.py), `runner inspect` (runner/inspect.py), the extract stage
-(the loaded target) and the export stage (draft_config.json).
+`RULES` is the table: one `SglangRules` row per SGLang release whose source was read (0.5.6 =
+SpecForge v0.2.0's pin, 0.5.14 = SpecForge's newest trainer pin, 0.5.23 = the newest release; the
+released wheels, 2026-12). `rules_for(version)` picks what to check a version against, honestly:
+- a version that has a row: that row;
+- a version between two rows (e.g. 0.5.10): BOTH neighbours, since nobody read its source; a
+  drafter passes only if it passes both (`RuleSet.note` says so);
+- newer than the last row: the last row, with a note; older than the first: the first, flagged
+  unsupported (the `sglang` extra in pyproject.toml is pinned to the table's range);
+- None (spec validation, export: the serving version is not known yet): EVERY row, so what is
+  accepted means the same thing on every version the table covers.
+
+Callers: the spec (runner/spec/schema.py, runner/stages.py SpecParams), `runner inspect`
+(runner/inspect_checks.py), `runner convert`, the extract stage (the loaded target), the export
+stage (draft_config.json) and the embedded engine's loader (jobs/draft_model.py). Server-line
+rules: runner/drafts/server.py. Target families: runner/drafts/families.py. No torch, no numpy.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from runner.drafts.layout import AUX_COUNT, default_aux_ids
+from runner.drafts.families import DEEPSEEK, FAMILY_NAMES, GPT_OSS, MINIMAX_M3_VL, STANDARD, \
+    family_evidence
+from runner.drafts.layout import AUX_COUNT, to_hf_indices
 
 
 @dataclass(frozen=True)
 class SglangRules:
-    """The rules of one range of SGLang versions."""
+    """What one SGLang release does with a drafter (sources: that release's
+    sglang/srt/models/llama_eagle3.py, the target families' set_eagle3_layers_to_capture,
+    model_executor/model_runner.py, server_args.py or arg_groups/)."""
 
-    versions: str  # PEP 440 specifier of the SGLang versions this row describes
+    versions: str  # PEP 440 specifier of the releases this row describes (the one read)
+    read: str  # the release whose source was read
+    multi_layer: bool  # `layers.N` native and N > 1 layers built (else midlayer only, 1 layer)
+    reads_flags: frozenset  # forward-changing config flags llama_eagle3.py reads
+    o_proj_bias_absent: str  # what an o_proj bias the config creates holds when the file lacks it
+    reads_use_aux_hidden_state: bool  # eagle_config.use_aux_hidden_state false turns capture off
+    uppercases_algorithm: bool  # `eagle3` accepted (else argparse refuses anything but EAGLE3...)
+    deepseek_first_id_rule: bool  # DeepSeek family: +1 only when ids[0] == 1, else as-is
+    gpt_oss_final_capture: bool  # GPT-OSS: ids with max == L as-is; capture index L exists
+    minimax_m3_vl_default: bool  # MiniMax-M3-VL's default ids are shifted by one more
+    server_flags: frozenset  # the version-dependent launch_server flags that exist
 
-    def aux_id_range(self, num_layers: int) -> tuple[int, int]:
-        """Valid SGLang aux ids for an L-layer target: 0..L-2 (llama.py captures at the input of
-        layer k+1 inside `for i in range(L)`, so k = L-1 is never captured)."""
-        return 0, num_layers - 2
+    # -- aux layer ids (eagle_config id k = output of 0-based layer k = HF hidden_states[k+1]) --
+    def capture(self, family: str, ids, num_layers: int) -> list[int]:
+        """HF hidden_states indices SGLang captures for eagle_config `ids` on an L-layer target
+        (models/llama.py and family files: layers_to_capture = [k + 1 ...], except as noted)."""
+        ids = list(ids)
+        if family == DEEPSEEK and self.deepseek_first_id_rule and not (ids and ids[0] == 1):
+            return ids
+        if family == GPT_OSS and self.gpt_oss_final_capture and ids and max(ids) == num_layers:
+            return ids
+        return [k + 1 for k in ids]
 
+    def default_capture(self, family: str, num_layers: int) -> list[int]:
+        """HF indices captured when eagle_config gives no ids: [2, L//2, L-3] in every family,
+        except MiniMax-M3-VL in 0.5.23 (minimax_m3_vl.py adds 1 to that default as well)."""
+        L = num_layers
+        if family == MINIMAX_M3_VL and self.minimax_m3_vl_default:
+            return [3, L // 2 + 1, L - 2]
+        return [2, L // 2, L - 3]
+
+    def aux_id_range(self, family: str, num_layers: int) -> tuple[int, int]:
+        """Valid eagle_config ids for an L-layer target, inclusive: 0..L-2 (the capture runs at
+        the input of layer k+1 inside `for i in range(L)`, so k = L-1 is never captured); GPT-OSS
+        on 0.5.23 also captures the last layer's output at the final norm (gpt_oss.py): 0..L-1."""
+        return 0, num_layers - (1 if family == GPT_OSS and self.gpt_oss_final_capture else 2)
+
+    # -- the draft-token bound (speculative/eagle_utils.py organize_draft_results: the candidate
+    # list holds topk scores of the first step and topk^2 of each later one, and the final
+    # selection takes num_draft_tokens - 1 of them; server_args: topk 1 forces steps + 1) --
     def chain_draft_tokens(self, num_steps: int) -> int:
-        """--speculative-num-draft-tokens of a chain (eagle_topk 1): SGLang forces num_steps+1."""
         return num_steps + 1
 
     def max_draft_tokens(self, num_steps: int, topk: int) -> int:
-        """The most draft tokens the tree of num_steps x topk holds (num_steps*topk + 1)."""
-        return num_steps * topk + 1
+        return 1 + topk + (num_steps - 1) * topk * topk
 
 
-RULES: tuple[SglangRules, ...] = (SglangRules(">=0.4.6"),)
+_LATER = dict(multi_layer=True,
+              o_proj_bias_absent="zeros", reads_use_aux_hidden_state=True,
+              uppercases_algorithm=True, deepseek_first_id_rule=True)
+RULES: tuple[SglangRules, ...] = (
+    SglangRules("==0.5.6", "0.5.6", multi_layer=False,
+                reads_flags=frozenset(), o_proj_bias_absent="uninitialised",
+                reads_use_aux_hidden_state=False, uppercases_algorithm=False,
+                deepseek_first_id_rule=False, gpt_oss_final_capture=False,
+                minimax_m3_vl_default=False, server_flags=frozenset()),
+    SglangRules("==0.5.14", "0.5.14", **_LATER,
+                reads_flags=frozenset({"fc_norm", "use_aux_norm", "norm_output",
+                                       "num_aux_hidden_states"}),
+                gpt_oss_final_capture=False, minimax_m3_vl_default=False,
+                server_flags=frozenset({"--speculative-draft-model-quantization",
+                                        "--speculative-draft-window-size",
+                                        "--speculative-adaptive"})),
+    SglangRules("==0.5.23", "0.5.23", **_LATER,
+                reads_flags=frozenset({"fc_norm", "use_aux_norm", "norm_output",
+                                       "num_aux_hidden_states", "norm_before_fc"}),
+                gpt_oss_final_capture=True, minimax_m3_vl_default=True,
+                server_flags=frozenset({"--speculative-draft-model-quantization",
+                                        "--speculative-draft-window-size",
+                                        "--speculative-adaptive",
+                                        "--speculative-draft-kv-cache-dtype"})),
+)
 
 
-def rules_for(version: str | None = None) -> SglangRules:
-    """The rules row for SGLang `version` (None: the newest row). One row today, so every
-    version gets it; issue-20 style version ranges select among rows here."""
-    return RULES[-1]
+def _next_micro(v: str) -> str:
+    a, b, c = v.split(".")
+    return f"{a}.{b}.{int(c) + 1}"
+
+
+SUPPORTED = f">={RULES[0].read},<{_next_micro(RULES[-1].read)}"  # pyproject's `sglang` extra
+
+
+def parse_version(v) -> tuple[int, int, int] | None:
+    """'0.5.14', 'v0.5.14', '0.5.14.post1', '0.5.14rc0', '0.5.14+cu128' -> (0, 5, 14); None when
+    not a version. Pre-releases and post-releases count as their release (0.5.14rc0 is checked as
+    0.5.14)."""
+    m = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.\-+]?[A-Za-z0-9.+\-]*)?", str(v).strip())
+    return (int(m[1]), int(m[2]), int(m[3] or 0)) if m else None
+
+
+def versions_label(rows) -> str:
+    """'SGLang 0.5.6' / 'SGLang 0.5.14 and 0.5.23' / 'SGLang 0.5.6, 0.5.14 and 0.5.23'."""
+    vs = [r.read for r in rows]
+    return "SGLang " + (vs[0] if len(vs) == 1 else ", ".join(vs[:-1]) + " and " + vs[-1])
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """The rows one check runs against (all must pass) and what was asked for."""
+
+    rows: tuple[SglangRules, ...]
+    asked: str | None  # the version asked for; None = every row (portable)
+    note: str | None = None  # how a version without its own row is checked
+    supported: bool = True  # False: outside the table's range
+
+    @property
+    def label(self) -> str:
+        return versions_label(self.rows)
+
+    @property
+    def others(self) -> tuple[SglangRules, ...]:
+        """The table's rows NOT checked (for portability warnings)."""
+        return tuple(r for r in RULES if r not in self.rows)
+
+
+def rules_for(version: str | None = None) -> RuleSet:
+    """The rows to check SGLang `version` against (see the module docstring). Raises ValueError
+    for a string that is not a version."""
+    if version is None:
+        return RuleSet(RULES, None)
+    v = parse_version(version)
+    if v is None:
+        raise ValueError(f"{version!r} is not an SGLang version (e.g. 0.5.14)")
+    keys = [parse_version(r.read) for r in RULES]
+    for r, k in zip(RULES, keys):
+        if k == v:
+            return RuleSet((r,), version)
+    if v < keys[0]:
+        return RuleSet((RULES[0],), version, f"SGLang {version} is older than the table's first "
+                       f"row ({RULES[0].read}); checked as {RULES[0].read}. Supported: sglang"
+                       f"{SUPPORTED}.", supported=False)
+    if v > keys[-1]:
+        return RuleSet((RULES[-1],), version, f"SGLang {version} is newer than any version whose "
+                       f"source was read; checked as {RULES[-1].read}.")
+    i = next(i for i, k in enumerate(keys) if k > v)
+    return RuleSet((RULES[i - 1], RULES[i]), version, f"SGLang {version} lies between "
+                   f"{RULES[i - 1].read} and {RULES[i].read}, whose sources were read; checked "
+                   "against both.")
+
+
+def default_version() -> tuple[str, str]:
+    """(version, source) for `runner inspect` without --sglang-version: the installed sglang's
+    version (importlib.metadata; sglang itself is never imported), else the newest row."""
+    from importlib import metadata
+    try:
+        return metadata.version("sglang"), "installed sglang"
+    except metadata.PackageNotFoundError:
+        return RULES[-1].read, "newest version the table knows (sglang is not installed here)"
+    except Exception:  # noqa: BLE001 - a broken install's metadata: fall back, never raise
+        return RULES[-1].read, "newest version the table knows (sglang's metadata is unreadable)"
+
+
+def by_rows(rules: RuleSet | None, fn) -> list[tuple[str, str, str]]:
+    """Run fn(row) -> [(severity, code, key, message(label))] on every row of the table and merge
+    the rows: a finding of the checked rows is reported once, at its severity, with their label
+    ("SGLang 0.5.14 and 0.5.23"); an error only rows NOT checked have becomes a W_NOT_PORTABLE
+    warning (right for the version checked, wrong on another the table knows)."""
+    rs = rules or rules_for()
+    seen: dict[tuple, tuple] = {}
+    for r in RULES:
+        for sev, code, key, make in fn(r):
+            seen.setdefault((sev, code, key), (make, []))[1].append(r)
+    out = []
+    for (sev, code, _), (make, rows) in seen.items():
+        mine = [r for r in rows if r in rs.rows]
+        if mine:
+            out.append((sev, code, make(versions_label(mine))))
+        elif sev == "error":
+            out.append(("warning", "W_NOT_PORTABLE", f"right for {rs.label}, but: "
+                        + make(versions_label(rows))))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
 # aux layer ids
 
 
+def _num_layers(target) -> int | None:
+    if isinstance(target, dict):
+        L = target.get("num_hidden_layers")
+        if not isinstance(L, int) and isinstance(target.get("text_config"), dict):
+            L = target["text_config"].get("num_hidden_layers")
+        return L if isinstance(L, int) and not isinstance(L, bool) else None
+    return target
+
+
+def default_aux_ids(target, family: str | None = None, rules: RuleSet | None = None) -> list[int]:
+    """SGLang's default eagle_config ids (what it captures when the config names none), as
+    eagle_config ids: [1, L//2-1, L-4] for every family, [2, L//2, L-3] for MiniMax-M3-VL on
+    0.5.23. target: L (int) or the target's config dict (then family defaults to its own).
+    rules: the rows (default every row; the newest row of the set decides)."""
+    L = _num_layers(target)
+    if family is None:
+        family = family_evidence(target)[0] if isinstance(target, dict) else STANDARD
+    row = (rules or rules_for()).rows[-1]
+    return [c - 1 for c in row.default_capture(family, L)]
+
+
 @dataclass(frozen=True)
 class AuxIdCheck:
-    """The facts about a list of SGLang aux ids for a target of `num_layers` layers."""
+    """The facts about SGLang aux ids for a target of `num_layers` layers, over the rows of a
+    RuleSet."""
 
     ids: list
     num_layers: int | None
-    valid: tuple[int, int] | None  # (lo, hi) inclusive; None when num_layers is unknown
-    out_of_range: list  # ids outside `valid` (empty when num_layers is unknown)
+    family: str
+    valid: tuple[int, int] | None  # the strictest (lo, hi) over the rows; None: L unknown
+    out_of_range: list  # ids outside `valid`
     ordered: bool  # distinct and ascending
     count_ok: bool  # exactly AUX_COUNT ids
+    trained: list  # HF indices training captured (provenance, else eagle_config's meaning)
+    captured: dict  # row.read -> HF indices SGLang captures (in-range lists only)
+    wrong: tuple  # rows whose capture differs from `trained`
 
     @property
     def ok(self) -> bool:
-        return self.ordered and self.count_ok and not self.out_of_range
+        return self.ordered and self.count_ok and not self.out_of_range and not self.wrong
 
 
-def check_aux_ids(ids, num_layers: int | None, rules: SglangRules | None = None) -> AuxIdCheck:
-    """Check SGLang aux ids against the target's layer count (None: range not checked)."""
+def check_aux_ids(ids, num_layers: int | None, rules: RuleSet | None = None,
+                  family: str = STANDARD, trained=None) -> AuxIdCheck:
+    """Check eagle_config ids against the target's layer count (None: range and capture not
+    checked), its family and the rows. trained: HF indices training captured (provenance), else
+    the eagle_config meaning (id k = HF k + 1)."""
     ids = list(ids)
-    r = rules or rules_for()
-    valid = r.aux_id_range(num_layers) if num_layers is not None else None
-    bad = [k for k in ids if not valid[0] <= k <= valid[1]] if valid else []
-    return AuxIdCheck(ids, num_layers, valid, bad, ids == sorted(set(ids)), len(ids) == AUX_COUNT)
+    rows = (rules or rules_for()).rows
+    L = num_layers
+    trained = list(trained) if trained is not None else to_hf_indices(ids)
+    if L is None:
+        return AuxIdCheck(ids, None, family, None, [], ids == sorted(set(ids)),
+                          len(ids) == AUX_COUNT, trained, {}, ())
+    ranges = [r.aux_id_range(family, L) for r in rows]
+    valid = (max(a for a, _ in ranges), min(b for _, b in ranges))
+    bad = [k for k in ids if not valid[0] <= k <= valid[1]]
+    captured = {r.read: r.capture(family, ids, L) for r in rows} if not bad else {}
+    wrong = tuple(r for r in rows if r.read in captured and captured[r.read] != trained)
+    return AuxIdCheck(ids, L, family, valid, bad, ids == sorted(set(ids)), len(ids) == AUX_COUNT,
+                      trained, captured, wrong)
 
 
-def spec_aux_problems(ids, num_layers: int) -> list[str]:
-    """Spec messages for drafter.aux_layer_ids (None = SGLang's default for the target)."""
+def _portable_ids_for(hf, L, family) -> list | None:
+    """eagle_config ids that capture HF indices `hf` on every row, or None."""
+    for cand in ([k - 1 for k in hf], list(hf)):
+        c = check_aux_ids(cand, L, family=family, trained=hf)
+        if not c.out_of_range and not c.wrong:
+            return cand
+    return None
+
+
+def _hf_hint(c: AuxIdCheck) -> str:
+    """' If these are HF hidden_states indices, subtract 1: [...].' where that is right."""
+    cand = _portable_ids_for(c.ids, c.num_layers, c.family) if c.num_layers else None
+    if cand is None or cand == c.ids:
+        return ""
+    return f" If these are HF hidden_states indices, subtract 1: {cand}."
+
+
+def _outputs(hf) -> str:
+    """'outputs of layers [1, 29, 57]' for HF indices (index 0 is the embedding output)."""
+    return "outputs of layers [" + ", ".join("the embedding" if x == 0 else str(x - 1)
+                                             for x in hf) + "]"
+
+
+def _capture_text(c: AuxIdCheck, rows) -> str:
+    groups: dict[tuple, list] = {}
+    for r in rows:
+        groups.setdefault(tuple(c.captured[r.read]), []).append(r)
+    return "; ".join(f"on {versions_label(rs)} the target captures HF hidden_states {list(k)} "
+                     f"({_outputs(k)})" for k, rs in groups.items())
+
+
+def _family_why(c: AuxIdCheck, where: str, why: str | None) -> str:
+    """The message for ids SGLang reads differently from training (the DeepSeek rule above all)."""
+    base = (f"{where} = {c.ids}: {FAMILY_NAMES[c.family]}" + (f" ({why})" if why else "") + ". ")
+    if c.family == DEEPSEEK:
+        base += ("SGLang 0.5.6 adds 1 to every eagle_config id; 0.5.14 and later add 1 only when "
+                 "the first id is 1 and otherwise use the ids as HF hidden_states indices "
+                 "(models/deepseek_v2.py set_eagle3_layers_to_capture). ")
+    cap = _capture_text(c, c.wrong)
+    base += (f"{cap[0].upper() + cap[1:]}, but training captures HF {c.trained} "
+             f"({_outputs(c.trained)}).")
+    if c.family == DEEPSEEK:
+        dflt = default_aux_ids(c.num_layers, DEEPSEEK)
+        fix = _portable_ids_for(c.trained, c.num_layers, c.family)
+        base += (" The first id must be 1: only such lists mean the same layers on every version"
+                 f" (SGLang's default for this target: {dflt}).")
+        base += (f" Write {fix}." if fix and fix != c.ids else
+                 " No eagle_config list captures those layers on every version: re-extract and "
+                 "retrain with ids starting at 1.")
+    return base + _hf_hint(c)
+
+
+def spec_aux_problems(ids, num_layers: int, family: str = STANDARD) -> list[str]:
+    """Spec messages for drafter.aux_layer_ids (None = SGLang's default for the target), checked
+    against every row (the serving version is not known yet)."""
     L = num_layers
     if ids is None:
-        if check_aux_ids(default_aux_ids(L), L).ok:
+        d = default_aux_ids(L, family)
+        if check_aux_ids(d, L, family=family).ok:
             return []
-        return [f"drafter.aux_layer_ids: not set, and SGLang's default [1, L//2-1, L-4] = "
-                f"{default_aux_ids(L)} is not 3 distinct ascending ids for a {L}-layer target. "
-                "Declare 3 distinct ascending ids in 0..L-2."]
-    c, out = check_aux_ids(ids, L), []
+        return [f"drafter.aux_layer_ids: not set, and SGLang's default {d} is not 3 distinct "
+                f"ascending ids in range for a {L}-layer target. Declare 3 distinct ascending ids "
+                "in 0..L-2."]
+    c, out = check_aux_ids(ids, L, family=family), []
     if not (c.count_ok and c.ordered):
         out.append(f"drafter.aux_layer_ids = {c.ids}: must be 3 distinct integers in ascending "
                    "order (SGLang concatenates in ascending layer order whatever the config says, "
@@ -96,48 +347,84 @@ def spec_aux_problems(ids, num_layers: int) -> list[str]:
         out.append(f"drafter.aux_layer_ids = {c.ids}: {c.out_of_range} out of range for a "
                    f"{L}-layer target; ids are SGLang eagle_config ids (id k = output of layer k), "
                    f"valid {lo}..{hi}. SGLang captures at the input of layer k+1 inside its layer "
-                   f"loop, so k = {L - 1} is never captured. If these are HF hidden_states "
-                   "indices, subtract 1.")
+                   f"loop, so k = {hi + 1} is never captured.{_hf_hint(c)}")
+    elif c.wrong:
+        out.append(_family_why(c, "drafter.aux_layer_ids", "target.family"))
     return out
 
 
-def config_aux_findings(ids, num_layers: int | None) -> list[tuple[str, str]]:
-    """`runner inspect` findings (code, message), all errors, for
-    eagle_config.eagle_aux_hidden_state_layer_ids of a draft's config.json."""
-    c, out = check_aux_ids(ids, num_layers), []
+def config_aux_findings(ids, num_layers: int | None, rules: RuleSet | None = None,
+                        family: str = STANDARD, why: str | None = None,
+                        trained=None) -> list[tuple[str, str, str]]:
+    """`runner inspect` findings (severity, code, message) for
+    eagle_config.eagle_aux_hidden_state_layer_ids. trained: the HF indices provenance.json says
+    training captured (None: the eagle_config meaning, id k = HF k + 1)."""
+    rs = rules or rules_for()
+    c, out = check_aux_ids(ids, num_layers, rs, family, trained), []
     where = "eagle_config.eagle_aux_hidden_state_layer_ids"
     if not c.ordered:
-        out.append(("E_AUX_IDS_ORDER", f"{where} = {ids}: must be distinct and ascending (SGLang "
-                    "concatenates in ascending layer order whatever the config says). Write "
-                    f"{sorted(set(ids))} and check the fc column order matches."))
-    if not c.count_ok:
-        out.append(("E_AUX_IDS_COUNT", f"{where} = {ids}: SGLang builds fc over exactly 3 aux "
-                    "states; give 3 ids."))
+        out.append(("error", "E_AUX_IDS_ORDER", f"{where} = {ids}: must be distinct and ascending "
+                    "(SGLang concatenates in ascending layer order whatever the config says). "
+                    f"Write {sorted(set(ids))} and check the fc column order matches."))
     if c.out_of_range:
         lo, hi = c.valid
-        out.append(("E_AUX_IDS_RANGE", f"{where} = {ids}: {c.out_of_range} out of range for a "
-                    f"{num_layers}-layer target (SGLang id k = output of layer k, valid "
-                    f"{lo}..{hi}). If these are HF hidden_states indices, subtract 1."))
+        out.append(("error", "E_AUX_IDS_RANGE", f"{where} = {ids}: {c.out_of_range} out of range "
+                    f"for a {num_layers}-layer target on {rs.label} (SGLang id k = output of layer "
+                    f"k, valid {lo}..{hi}).{_hf_hint(c)}"))
+        return out
+    if c.wrong and trained is not None:
+        fix = _portable_ids_for(trained, num_layers, family)
+        code = "E_AUX_IDS_OFF_BY_ONE" if list(ids) == list(trained) else "E_AUX_IDS_PROVENANCE"
+        extra = (" These are the HF indices themselves; SGLang ids are one lower (id k = output of"
+                 " layer k = HF index k+1)." if code == "E_AUX_IDS_OFF_BY_ONE" else "")
+        out.append(("error", code, f"{where} = {list(ids)}: provenance.json says training "
+                    f"captured HF hidden_states {list(trained)}, but {_capture_text(c, c.wrong)}."
+                    f"{extra} " + (f"Set eagle_config.eagle_aux_hidden_state_layer_ids to {fix}."
+                                   if fix else "No eagle_config list captures those layers on "
+                                   "every version; retrain with ids starting at 1.")))
+    elif c.wrong:
+        out.append(("error", "E_AUX_IDS_FAMILY", _family_why(c, where, why)))
+    elif num_layers is not None and rs.others:
+        o = check_aux_ids(ids, num_layers, RuleSet(rs.others, None), family, c.trained)
+        if o.out_of_range or o.wrong:
+            what = (_capture_text(o, o.wrong) if o.wrong else
+                    f"{o.out_of_range} are out of range on {versions_label(rs.others)}")
+            out.append(("warning", "W_AUX_IDS_NOT_PORTABLE", f"{where} = {list(ids)}: right for "
+                        f"{rs.label}, but {what}. Ids that mean the same on every version: "
+                        f"{_portable_ids_for(c.trained, num_layers, family) or 'none'}."))
+    if len(ids) != AUX_COUNT:
+        fixed = [r for r in rs.rows if not r.multi_layer]  # 0.5.6: fc is 3 x target hidden, fixed
+        sev = "error" if fixed else "warning"
+        out.append((sev, "E_AUX_IDS_COUNT" if fixed else "W_AUX_IDS_COUNT",
+                    f"{where} = {ids}: {len(ids)} ids; "
+                    + (f"{versions_label(fixed)} builds fc over exactly 3 aux states. Give 3 ids."
+                       if fixed else f"{rs.label} builds fc over {len(ids)} aux states, SGLang "
+                       "0.5.6 over exactly 3, and this project's spec over 3.")))
     return out
 
 
-def model_aux_problem(ids, num_layers: int) -> str | None:
-    """The extract stage's message when the spec's ids do not fit the LOADED target, else None."""
-    c = check_aux_ids(ids, num_layers)
-    if not c.out_of_range and c.ordered:
+def model_aux_problem(ids, num_layers: int, family: str = STANDARD) -> str | None:
+    """The extract stage's message when the spec's ids do not fit the LOADED target (its layer
+    count and family), else None."""
+    c = check_aux_ids(ids, num_layers, family=family)
+    if c.ordered and not c.out_of_range and not c.wrong:
         return None
+    if c.wrong:
+        return _family_why(c, "drafter.aux_layer_ids", "the loaded target's config")
     return (f"drafter.aux_layer_ids = {c.ids}: the loaded target has {num_layers} decoder layers, "
             f"so ids (SGLang convention, id k = output of layer k) must be distinct, ascending "
             f"and in {c.valid[0]}..{c.valid[1]}.")
 
 
-def export_aux_problem(ids, num_layers: int) -> str | None:
+def export_aux_problem(ids, num_layers: int, family: str = STANDARD) -> str | None:
     """The export stage's message when draft_config.json's ids do not fit the target, else None."""
-    c = check_aux_ids(ids, num_layers)
-    if not c.out_of_range:
-        return None
-    return (f"draft_config.json aux_layer_ids {ids}: {c.out_of_range} outside "
-            f"{c.valid[0]}..{c.valid[1]} for the {num_layers}-layer target (SGLang ids).")
+    c = check_aux_ids(ids, num_layers, family=family)
+    if c.out_of_range:
+        return (f"draft_config.json aux_layer_ids {ids}: {c.out_of_range} outside "
+                f"{c.valid[0]}..{c.valid[1]} for the {num_layers}-layer target (SGLang ids).")
+    if c.wrong:
+        return _family_why(c, "draft_config.json aux_layer_ids", "target_config.json")
+    return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -149,21 +436,33 @@ class DraftTokenCheck:
     """The facts about (num_steps, eagle_topk, num_draft_tokens); None = not given."""
 
     chain_tokens: int | None  # what SGLang forces for a chain (topk 1), when num_steps is known
-    bound: int | None  # the most the tree holds, when num_steps and topk are known
+    bound: int | None  # 1 + topk + (num_steps - 1) * topk^2, when num_steps and topk are known
     chain_mismatch: bool  # topk 1 and num_draft_tokens != chain_tokens
     missing: bool  # topk > 1 without num_draft_tokens
     too_many: bool  # num_draft_tokens > bound
+    partial: bool  # one or two of the three given (SGLang asserts all or none)
 
 
 def check_draft_tokens(num_steps: int | None, topk: int | None, n: int | None,
-                       rules: SglangRules | None = None) -> DraftTokenCheck:
-    r = rules or rules_for()
-    chain = r.chain_draft_tokens(num_steps) if num_steps is not None else None
-    bound = r.max_draft_tokens(num_steps, topk) if None not in (num_steps, topk) else None
+                       rules: RuleSet | None = None) -> DraftTokenCheck:
+    rows = (rules or rules_for()).rows
+    chain = rows[0].chain_draft_tokens(num_steps) if num_steps is not None else None
+    bound = (min(r.max_draft_tokens(num_steps, topk) for r in rows)
+             if None not in (num_steps, topk) else None)
     return DraftTokenCheck(chain, bound,
                            topk == 1 and chain is not None and n is not None and n != chain,
                            topk is not None and topk > 1 and n is None,
-                           bound is not None and n is not None and n > bound)
+                           bound is not None and n is not None and n > bound,
+                           sum(v is not None for v in (num_steps, topk, n)) in (1, 2))
+
+
+def chain_draft_tokens(num_steps: int) -> int:
+    """num_draft_tokens of a chain (topk 1): num_steps + 1 on every row."""
+    return check_draft_tokens(num_steps, 1, None).chain_tokens
+
+
+_BOUND = ("1 + topk + (num_steps - 1) x topk^2 = {b} (SGLang's candidate list before the final "
+          "top-(num_draft_tokens - 1) selection, speculative/eagle_utils.py)")
 
 
 def spec_draft_tokens_problem(num_steps: int, topk: int, n: int | None) -> str | None:
@@ -176,8 +475,7 @@ def spec_draft_tokens_problem(num_steps: int, topk: int, n: int | None) -> str |
     if c.missing:
         return "num_draft_tokens: required when eagle_topk > 1"
     if c.too_many:
-        return (f"num_draft_tokens = {n}: must not exceed num_steps*eagle_topk+1 = {c.bound} "
-                "(the draft tree has no more nodes)")
+        return f"num_draft_tokens = {n}: must not exceed " + _BOUND.format(b=c.bound)
     return None
 
 
@@ -188,9 +486,9 @@ def server_draft_tokens_problem(num_steps: int | None, topk: int | None,
     c = check_draft_tokens(num_steps, topk, n)
     if c.chain_mismatch:
         return (f"--speculative-num-draft-tokens {n} with --speculative-eagle-topk 1 and "
-                f"--speculative-num-steps {num_steps}: SGLang silently resets it to num_steps+1 = "
-                f"{c.chain_tokens}. Pass --speculative-num-draft-tokens {c.chain_tokens}.")
+                f"--speculative-num-steps {num_steps}: SGLang resets it to num_steps+1 = "
+                f"{c.chain_tokens} (a log warning only). Pass --speculative-num-draft-tokens "
+                f"{c.chain_tokens}.")
     if c.too_many:
-        return (f"--speculative-num-draft-tokens {n} exceeds num_steps x topk + 1 = {c.bound}: "
-                "the draft tree has no more nodes.")
+        return f"--speculative-num-draft-tokens {n} exceeds " + _BOUND.format(b=c.bound) + "."
     return None

@@ -8,16 +8,19 @@ Raises SpecError (runner/errors.py) with (field path, message) pairs. No torch.
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from runner.errors import SpecError, TargetConfigError
+from runner.errors import EnvVarError, SpecError, TargetConfigError
 from runner.files import expand_path
+from runner.spec.geometry import draft_geometry
 from runner.spec.messages import format_errors
-from runner.spec.schema import Spec
+from runner.drafts.families import family_evidence
+from runner.spec.schema import PATH_FIELDS, Results, Spec
 from runner.target_config import read_chat_template, read_target_config
 
 MAX_YAML_NODES = 100_000  # a real spec has a few hundred; aliases count once per use
@@ -157,20 +160,74 @@ def _index(p: str) -> int:
     return int(p)
 
 
-def _fill_target_geometry(data: dict) -> list[tuple[str, str]]:
+def _rebase(p: Any, base: Path) -> Any:
+    """`p` made absolute against `base` when it is a relative path after expanding `~` and
+    variables (`${name}` counts as a plain name); absolute paths, `~` and `${EAGLE3_CACHE}/...`
+    stay as written. Non-strings and paths with an unset variable are left for validation."""
+    if not isinstance(p, str) or not p:
+        return p
+    try:
+        expanded = expand_path(p.replace("${name}", "name"))
+    except EnvVarError:
+        return p  # validation names the variable
+    return p if expanded.is_absolute() else os.path.abspath(base / p)
+
+
+def resolve_spec_paths(data: dict, base: Path) -> dict:
+    """Make the spec's relative paths (PATH_FIELDS, in the spec, in `-o` overrides and in
+    variants' overrides) absolute against `base`, the spec file's folder, so that a spec runs
+    the same from any current directory. The one place where spec paths are resolved; every
+    reader then calls runner.files.expand_path on an absolute path. The defaults of work_dir and
+    results.path are filled in first, so they too are relative to the spec. Mutates and returns
+    data."""
+    data.setdefault("work_dir", Spec.model_fields["work_dir"].default)
+    if data.get("results") is None:
+        data["results"] = {}
+    if isinstance(data["results"], dict):
+        data["results"].setdefault("path", Results.model_fields["path"].default)
+    for dotted in PATH_FIELDS:
+        node = data
+        *parents, last = dotted.split(".")
+        for k in parents:
+            node = node.get(k) if isinstance(node, dict) else None
+        if isinstance(node, dict) and last in node:
+            node[last] = _rebase(node[last], base)
+    for v in data.get("variants") or []:
+        ov = v.get("overrides") if isinstance(v, dict) else None
+        if not isinstance(ov, dict):
+            continue
+        for k, val in list(ov.items()):
+            if k in PATH_FIELDS:
+                ov[k] = _rebase(val, base)
+            elif isinstance(val, dict):  # a whole section, e.g. data: {source: jsonl, path: x}
+                resolve_spec_paths({k: val}, base)
+    return data
+
+
+def _fill_target_geometry(data: dict) -> tuple[list[tuple[str, str]], dict | None]:
     """Read the target's own config (config.json or GGUF header) and merge it into data['target'].
+    Returns (problems, the config or None when there is none to read).
 
     A declared value that disagrees with the model's config is an error."""
     tgt = data.get("target")
     if not isinstance(tgt, dict) or not isinstance(tgt.get("path"), str):
-        return []
+        return [], None
     try:
         cfg = read_target_config(expand_path(tgt["path"]))
-    except FileNotFoundError:
-        return []
+    except (FileNotFoundError, EnvVarError):  # a missing target is a plan error; a variable
+        return [], None                       # a validation one (Spec._path_problems)
+    except OSError as e:
+        return [("target.path", f"cannot read {tgt['path']}: {e.strerror or e}")], None
     except TargetConfigError as e:
-        return [("target.path", str(e))]
+        return [("target.path", str(e))], None
     problems = []
+    fam, why = family_evidence(cfg)
+    if tgt.get("family") is None:
+        tgt["family"] = fam
+    elif tgt["family"] != fam:
+        problems.append(("target.family", f"declared {tgt['family']}, but the model's config "
+                                          f"says {fam} ({why}). Fix the spec or point target.path "
+                                          "at the intended model."))
     for f in ("num_hidden_layers", "hidden_size", "vocab_size", "max_position_embeddings"):
         have = cfg.get(f)
         if have is None:
@@ -182,7 +239,7 @@ def _fill_target_geometry(data: dict) -> list[tuple[str, str]]:
                                             "intended model."))
         elif declared is None:
             tgt[f] = have
-    return problems
+    return problems, cfg
 
 
 def _check_chat_template(data: dict) -> list[tuple[str, str]]:
@@ -193,7 +250,11 @@ def _check_chat_template(data: dict) -> list[tuple[str, str]]:
     if not (isinstance(stages, dict) and stages.get("regenerate") is not None
             and isinstance(tgt, dict) and isinstance(tgt.get("path"), str)):
         return []
-    if read_chat_template(expand_path(tgt["path"])) is False:
+    try:
+        has = read_chat_template(expand_path(tgt["path"]))
+    except (SpecError, EnvVarError, OSError):  # a bad target.path: the path checks report it
+        return []
+    if has is False:
         return [("target.chat_template", f"the target at {tgt['path']} has no chat template "
                  "(tokenizer_config.json, chat_template.jinja or the GGUF header's "
                  "tokenizer.chat_template); stages.regenerate needs one. Use an instruct "
@@ -204,7 +265,9 @@ def _check_chat_template(data: dict) -> list[tuple[str, str]]:
 def load_spec(path: str | Path | None = None, overrides: list[str] = (), data: dict | None = None,
               check_target: bool = True) -> Spec:
     """Load, override and validate a spec. YAML and `-o a.b=value` overrides go through this one
-    function, which re-validates the whole spec.
+    function, which re-validates the whole spec. A spec read from `path` has its relative paths
+    made absolute against the file's folder (resolve_spec_paths); with `data` alone they stay
+    relative to the current directory.
 
     Raises SpecError with (field path, message) pairs."""
     if data is None:
@@ -216,20 +279,35 @@ def load_spec(path: str | Path | None = None, overrides: list[str] = (), data: d
             apply_override(data, k, v)
         except (KeyError, IndexError, ValueError, TypeError, AttributeError):
             raise SpecError([(k, "override path does not exist in the spec")])
-    problems = _fill_target_geometry(data) + _check_chat_template(data) if check_target else []
+    if path is not None:  # relative paths (overrides included) are relative to the spec file
+        resolve_spec_paths(data, Path(os.path.abspath(path)).parent)
+    problems, cfg = _fill_target_geometry(data) if check_target else ([], None)
+    if check_target:
+        problems += _check_chat_template(data)
     try:
         spec = Spec.model_validate(data)
     except ValidationError as e:
         raise SpecError(problems + format_errors(e, data))
     if problems:
         raise SpecError(problems)
+    problems = _geometry_problems(spec, cfg, "")
     for v in spec.variants:
         for k in v.overrides:
             if k.split(".")[0] in ("name", "work_dir", "results", "variants", "executor"):
                 raise SpecError([(f"variants.{v.name}.overrides.{k}", "variants may not change "
                                   "name, work_dir, results, executor or variants")])
-        variant_spec(spec, v.name, data)
+        vspec = variant_spec(spec, v.name, data)
+        problems += [p for p in _geometry_problems(vspec, cfg, f"variants.{v.name}: ")
+                     if p[1] not in {m for _, m in problems}]
+    if problems:
+        raise SpecError(problems)
     return spec
+
+
+def _geometry_problems(spec: Spec, cfg: dict | None, prefix: str) -> list[tuple[str, str]]:
+    """The drafter geometry's problems against the target's config (runner/spec/geometry.py)."""
+    _, problems = draft_geometry(spec.drafter, cfg, spec.target.hidden_size)
+    return [(prefix + f, m) for f, m in problems]
 
 
 def variant_spec(spec: Spec, name: str, raw: dict | None = None) -> Spec:

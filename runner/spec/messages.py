@@ -71,7 +71,7 @@ def format_errors(err: ValidationError, data: dict) -> list[tuple[str, str]]:
             problems.append((f"{path}.kind", "set it to 'local' or 'slurm' (e.g. -o "
                              f"{path}.kind=local); the other {path} fields depend on it"))
             continue
-        if e["type"] == "string_pattern_mismatch":  # say the rule in words, not only the regex
+        if e["type"] in ("string_pattern_mismatch", "string_too_long"):  # say the rule in words, not only the regex
             model = _model_at(raw)
             info = model.model_fields.get(str(raw[-1])) if model is not None else None
             if info is not None and info.description:

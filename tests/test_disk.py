@@ -1,0 +1,84 @@
+"""runner/disk.py: the plan's estimate of offline feature bytes and the free space next to it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from runner import disk
+from runner.spec.load import load_spec
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+
+def _model_dir(tmp_path):
+    """A target folder that exists (the plan checks input paths); the shape is declared."""
+    d = tmp_path / "model"
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "llama", "num_hidden_layers": 30, "hidden_size": 576, "vocab_size": 49152,
+        "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
+        "max_position_embeddings": 8192}))
+    return d
+
+
+def _spec(tmp_path, data_path, stages=None, **data):
+    return load_spec(data={
+        "name": "d", "work_dir": str(tmp_path / "work"),
+        "target": {"path": str(_model_dir(tmp_path)), "num_hidden_layers": 30, "hidden_size": 576,
+                   "vocab_size": 49152, "dtype": "bfloat16"},
+        "drafter": {"draft_vocab_size": 1024, "aux_layer_ids": [1, 14, 26]},
+        "data": {"source": "jsonl", "path": str(data_path), "max_length": 64, **data},
+        "stages": stages or {"extract": {}, "train": {}}}, check_target=False)
+
+
+def _write(path, answers_chars):
+    with open(path, "w") as f:
+        for n in answers_chars:
+            f.write(json.dumps({"messages": [{"role": "user", "content": "q" * 40},
+                                             {"role": "assistant", "content": "a" * n}]}) + "\n")
+
+
+def test_estimate_counts_tokens_records_and_caps(tmp_path):
+    _write(tmp_path / "d.jsonl", [80, 400])  # 10+5 + 20+5 = 40; 10+5 + 100+5 -> 64 (max_length)
+    spec = _spec(tmp_path, tmp_path / "d.jsonl")
+    assert disk.bytes_per_token(spec) == 4617  # SmolLM2 in bf16, as jobs/features.py states
+    e = disk.estimate(spec)
+    assert (e["samples"], e["tokens"], e["bytes"]) == (2, 40 + 64, 104 * 4617)
+    assert "estimate: 2 of 2 records read, 4 characters per token" == e["method"]
+    assert disk.estimate(_spec(tmp_path, tmp_path / "d.jsonl", holdout=1))["tokens"] == 52
+    regen = _spec(tmp_path, tmp_path / "d.jsonl", stages={"regenerate": {"max_new_tokens": 8},
+                                                          "extract": {}})
+    assert disk.estimate(regen)["tokens"] == 2 * (15 + 13)  # answers capped at 8 tokens
+    assert "error" in disk.estimate(_spec(tmp_path, tmp_path / "missing.jsonl"))
+
+
+def test_plan_says_when_extract_will_not_fit_and_suggests_online(tmp_path):
+    """A sparse 4 TB data file (nothing written): the estimate exceeds the free space."""
+    path = tmp_path / "big.jsonl"
+    _write(path, [400] * 50)
+    with open(path, "r+b") as f:
+        f.truncate(4 << 40)
+    spec = _spec(tmp_path, path)
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text(json.dumps(spec.model_dump(mode="json", exclude_none=True)))
+    def run(*a):
+        return subprocess.run([sys.executable, "-m", "runner", "plan", str(spec_file), *a],
+                              capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    text = run()
+    assert "disk: extract writes ~" in text and "free on" in text
+    assert "NOT ENOUGH SPACE" in text and "stages.train.features: online" in text
+    d = json.loads(run("--json"))["disk"]
+    assert not d["fits"] and d["extract_bytes"] > d["free_bytes"] > 0
+    assert d["extract"][0]["samples"] > 10**7 and "features: online" in d["advice"]
+    online = _spec(tmp_path, path, max_samples=100,
+                   stages={"train": {"features": "online"}})
+    from runner.plan import build_plan
+    p = build_plan(online)
+    assert [s.stage for s in p.stages] == ["train"] and p.disk["fits"]
+    assert p.disk["online"][0]["tokens"] == 100 * 64
+    assert "runs the target online: no features written (offline: ~" in "\n".join(
+        disk.render(p.disk))

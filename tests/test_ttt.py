@@ -1,0 +1,239 @@
+"""The fast TTT step (jobs/ttt_fast.py) against the reference (jobs/ttt.py make_batch +
+target_dist + ttt_loss) on the same samples, float32 on the CPU: loss, every parameter's gradient and the
+per-step statistics must agree, packed or not. This is what protects the trained drafters."""
+
+import pytest
+import torch
+
+from jobs import ttt as TR
+from jobs import ttt_fast as FT
+from jobs.draft_model import DraftConfig, Eagle3Draft
+from kernels import _triton
+from kernels.ttt_attention import Segments
+
+torch.set_num_threads(2)
+V, VD, H, K = 30, 12, 32, 3
+LENGTHS = (9, 14, 5, 2, 17)
+
+
+def _setup(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    c = DraftConfig(hidden_size=H, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    intermediate_size=48, vocab_size=V, draft_vocab_size=VD,
+                    target_hidden_size=H, aux_layer_ids=[0, 1, 2])
+    torch.manual_seed(seed)
+    m = Eagle3Draft(c, torch.randn(V, H, generator=g))
+    with torch.no_grad():
+        for p in m.parameters():  # non-trivial norms, so a norm mix-up shows
+            if p.dim() == 1:
+                p.add_(torch.rand(p.shape, generator=g) - 0.5)
+    used = torch.randperm(V, generator=g)[:VD].sort().values
+    m.d2t.copy_(used - torch.arange(VD))
+    m.t2d[used] = True
+    head = {"norm": torch.rand(H, generator=g) + 0.5, "lm_head": torch.randn(V, H, generator=g)}
+    samples = [{"input_ids": torch.randint(0, V, (L,), generator=g),
+                "loss_mask": (torch.rand(L, generator=g) > 0.25).to(torch.uint8),
+                "aux_hidden": torch.randn(L, 3 * H, generator=g),
+                "last_hidden": torch.randn(L, H, generator=g)} for L in LENGTHS]
+    return m, used, head, samples
+
+
+def _reference(m, used, head, samples):
+    b = TR.make_batch(samples, K)
+    tgt = TR.target_dist(b["tgt_hidden"], head, used, m.t2d, 1e-5)
+    loss, st = TR.ttt_loss(m, b, tgt, K, 0.8)
+    return loss, st, torch.autograd.grad(loss, list(m.parameters()))
+
+
+def _fast(m, used, head, samples, impl=FT.Impl(), **kw):
+    b, tgt = FT.prepare(samples, K, FT.split_head(head, used), 1e-5, "cpu", **kw)
+    loss, st = FT.fast_ttt_loss(m, b, tgt, K, 0.8, impl=impl)
+    return loss, st, torch.autograd.grad(loss, list(m.parameters())), b
+
+
+def _assert_same(ref, fast, names):
+    (l0, s0, g0), (l1, s1, g1) = ref, fast[:3]
+    assert float(l1.detach()) == pytest.approx(float(l0.detach()), rel=1e-5, abs=1e-6)
+    for k in ("loss", "correct", "count"):
+        assert torch.allclose(s1[k], s0[k], rtol=1e-5, atol=1e-6), (k, s1[k], s0[k])
+    for n, a, b in zip(names, g0, g1):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), (n, (a - b).abs().max())
+
+
+@pytest.mark.parametrize("kw", [dict(pack=False), dict(seq_len=24), dict(seq_len=40)],
+                         ids=["unpacked", "packed-24", "packed-40"])
+def test_fast_loss_equals_ttt_loss(kw):
+    m, used, head, samples = _setup()
+    ref = _reference(m, used, head, samples)
+    fast = _fast(m, used, head, samples, **kw)
+    _assert_same(ref, fast, [n for n, _ in m.named_parameters()])
+    assert fast[3]["tokens"] == sum(LENGTHS)
+    assert ref[1]["correct"].sum() > 0 and ref[1]["count"].min() > 0  # the stats mean something
+    if "seq_len" in kw:
+        assert fast[3]["pos"].shape[0] < len(LENGTHS)  # really packed: fewer rows than samples
+
+
+@pytest.mark.skipif(not _triton.interpreting(), reason="needs triton and TRITON_INTERPRET=1")
+def test_fast_loss_with_the_triton_kernels_compiled_equals_ttt_loss():
+    """The GPU configuration on the CPU: Triton attention and CE (interpreter), the K-step unroll
+    under torch.compile (aot_eager: dynamo + AOT autograd with the attention custom op, no code
+    generation)."""
+    m, used, head, samples = _setup(seed=1)
+    samples = samples[:2]
+    ref = _reference(m, used, head, samples)
+    torch._dynamo.reset()
+    fast = _fast(m, used, head, samples, FT.Impl("triton", "triton", "aot_eager"), seq_len=16)
+    _assert_same(ref, fast, [n for n, _ in m.named_parameters()])
+
+
+def test_packing_without_sample_boundaries_changes_the_loss():
+    """Negative control: the same packed rows attended as ONE sample per row give another loss."""
+    m, used, head, samples = _setup()
+    b, tgt = FT.prepare(samples, K, FT.split_head(head, used), 1e-5, "cpu", seq_len=24)
+    good = FT.fast_ttt_loss(m, b, tgt, K, 0.8)[0].detach()
+    R, T = b["pos"].shape
+    b["start"], b["end"] = Segments.single(R, T)
+    bad = FT.fast_ttt_loss(m, b, tgt, K, 0.8)[0].detach()
+    assert abs(float(bad) - float(good)) > 1e-3
+
+
+def test_pack_layout_positions_and_the_ttt_shift():
+    s = [{"input_ids": torch.arange(100, 100 + L), "loss_mask": torch.ones(L, dtype=torch.uint8),
+          "aux_hidden": torch.zeros(L, 3), "last_hidden": torch.arange(L).float()[:, None]}
+         for L in (4, 6, 12)]
+    b = FT.pack_samples(s, K=3, seq_len=8)
+    # first-fit decreasing: the 12-token sample is cut to 9 tokens (8 positions) and fills row 0;
+    # row 1 holds 6 tokens (5 positions) then 4 (3 positions)
+    assert b["pos"].tolist() == [list(range(8)), [0, 1, 2, 3, 4, 0, 1, 2]]
+    assert b["ids"][1].tolist() == [101, 102, 103, 104, 105, 101, 102, 103, 0, 0]
+    assert b["rem"][1].tolist() == [4, 3, 2, 1, 0, 2, 1, 0]
+    assert b["start"][1].tolist() == [0] * 5 + [5] * 3 and b["end"][1].tolist() == [5] * 5 + [8] * 3
+    assert b["pmask"][1].tolist() == [True] * 4 + [False] + [True] * 2 + [False] * 3
+    assert b["tgt_hidden"][1, :, 0].tolist() == [1, 2, 3, 4, 5, 1, 2, 3, 0, 0]
+    assert b["tokens"] == 9 + 6 + 4
+    tgt = FT.TargetLogits(torch.zeros(20, 2), torch.zeros(20), torch.zeros(20, dtype=torch.int64))
+    ids, sup, _, tidx = FT.step_masks(b, tgt, 3)
+    # step 2 of row 1: position i reads token i+3 of its own sample, 0 once past its end
+    assert ids[2, 1].tolist() == [103, 104, 105, 0, 0, 103, 0, 0]
+    assert sup[2, 1].tolist() == [True, True] + [False] * 6
+    assert tidx[2, 1, 0] == 10 + 2  # row 1 of E = 10 columns, column 0 + step 2
+    # a row with padding: the tail is a segment of its own, rem -1 (never read)
+    b = FT.pack_samples(s[:1], K=3, seq_len=6)
+    assert b["rem"][0].tolist() == [2, 1, 0, -1, -1, -1] and b["start"][0].tolist()[3:] == [3] * 3
+
+
+def test_target_logits_match_target_dist_and_break_ties_as_argmax():
+    m, used, head, samples = _setup()
+    b = TR.make_batch(samples, K)
+    p, tid, inv = TR.target_dist(b["tgt_hidden"], head, used, m.t2d, 1e-5)
+    t = FT.target_logits(b["tgt_hidden"], FT.split_head(head, used), 1e-5, chunk_elems=V * 7)
+    assert torch.allclose(torch.softmax(t.logits.float(), -1), p.flatten(0, 1), atol=1e-6)
+    assert torch.equal(t.draft_id >= 0, inv.flatten())
+    assert torch.equal(used[t.draft_id[inv.flatten()]], tid.flatten()[inv.flatten()])
+    assert 0 < int(inv.sum()) < inv.numel()  # both kinds of rows occur
+    # a tie between a draft and a non-draft id: the lower target id wins, as torch.argmax
+    lo_rest = int((~m.t2d).nonzero()[0])
+    hi_used, lo_used = int(used[used > lo_rest][0]), int(used[used < lo_rest][0]) \
+        if (used < lo_rest).any() else None
+    W = torch.zeros(V, H)
+    W[lo_rest, 0] = W[hi_used, 0] = 1.0
+    tie = FT.target_logits(torch.ones(1, 1, H), FT.split_head({"norm": torch.ones(H),
+                                                               "lm_head": W}, used), 1e-5)
+    assert int(tie.draft_id) == -1  # the non-draft id is lower
+    if lo_used is not None:
+        W[lo_used, 0] = 1.0
+        tie = FT.target_logits(torch.ones(1, 1, H), FT.split_head({"norm": torch.ones(H),
+                                                                   "lm_head": W}, used), 1e-5)
+        assert int(used[tie.draft_id]) == lo_used
+
+
+def test_pack_rejects_empty_batches():
+    s = {"input_ids": torch.tensor([5]), "loss_mask": torch.ones(1, dtype=torch.uint8),
+         "aux_hidden": torch.zeros(1, 3), "last_hidden": torch.zeros(1, 1)}
+    with pytest.raises(ValueError, match="fewer than 2 tokens"):
+        FT.pack_samples([s], K=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# on the GPU: the configuration the train stage runs (Triton kernels, compiled layer pieces)
+
+
+def _gpu_case(seed=0):
+    """SmolLM2's drafter geometry, samples of mixed lengths packed into 512-position rows."""
+    g = torch.Generator().manual_seed(seed)
+    c = DraftConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                    intermediate_size=1536, vocab_size=4096, draft_vocab_size=2048,
+                    target_hidden_size=576, aux_layer_ids=[1, 2, 3])
+    torch.manual_seed(seed)
+    m = Eagle3Draft(c, torch.randn(4096, 576, generator=g) * 0.02).cuda()
+    used = torch.randperm(4096, generator=g)[:2048].sort().values
+    m.d2t.copy_(used - torch.arange(2048))
+    m.t2d[used.cuda()] = True
+    head = {"norm": torch.ones(576).cuda(), "lm_head": (torch.randn(4096, 576) * 0.05).cuda()}
+    samples = [{"input_ids": torch.randint(0, 4096, (L,), generator=g),
+                "loss_mask": (torch.rand(L, generator=g) > 0.3).to(torch.uint8),
+                "aux_hidden": torch.randn(L, 3 * 576, generator=g),
+                "last_hidden": torch.randn(L, 576, generator=g)} for L in (300, 513, 120, 90)]
+    return m, used.cuda(), head, samples
+
+
+def _cuda(samples):
+    return [{k: v.cuda() for k, v in s.items()} for s in samples]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("attn", ["triton", "flex"])
+def test_gpu_fast_loss_matches_ttt_loss(attn):
+    """float32: the compiled fast step against ttt_loss (tf32 in the Triton dots: 1e-3)."""
+    m, used, head, samples = _gpu_case()
+    b = TR.to_device(TR.make_batch(_cuda(samples), 4), "cuda")
+    ref, st = TR.ttt_loss(m, b, TR.target_dist(b["tgt_hidden"], head, used, m.t2d, 1e-5), 4, 0.8)
+    g_ref = torch.autograd.grad(ref, list(m.parameters()))
+    fb, ft = FT.prepare(samples, 4, FT.split_head(head, used), 1e-5, "cuda", seq_len=512)
+    loss, fs = FT.fast_ttt_loss(m, fb, ft, 4, 0.8, impl=FT.Impl(attn, "triton", "inductor"))
+    g = torch.autograd.grad(loss, list(m.parameters()))
+    assert fb["pos"].shape[0] == 2  # 512 positions fill a row; 299 + 119 + 89 share the other
+    assert float(loss.detach()) == pytest.approx(float(ref.detach()), rel=1e-3)
+    assert torch.allclose(fs["count"], st["count"])
+    assert (fs["correct"] - st["correct"]).abs().max() <= 2  # tf32 near-ties
+    for (n, _), a, c in zip(m.named_parameters(), g_ref, g):
+        assert (a - c).abs().max() <= 1e-2 * a.abs().max(), n
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_fast_step_has_no_host_sync_and_bf16_loss_is_close():
+    m, used, head, samples = _gpu_case(seed=1)
+    impl = FT.Impl.best("cuda")
+    fb, ft = FT.prepare([{k: v.bfloat16() if v.is_floating_point() else v for k, v in s.items()}
+                         for s in samples], 4, FT.split_head(head, used), 1e-5, "cuda",
+                        seq_len=512)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss, _ = FT.fast_ttt_loss(m, fb, ft, 4, 0.8, impl=impl)  # compiles
+    loss.backward()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss2, st = FT.fast_ttt_loss(m, fb, ft, 4, 0.8, impl=impl)
+        loss2.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert st["loss"].device.type == "cuda"
+    b = TR.to_device(TR.make_batch(_cuda(samples), 4), "cuda")
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        ref, _ = TR.ttt_loss(m, b, TR.target_dist(b["tgt_hidden"], head, used, m.t2d, 1e-5), 4,
+                             0.8)
+    assert float(loss2.detach()) == pytest.approx(float(ref), rel=2e-2)
+
+
+def test_train_kernels_setting_names_the_step():
+    """stages.train.kernels -> the step's paths: reference = the plain objective (None), auto =
+    the best paths of the device, the others as named; a bad name is refused."""
+    assert FT.Impl.named("reference", "cpu") is None
+    assert FT.Impl.named("auto", "cpu") == FT.Impl.best("cpu") == FT.Impl()
+    assert FT.Impl.named("flex", "cpu") == FT.Impl("flex", "triton", None)
+    assert FT.Impl.named("torch", "cpu") == FT.Impl("torch", "torch", None)
+    with pytest.raises(ValueError, match="stages.train.kernels"):
+        FT.Impl.named("cuda", "cpu")
