@@ -167,7 +167,7 @@ class Generator:
     CPU. prefill_tokens: padded tokens per prefill forward. kernels (the project's switch,
     kernels/__init__.py): "triton" = the decode step's attention through
     kernels.attention.decode_attention (reads only each row's own slots, so its cost follows
-    every row's length, not the bucket's), "torch" = SDPA, "auto" = triton on CUDA. The
+    every row's length, not the bucket's), "torch" = SDPA, "auto" = torch (kernels/__init__.py). The
     matmuls stay cuBLAS: the fused forward (kernels/llama_decode.py) is built for <= ~64 rows.
     Raises ValueError for bad sizes or kernels and, from run, for a prompt that does not fit."""
 

@@ -220,7 +220,7 @@ def main(argv=None):
     ap.add_argument("--cuda-graph", action="store_true", help="compile the engine's steps")
     ap.add_argument("--kernels", default="auto", choices=("auto", "triton", "torch"),
                     help="the engine's target forwards and chain draft steps: triton = the fused "
-                    "kernels (kernels/), torch = the models' forward, auto = triton on CUDA")
+                    "kernels (kernels/), torch = the models' forward, auto = torch")
     ap.add_argument("--width", default="auto", help="rows of every engine target forward "
                     "(jobs/engine.py Engine width): auto = jobs.engine.default_width (the largest "
                     "num_draft_tokens in bf16/fp16 on the torch path, then a 1-row decode baseline "

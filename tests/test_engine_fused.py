@@ -109,8 +109,8 @@ def test_fused_engine_chain_and_tree_equal_their_own_1row_greedy_decode(tmp_path
 
 
 def test_kernels_switch_resolution_and_refusals(tmp_path):
-    """auto falls back to torch for a geometry the fused kernels cannot tile and on CPU; an
-    explicit triton names the problem; a compiled triton engine on CPU is refused."""
+    """auto is torch (on any geometry and device); an explicit triton names a geometry the fused
+    kernels cannot tile; a compiled triton engine on CPU is refused."""
     hf = tiny_hf_llama(layers=2)  # head_dim 16
     t = from_hf_model(hf, AUX)
     assert engine_kernels("auto", t) == "torch"

@@ -10,10 +10,12 @@
 #   bench    scripts/bench_engine.py --random-target --random-draft, configs 4/1/5, 3/4/16,
 #            5/4/8, --verify-cost 4/1/5,3/4/16, once with --kernels triton (+ HF static row),
 #            once with --kernels torch (width none: 1-row decode, verify at own width) <= 2 x 80 s
+#   auto     the same bench configs with the default --kernels auto (must resolve to torch:
+#            kernels/__init__.py), width auto, no HF rows; the quick check            <= 80 s
 #   profile  scripts/profile_engine.py: torch vs fused per step, kernel splits, ratios <= 70 s
 #   summary  the compact table (always last; also runs alone on earlier results)
-# Usage: bash scripts/gpu/kernels.sh [engine] [kernels] [bench] [profile]   (default: engine bench
-# profile; ~5 min on an H200, at most ~6)
+# Usage: bash scripts/gpu/kernels.sh [engine] [kernels] [bench] [auto] [profile]
+# (default: engine bench profile; ~5 min on an H200, at most ~6)
 set -uo pipefail
 source "$(dirname "$0")/prelude.sh"
 BENCH="scripts/bench_engine.py --random-target --random-draft --new 96 --repeats 1 --cuda-graph \
@@ -37,10 +39,11 @@ for step in ${@:-engine bench profile}; do
              --out "$R/bench_triton"
            run bench_torch 80 python3 $BENCH --kernels torch --width none \
              --skip hf,hf_static,hf_lookup --out "$R/bench_torch" ;;
+    auto) run bench_auto 80 python3 $BENCH --skip hf,hf_static,hf_lookup --out "$R/bench_auto" ;;
     profile) run profile 70 python3 scripts/profile_engine.py --skip hf --budget 50 \
                --out "$R/profile_engine" ;;
     summary) ;;
-    *) echo "kernels.sh: unknown step $step (engine, kernels, bench, profile)" ;;
+    *) echo "kernels.sh: unknown step $step (engine, kernels, bench, auto, profile)" ;;
   esac
 done
 python3 scripts/gpu/kernels_summary.py "$R" | tee "$R/summary.md"

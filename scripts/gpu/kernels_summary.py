@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The compact summary of scripts/gpu/kernels.sh: step exit codes, the GPU tests' outcome, the
-engine bench with both kernel settings side by side (tok/s, ms/token, vs the plain 1-row engine
+engine bench with each kernel setting run (triton, torch, auto) side by side (tok/s, ms/token, vs the plain 1-row engine
 decode, tau, draft/verify ms per round, the verify-cost ratio) and profile_engine's ratios.
 Reads what exists under the results folder (a step that failed or ran out of time leaves a
 partial JSON or none); never raises. No torch.
@@ -42,7 +42,7 @@ def tests(r: Path) -> list[str]:
 
 
 def bench(r: Path) -> list[str]:
-    runs = {k: _load(r / f"bench_{k}.json") for k in ("triton", "torch")}
+    runs = {k: _load(r / f"bench_{k}.json") for k in ("triton", "torch", "auto")}
     runs = {k: v for k, v in runs.items() if v}
     if not runs:
         return ["- bench: no results"]
@@ -66,6 +66,8 @@ def bench(r: Path) -> list[str]:
                              f"{_f(x.get('tau'))} | {_f(x.get('draft_ms_per_round'))}/"
                              f"{_f(x.get('verify_ms_per_round'))}")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    if "auto" in runs:
+        lines.append(f"- auto resolved to kernels={runs['auto'].get('kernels')} (expected torch)")
     for k, v in runs.items():
         vc = v.get("verify_cost") or {}
         if "ms" in vc:
