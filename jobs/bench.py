@@ -7,12 +7,15 @@ backend: jobs/bench_results.py.
 
 Two roles of the baseline: its speed is the plain 1-row greedy decode (what a user gets without
 speculation), and "lossless" compares the speculative tokens with the baseline decoded through the
-same W-row forward as the verify (jobs.engine.default_width: bf16 rounds a 1-row and a W-row
-forward differently). For a float32 target W is None and one pass serves both; for bf16 the bench
-runs both passes (on the H200 an 8-row decode step cost 2.53 ms against 2.05 ms for 1 row, so
-timing the W-row pass would inflate every speedup by ~24%).
+same W-row forward as the verify (jobs.engine.default_width: on the torch path bf16 rounds a 1-row
+and a W-row forward differently). For a float32 target, and on the fused path (kernels triton: a
+row's bits do not depend on the row count), W is None and one pass serves both; for bf16 on the
+torch path the bench runs both passes (on the H200 an 8-row decode step cost 2.53 ms against
+2.05 ms for 1 row, so timing the W-row pass would inflate every speedup by ~24%).
 
-backend: embedded = jobs.engine (chains only, eagle_topk 1); sglang = jobs.sglang_backend.
+backend: embedded = jobs.engine (chains and trees: every configuration of stages.bench.configs,
+each engine verifying its num_draft_tokens; stages.bench.kernels, resolved once for all engines by
+jobs.engine.engine_kernels, recorded in every row); sglang = jobs.sglang_backend.
 """
 
 from __future__ import annotations
@@ -32,16 +35,10 @@ SGLANG_EXTRA = "pip install 'eagle3-runner[sglang]'"
 
 def check_backend(spec) -> None:
     """Plan/validation-time check (no torch): backend sglang needs sglang importable by
-    stages.bench.sglang.python; embedded needs eagle_topk 1. Raises StageError naming the fix."""
+    stages.bench.sglang.python (the embedded engine runs every configuration, chains and trees).
+    Raises StageError naming the fix."""
     b = spec.stages.bench
-    if b is None:
-        return
-    if b.backend == "embedded":
-        trees = [c for c in b.configs if c.eagle_topk > 1]
-        if trees:
-            raise StageError(f"stages.bench.configs: eagle_topk = {trees[0].eagle_topk}: the "
-                             "embedded engine drafts chains only (eagle_topk 1). Use "
-                             "backend: sglang for tree drafting.")
+    if b is None or b.backend == "embedded":
         return
     from jobs.sglang_backend import sglang_available
     ok, why = sglang_available(b.sglang.python)
@@ -58,7 +55,7 @@ def summarize(cfg: dict, rows: list[dict], base: list[dict]) -> dict:
     rounds = sum(r["verify_ct"] for r in rows)
     toks = sum(r["_tokens_in_rounds"] for r in rows)
     tau = toks / rounds if rounds else float("nan")
-    K = rows[0]["num_steps"]
+    K, k, N, kn = (rows[0][f] for f in ("num_steps", "eagle_topk", "num_draft_tokens", "kernels"))
     per_pos = [sum(json.loads(r["accept_per_pos"])[j] * r["verify_ct"] for r in rows) /
                max(rounds, 1) for j in range(K)]
     spec_s = sum(r["_total_s"] for r in rows)
@@ -69,6 +66,8 @@ def summarize(cfg: dict, rows: list[dict], base: list[dict]) -> dict:
     dms, vms = (1000 * sum(r[k] for r in rows) / max(rounds, 1) for k in ("draft_s", "verify_s"))
     oms = 1000 * sum(r["other_s"] for r in rows) / max(rounds, 1)
     _, be, text = explain(tau, K, dms, vms, oms, base_ms)
+    text = (f"{'tree' if k > 1 else 'chain'} {K}/{k}/{N} (num_steps/eagle_topk/num_draft_tokens)"
+            f", kernels {kn}: " + text)
     lossless = None if rows[0]["lossless"] is None else all(r["lossless"] for r in rows)
     text += (f" Measured end to end (prefill and first token included): {spec_tok_s:.1f} vs "
              f"{base_tok_s:.1f} tok/s = {spec_tok_s / base_tok_s:.2f}x.")
@@ -120,7 +119,7 @@ def run(ctx: StageContext) -> dict:
     import torch
     from tqdm import tqdm
 
-    from jobs.engine import Engine, default_width
+    from jobs.engine import Engine, default_width, engine_kernels, slots_needed
     from jobs.prompts import load_prompt_set, render
 
     target, drafter, tok, device = load_engine_parts(spec, export_dir)
@@ -128,34 +127,40 @@ def run(ctx: StageContext) -> dict:
     sets = {s: [(q["id"], torch.tensor([render(tok, q["messages"])], device=device))
                 for q in load_prompt_set(s, spec, p.num_prompts)] for s in p.prompt_sets}
     Kmax = max(c.num_steps for c in p.configs)
+    Nmax = max(c.draft_tokens for c in p.configs)
+    kn = engine_kernels(p.kernels, target, drafter)  # one resolved value for every engine
+    # bf16 on the torch path: one row count for all, so outputs match exactly (None when fused)
+    width = default_width(target, Kmax, Nmax, kn)
     longest = max(ids.shape[1] for v in sets.values() for _, ids in v)
-    # Engine._check_len needs T + max_new + 2K + 2 + W (W <= K+1); the warm-ups make 2K+4 tokens
-    max_seq = longest + max(max(p.max_new_tokens), 2 * Kmax + 4) + 3 * Kmax + 8
+    new = max(max(p.max_new_tokens), 2 * Kmax + 4)  # the warm-ups make 2K+4 tokens
+    max_seq = max(slots_needed(longest, new, c.num_steps, max(width or 0, c.draft_tokens),
+                               c.eagle_topk) for c in p.configs)
     # rounded up to a multiple of 256: the KV-cache shape is part of every compiled graph, so
     # benches of other prompt sets (variants) reuse inductor's on-disk graph cache
     max_seq = -(-max_seq // 256) * 256
     trained_on = train_samples(export_dir)
     all_rows, summaries = [], []
-    width = default_width(target, Kmax)  # bf16: one row count for all, so outputs match exactly
     for cg in p.cuda_graph:
         warm = next(iter(sets.values()))[0][1]
         t0 = time.perf_counter()
-        plain = Engine(target, None, num_steps=Kmax, max_seq=max_seq, cuda_graph=cg)  # speed
-        ref = plain if width is None else Engine(target, None, num_steps=Kmax, max_seq=max_seq,
-                                                 cuda_graph=cg, width=width)  # tokens
+        kw = dict(max_seq=max_seq, cuda_graph=cg, kernels=kn)
+        plain = Engine(target, None, num_steps=Kmax, **kw)  # speed
+        ref = plain if width is None else Engine(target, None, num_steps=Kmax, width=width,
+                                                 **kw)  # tokens
         for b in [plain] if ref is plain else [plain, ref]:
             b.generate_baseline(warm, 4, stop_ids=stop)  # warm-up (compiles when cg)
         print(f"bench: baseline engine(s) built and warmed in {time.perf_counter() - t0:.1f} s "
-              f"(max_seq {max_seq}, width {width}, cuda_graph {cg})", flush=True)
+              f"(max_seq {max_seq}, width {width}, kernels {kn}, cuda_graph {cg})", flush=True)
         engines = {}
         for c in p.configs:
             t0 = time.perf_counter()
             e = Engine(target, drafter, num_steps=c.num_steps, eagle_topk=c.eagle_topk,
-                       max_seq=max_seq, cuda_graph=cg, sampling=p.temperature > 0, width=width)
+                       num_draft_tokens=c.draft_tokens, sampling=p.temperature > 0,
+                       width=width, **kw)
             e.generate(warm, 2 * c.num_steps + 4, stop_ids=stop)  # warm-up
             engines[c] = e
-            print(f"bench: engine num_steps {c.num_steps} built and warmed in "
-                  f"{time.perf_counter() - t0:.1f} s", flush=True)
+            print(f"bench: engine {c.num_steps}/{c.eagle_topk}/{c.draft_tokens} built and warmed "
+                  f"in {time.perf_counter() - t0:.1f} s", flush=True)
         for set_name, prompts in sets.items():
             for max_new in p.max_new_tokens:
                 base = baseline_pass(plain, prompts, max_new, p, stop, f"bench {set_name} baseline")
@@ -166,7 +171,7 @@ def run(ctx: StageContext) -> dict:
                         base[pid]["tokens"] = ref_toks[pid]["tokens"]
                 for c, e in engines.items():
                     cfg = config_fields(c, cg, max_new, p.temperature, "embedded", set_name,
-                                        trained_on)
+                                        trained_on, kn)
                     rows = []
                     for pid, ids in tqdm(prompts, desc=f"bench {set_name} {cfg['config_id']}",
                                          unit="prompt", leave=False):

@@ -70,13 +70,15 @@ def explain(tau: float, num_steps: int, draft_ms: float, verify_ms: float, other
 
 
 def config_fields(c, cuda_graph: bool, max_new: int, temperature: float, backend: str,
-                  prompt_set: str, train_samples: int | None) -> dict:
-    """The columns naming one measured configuration (c: a SpecParams), shared by its `bench`
-    rows and its `bench_summary` row."""
+                  prompt_set: str, train_samples: int | None, kernels: str | None = None) -> dict:
+    """The columns naming one measured configuration (c: a SpecParams: the tree shape
+    num_steps / eagle_topk / num_draft_tokens), shared by its `bench` rows and its
+    `bench_summary` row. kernels: the embedded engine's resolved decode path ("triton" = the
+    fused kernels, "torch"); None for a backend without the switch (sglang)."""
     return dict(config_id=config_id(c, cuda_graph, max_new), backend=backend,
                 prompt_set=prompt_set, num_steps=c.num_steps, eagle_topk=c.eagle_topk,
                 num_draft_tokens=c.draft_tokens, cuda_graph=cuda_graph, max_new_tokens=max_new,
-                temperature=temperature, train_samples=train_samples)
+                temperature=temperature, train_samples=train_samples, kernels=kernels)
 
 
 def _measured(cfg: dict, tau: float, spec_tok_s: float, base_tok_s: float,

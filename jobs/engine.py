@@ -28,26 +28,32 @@ chain; padded past m, see draft_extend), the root row m is picked inside the gra
 index, and positions/slots are views of a device arange. Only prefill and the prompt's step 0
 (length = prompt) run eagerly. See Engine for the guarantees.
 
+Kernels (Engine `kernels`): every fixed-shape target forward (decode, chain verify, tree verify)
+and every chain draft step run either the models' PyTorch forward or the fused Triton kernels
+(kernels/), one implementation per step (jobs/engine_steps.py), the difference inside
+kernels.llama_decode.target_forward / kernels.draft_decode.draft_forward. Compilation:
+jobs/engine_compile.py.
+
 Metrics: tau = tokens per verify pass including the bonus token; accept_per_pos[j] = fraction of
 rounds in which draft j+1 was accepted (sums to tau - 1).
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
-import types
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 
 from jobs.draft_model import Eagle3Draft
-from jobs.engine_steps import (accept_greedy, accept_sample, decode,
-                               draft_chain_greedy, draft_extend, draft_probs_target,
-                               draft_round_greedy, draft_step, prefill, probs, sample, verify)
+from jobs.engine_compile import compile_options, compile_steps, graph_counts, sealed, warm_up
+from jobs.engine_steps import (accept_greedy, accept_sample, decode, draft_chain_greedy,
+                               draft_extend, draft_probs_target, draft_round_greedy, draft_step,
+                               prefill, probs, sample, verify)
 from jobs.llama import Llama
 from jobs.tree import check_shape, draft_tree, draft_tree_round, verify_tree
+from kernels import geometry_problem, resolve_kernels
 
 
 # ----------------------------------------------------------------------------------------------
@@ -74,10 +80,32 @@ class Stats:
         return [sum(a > j for a in self.accepted) / max(self.rounds, 1) for j in range(K)]
 
 
-def default_width(target: Llama, num_steps: int, num_draft_tokens: int = 0) -> Optional[int]:
+def engine_kernels(kernels: str, target: Llama, drafter: Optional[Eagle3Draft] = None) -> str:
+    """The Engine `kernels` setting resolved for this target (and drafter): "triton" or "torch".
+    kernels.resolve_kernels ("auto" = torch on every device: the fused path measured slower on
+    the H200, kernels/__init__.py); "triton" raises ValueError when the fused kernels cannot tile
+    a head_dim (kernels.geometry_problem). Engines whose outputs are compared (a bench's
+    baseline and its speculative engines) must share one resolved value: resolve once, pass the
+    result."""
+    k = resolve_kernels(kernels, target.lm_head.weight.device)
+    if k == "triton":
+        dims = [target.config.head_dim] + ([] if drafter is None else [drafter.config.head_dim])
+        why = next(filter(None, map(geometry_problem, dims)), None)
+        if why:
+            raise ValueError(f"kernels = 'triton': {why}; use kernels: torch (or auto)")
+    return k
+
+
+def default_width(target: Llama, num_steps: int, num_draft_tokens: int = 0,
+                  kernels: str = "torch") -> Optional[int]:
     """The Engine `width` to share between a baseline and engines of up to `num_steps` and up to
-    `num_draft_tokens` tree rows: max(num_steps + 1, num_draft_tokens) for a bf16/fp16 target
-    (its 1-row and multi-row forwards round differently), None (1-row decode) for float32."""
+    `num_draft_tokens` tree rows: max(num_steps + 1, num_draft_tokens) for a bf16/fp16 target on
+    the torch path (its 1-row and multi-row forwards round differently); None (1-row decode) for
+    float32, and on the fused path (`kernels` resolves to "triton"): there a row's bits do not
+    depend on the row count (kernels/attention.py; tests/test_fused_decode.py proves a 1-row
+    decode == row j of a W-row verify, bit for bit)."""
+    if engine_kernels(kernels, target) == "triton":
+        return None
     low = target.lm_head.weight.dtype in (torch.bfloat16, torch.float16)
     return max(num_steps + 1, num_draft_tokens) if low else None
 
@@ -90,16 +118,6 @@ def slots_needed(prompt_tokens: int, max_new: int, num_steps: int, rows: int,
     return prompt_tokens + max_new + 2 * num_steps + 2 + max(rows, (num_steps - 1) * eagle_topk)
 
 
-def _private(fn: Callable) -> Callable:
-    """A copy of `fn` with its own code object. Dynamo keys its graph cache and its recompile
-    limit (8) on the code object, so without this every Engine of a bench sweep (each num_steps
-    a new static shape) would add graphs to one shared, capped cache."""
-    g = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__,
-                           fn.__closure__)
-    g.__doc__ = fn.__doc__
-    return g
-
-
 class Engine:
     """Batch-1 engine over our Llama target and an exported EAGLE-3 drafter (or none = baseline).
 
@@ -109,32 +127,40 @@ class Engine:
     Trees (jobs/tree.py check_shape): draft_tree_round and verify_tree at any temperature;
     sampling=True adds the sampling verify graph.
 
-    Compiled mode compiles the fixed-shape steps (module docstring: static shapes) with
-    torch.compile(fullgraph=True, dynamic=False). `cuda_graph=True` on CUDA uses
-    mode="reduce-overhead" (inductor + CUDA graphs) and is ignored on CPU; `compile_backend`
-    ("eager", "aot_eager", "inductor") compiles on any device without CUDA graphs (tests: the
-    dynamo guards are the same). No silent fallback: the steps are compiled once at
-    construction, then every generate runs under torch.compiler stance "fail_on_recompile", so
-    a new shape raises instead of recompiling (or, past dynamo's recompile limit, falling back);
-    a graph break raises (fullgraph); dynamo's suppress_errors (compile errors -> eager) is
-    refused.
+    `kernels` ("auto", "triton", "torch"; engine_kernels, once): "triton" runs every
+    target forward after the prefill (decode, chain verify, tree verify with its tree mask) through
+    the fused kernels/llama_decode.py forward and every chain draft step (step 0, chain steps,
+    the tree's step 0) through the fused kernels/draft_decode.py step; "torch" runs Llama.forward
+    and Eagle3Draft.cached_step. The prefill (eager, any length) and the drafter's tree frontier
+    steps (an ancestor mask outside the kernels' contract, jobs/tree.py) are torch on both.
+    "auto" = torch on every device (kernels/__init__.py: on the H200 a 1-row decode call took
+    1.79 ms fused vs 1.37 ms on the CUDA-graphed torch path); "triton" is an explicit opt-in.
+
+    Compiled mode (jobs/engine_compile.py): the fixed-shape steps (module docstring: static
+    shapes) under torch.compile(fullgraph=True, dynamic=False), compiled once at construction;
+    `cuda_graph=True` on CUDA uses mode="reduce-overhead" (inductor + CUDA graphs) and is ignored
+    on CPU; `compile_backend` ("eager", "aot_eager", "inductor") compiles on any device without
+    CUDA graphs (tests), kernels "torch" only on CPU. Every generate runs under torch.compiler
+    stance "fail_on_recompile": a new shape raises instead of recompiling.
 
     `width` W (>= N): every target forward after the prefill runs W rows, the verify and the
-    baseline's decode alike. In bf16 a 1-row and a (K+1)-row forward round differently, so a
-    plain decode baseline and the speculative output drift apart after a few dozen tokens
-    (measured on the H200: 24 of 80 MT-bench prompts identical over 256 tokens); with one W for
-    both, every row is computed by the same kernels and chain outputs are identical
-    (tests/test_engine.py, bf16 on CPU). A tree row attends its ancestors at other slots than a
-    decode row does, which can reorder the attention's reductions: in bf16 trees are identical
-    but for near-ties. None: verify runs N rows, decode 1.
+    baseline's decode alike. On the torch path, in bf16 a 1-row and a (K+1)-row forward round
+    differently, so a plain decode baseline and the speculative output drift apart after a few
+    dozen tokens (measured on the H200: 24 of 80 MT-bench prompts identical over 256 tokens);
+    with one W for both, every row is computed by the same kernels and chain outputs are
+    identical (tests/test_engine.py, bf16 on CPU). The fused path computes a row the same way for
+    any W, so None suffices there (default_width). A tree row attends its ancestors at other
+    slots than a decode row does, which can reorder the attention's reductions: in bf16 trees are
+    identical but for near-ties. None: verify runs N rows, decode 1.
     Raises ValueError for an inconsistent eagle_topk / num_draft_tokens (SGLang's rules), for
-    width < N, and from generate for temperature > 0 on a compiled engine built without
-    sampling=True."""
+    width < N, for an unknown or unavailable `kernels` (engine_kernels; triton compiled on CPU),
+    and from generate for temperature > 0 on a compiled engine built without sampling=True."""
 
     def __init__(self, target: Llama, drafter: Optional[Eagle3Draft] = None, num_steps: int = 3,
                  eagle_topk: int = 1, max_seq: int = 4096, cuda_graph: bool = False,
                  compile_backend: Optional[str] = None, sampling: bool = False,
-                 width: Optional[int] = None, num_draft_tokens: Optional[int] = None):
+                 width: Optional[int] = None, num_draft_tokens: Optional[int] = None,
+                 kernels: str = "auto"):
         N = check_shape(num_steps, eagle_topk, num_draft_tokens, width)
         self.target, self.drafter, self.K, self.sampling = target, drafter, num_steps, sampling
         self.topk, self.N = eagle_topk, N
@@ -144,9 +170,12 @@ class Engine:
         self.V = target.config.vocab_size
         p = target.lm_head.weight
         self.device, self.dtype = p.device, p.dtype
+        self.kernels = engine_kernels(kernels, target, drafter)
+        kw = compile_options(self.device, cuda_graph, compile_backend, self.kernels)
         if target.max_seq != max_seq:  # engines over one target share its cache
             target.setup_cache(1, max_seq)
         self.max_seq = max_seq
+        self.rope = None  # the drafter's RoPE table for the fused step
         if drafter is not None:
             c = drafter.config
             if tuple(sorted(c.aux_layer_ids)) != target.aux_ids:
@@ -155,6 +184,9 @@ class Engine:
             self.dk = torch.zeros(1, c.num_key_value_heads, max_seq, c.head_dim, device=self.device,
                                   dtype=drafter.fc.weight.dtype)
             self.dv = torch.zeros_like(self.dk)
+            if self.kernels == "triton":
+                from kernels.draft_decode import rope_table
+                self.rope = rope_table(drafter, max_seq)
         self.slots = torch.arange(max_seq, device=self.device)
         self.steps = dict(decode=decode, verify=verify,
                           extend=draft_extend, step=draft_step,
@@ -168,73 +200,17 @@ class Engine:
         else:
             self.hot = ["decode", "verify"] + ([] if drafter is None else ["extend", "step"]
                                                if sampling else ["chain", "round"])
-        if compile_backend is not None:
-            kw = dict(backend=compile_backend)
-        elif cuda_graph and self.device.type == "cuda":
-            kw = dict(mode="reduce-overhead")
-        else:
-            kw = None
         self.compiled = kw is not None
         if self.compiled:
-            if torch._dynamo.config.suppress_errors:
-                raise ValueError("torch._dynamo.config.suppress_errors is set: a compile failure "
-                                 "would silently run eagerly; unset it or use cuda_graph: false")
-            if kw.get("mode") == "reduce-overhead":
-                for t in target.caches() + ([self.dk, self.dv] if drafter is not None else []):
-                    torch._dynamo.mark_static_address(t)
-            kw.update(fullgraph=True, dynamic=False)
-            self.steps.update({k: torch.compile(_private(self.steps[k]), **kw) for k in self.hot})
-            self._warm_up()
+            static = target.caches() + [target.rope_cos, target.rope_sin]
+            if drafter is not None:
+                static += [self.dk, self.dv] + list(self.rope or ())
+            compile_steps(self.steps, self.hot, kw, static)
+            warm_up(self)
 
     def _sync(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-
-    @torch.inference_mode()
-    def _warm_up(self):
-        """Compile each step once, with inputs built exactly as generate builds them. Writes junk
-        into cache rows 1..W+K, which a prefill or a later step rewrites before any query reads."""
-        K, dev, V, S = self.K, self.device, self.V, self.steps
-        tok = torch.zeros(1, dtype=torch.long, device=dev)
-        S["decode"](self.target, tok.view(1, 1), self.slots[1:1 + self.decode_rows])
-        if self.topk > 1:
-            if self.drafter is not None:
-                self._warm_up_tree(tok)
-            return
-        toks = torch.zeros(1, K + 1, dtype=torch.long, device=dev)
-        _, vaux, best = S["verify"](self.target, toks, self.slots[1:1 + self.W])
-        vaux, best = vaux.clone(), best.clone()  # CUDA graphs: the next replay reuses the buffers
-        d = self.drafter
-        if d is None:
-            return
-        if self.sampling:
-            root, rlog = S["extend"](d, self.dk, self.dv, vaux, toks, self.slots[1:K + 2],
-                                     self.slots, self.slots[1:2])
-            if K > 1:
-                tid = d.to_target_ids(rlog.argmax(-1)).clamp(0, V - 1)
-                S["step"](d, self.dk, self.dv, tid.view(1, 1), root.clone(), self.slots[2:3],
-                          self.slots)
-            return
-        # the prompt's first chain: its root comes from the eager step 0 over the prompt
-        root, rlog = draft_extend(d, self.dk, self.dv, vaux, toks, self.slots[1:K + 2], self.slots,
-                                  self.slots[K:K + 1])
-        S["chain"](d, self.dk, self.dv, best[:1].clone(), root, rlog, self.slots[K:K + 1],
-                   self.slots, K, V)
-        S["round"](d, self.dk, self.dv, vaux, best, self.slots[1:K + 2], self.slots,
-                   self.slots[1:2], K, V)
-
-    def _warm_up_tree(self, tok):
-        """The tree steps, from a zero root (the shapes and strides of draft_extend's output)."""
-        d, S, sl = self.drafter, self.steps, self.slots
-        root = torch.zeros(1, 1, d.config.hidden_size, device=self.device, dtype=d.fc.weight.dtype)
-        rlog = torch.zeros(1, d.config.draft_vocab_size, device=self.device)
-        tree = self._clone(S["tree"](d, self.dk, self.dv, tok, root, rlog, sl[1:2], sl, self.K,
-                                     self.topk, self.N, self.V))
-        for name in ["tree_verify"] + (["tree_verify_sample"] if self.sampling else []):
-            paux, nxt, m, _ = self._clone(S[name](self.target, *tree, sl[2:3], sl[:self.W], sl,
-                                                  self.D, *self._uniforms(name, 1.0, None)))
-        S["tree_round"](d, self.dk, self.dv, paux, nxt, sl[2:self.D + 3], sl, m, self.K,
-                        self.topk, self.N, self.V)
 
     def _uniforms(self, name, temperature, gen) -> tuple:
         """The sampling verify's extra inputs: (temperature [1], uniforms [N]); () for greedy."""
@@ -248,30 +224,14 @@ class Engine:
         """Copies of a compiled step's outputs (CUDA graphs reuse output buffers on replay)."""
         return [t.clone() for t in ts]
 
-    @contextlib.contextmanager
     def _sealed(self):
         """While generating: a compiled step that meets a new input shape/stride raises."""
-        if not self.compiled:
-            yield
-            return
-        try:
-            with torch.compiler.set_stance("fail_on_recompile"):
-                yield
-        except RuntimeError as e:
-            if "fail_on_recompile" not in str(e):
-                raise
-            raise RuntimeError("engine: a compiled step saw a new input shape/stride after "
-                               "warm-up (a bug in jobs/engine.py; results would be timed on a "
-                               f"recompiled graph). Bench with cuda_graph: false. {e}") from e
+        return sealed(self.compiled)
 
     def graph_counts(self) -> dict[str, int]:
         """Compiled graphs per step (dynamo cache entries); 1 each after any number of generates
         when shapes are static; {} when not compiled."""
-        if not self.compiled:
-            return {}
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-        return {k: len(_debug_get_cache_entry_list(self.steps[k]._torchdynamo_orig_callable.__code__))
-                for k in self.hot}
+        return graph_counts(self.steps, self.hot) if self.compiled else {}
 
     # -- baseline: the same target, no drafter --
     @torch.inference_mode()
@@ -289,7 +249,8 @@ class Engine:
             n = ids.shape[1]
             while len(out) < max_new and out[-1] not in stop_ids:
                 logits, _, best = self.steps["decode"](self.target, tok.view(1, 1),
-                                                       self.slots[n:n + self.decode_rows])
+                                                       self.slots[n:n + self.decode_rows],
+                                                       self.kernels)
                 tok = (best.clone() if temperature <= 0
                        else sample(logits[:, -1].clone(), temperature, gen))
                 out.append(int(tok))
@@ -341,35 +302,37 @@ class Engine:
     def _start(self, ids, temperature, gen, st, t0):
         """Prefill ids [1, T] (cache slots 0..T-1; st.prefill_s), the first token [1], then the
         drafter's step 0 over the prompt (eager: T varies), (aux_i, token i+1) at position i.
-        Returns (first [1], root out [1, 1, H], root logits [1, Vd]); no root without a drafter."""
+        Returns (first [1], root out [1, 1, H], root logits [1, Vd], root greedy draft [1]); no
+        root without a drafter."""
         logits, aux = prefill(self.target, ids)
         first = sample(logits[:, -1], temperature, gen)  # [1]
         self._sync()
         st.prefill_s = time.perf_counter() - t0
         if self.drafter is None:
-            return first, None, None
+            return first, None, None, None
         n, sl = ids.shape[1], self.slots
         nxt = torch.cat([ids[:, 1:], first.view(1, 1)], dim=1)
-        return (first, *draft_extend(self.drafter, self.dk, self.dv, aux, nxt, sl[:n], sl,
-                                     sl[n - 1:n]))
+        return (first, *draft_extend(self.drafter, self.dk, self.dv, aux, nxt, sl[:n],
+                                     sl[n - 1:n], self.rope, self.kernels))
 
     def _greedy_loop(self, ids, max_new, stop_ids, draft_fn, st, t0) -> list:
         """Greedy rounds; returns the raw token list (may overrun max_new / stops). Per round: one
         verify graph, one host copy of (drafts, target argmax), one drafter graph."""
         K, V, dev, d, S = self.K, self.V, self.device, self.drafter, self.steps
-        first, root, rlog = self._start(ids, 0.0, None, st, t0)
+        first, root, _, rid = self._start(ids, 0.0, None, st, t0)
         out, n = [int(first)], ids.shape[1]  # out[-1] sits at position n, not yet in the cache
+        kn, rope = self.kernels, self.rope
         toks = None  # the next verify input [1, K+1] = [t_n, d_1..d_K]
         if d is not None:
-            toks = S["chain"](d, self.dk, self.dv, first, root, rlog, self.slots[n - 1:n],
-                              self.slots, K, V).clone()
+            toks = S["chain"](d, self.dk, self.dv, first, root, rid, self.slots[n - 1:n], K,
+                              rope, kn).clone()
             self._sync()
             st.draft_s += time.perf_counter() - t0 - st.prefill_s
         while len(out) < max_new and out[-1] not in stop_ids:
             if draft_fn is not None:
                 toks = torch.tensor([[out[-1]] + self._forced(draft_fn, out)], device=dev)
             t2 = time.perf_counter()
-            _, vaux, best = S["verify"](self.target, toks, self.slots[n:n + self.W])
+            _, vaux, best = S["verify"](self.target, toks, self.slots[n:n + self.W], kn)
             vaux, best = vaux.clone(), best.clone()  # CUDA graphs: outputs are reused buffers
             host = torch.cat([toks[0, 1:], best]).tolist()  # the round's one device->host sync
             drafts, target_best = host[:K], host[K:]
@@ -383,7 +346,7 @@ class Engine:
                 break
             if d is not None and len(out) < max_new:
                 toks = S["round"](d, self.dk, self.dv, vaux, best, self.slots[n:n + K + 1],
-                                  self.slots, self.slots[m:m + 1], K, V).clone()
+                                  self.slots[m:m + 1], K, rope, kn).clone()
                 self._sync()
                 st.draft_s += time.perf_counter() - t3
             n += m + 1
@@ -395,9 +358,9 @@ class Engine:
         of [m, accepted tokens], one draft_tree_round graph."""
         D, dev, d, S, sl = self.D, self.device, self.drafter, self.steps, self.slots
         tree_args = (self.K, self.topk, self.N, self.V)
-        first, root, rlog = self._start(ids, temperature, gen, st, t0)
+        first, root, rlog, _ = self._start(ids, temperature, gen, st, t0)
         out, n = [int(first)], ids.shape[1]  # out[-1] sits at position n, not yet in the cache
-        tree = self._clone(S["tree"](d, self.dk, self.dv, first, root, rlog, sl[n - 1:n], sl,
+        tree = self._clone(S["tree"](d, self.dk, self.dv, first, root, rlog, sl[n - 1:n],
                                      *tree_args))
         self._sync()
         st.draft_s += time.perf_counter() - t0 - st.prefill_s
@@ -408,7 +371,7 @@ class Engine:
                 tree[0] = torch.tensor([[out[-1]] + forced], device=dev)
             t2 = time.perf_counter()
             paux, nxt, m_t, host = self._clone(S[name](self.target, *tree, sl[n:n + 1],
-                                                       sl[:self.W], sl, D,
+                                                       sl[:self.W], D, self.kernels,
                                                        *self._uniforms(name, temperature, gen)))
             host = host.tolist()  # the round's one device->host sync
             m, new = host[0], host[1:host[0] + 2]  # accepted drafts + bonus
@@ -418,7 +381,8 @@ class Engine:
                 break
             if len(out) < max_new:
                 tree = self._clone(S["tree_round"](d, self.dk, self.dv, paux, nxt,
-                                                   sl[n:n + D + 1], sl, m_t, *tree_args))
+                                                   sl[n:n + D + 1], m_t, *tree_args, self.rope,
+                                                   self.kernels))
                 self._sync()
                 st.draft_s += time.perf_counter() - t3
             n += m + 1
@@ -428,7 +392,7 @@ class Engine:
         """Rounds drafted step by step (sampling, or greedy on an engine built with
         sampling=True); returns the raw token list (may overrun max_new / stops)."""
         K, V, dev, d, S = self.K, self.V, self.device, self.drafter, self.steps
-        tok, root_out, root_logits = self._start(ids, temperature, gen, st, t0)
+        tok, root_out, root_logits, _ = self._start(ids, temperature, gen, st, t0)
         out, n = [int(tok)], ids.shape[1]  # out[-1] sits at position n, not yet in the cache
         while len(out) < max_new and out[-1] not in stop_ids:
             # draft K tokens
@@ -444,7 +408,8 @@ class Engine:
             t2 = time.perf_counter()
             # verify [t_n, d_1..d_K] in one target forward
             toks = torch.cat([torch.tensor([out[-1]], device=dev), drafts]).view(1, K + 1)
-            vlogits, vaux, _ = S["verify"](self.target, toks, self.slots[n:n + self.W])
+            vlogits, vaux, _ = S["verify"](self.target, toks, self.slots[n:n + self.W],
+                                           self.kernels)
             vlogits, vaux = vlogits[0].clone(), vaux.clone()  # CUDA graphs reuse output buffers
             if temperature <= 0:
                 m, bonus = accept_greedy(drafts, vlogits)
@@ -464,9 +429,10 @@ class Engine:
             if d is not None:
                 nxt = torch.zeros(1, K + 1, dtype=torch.long, device=dev)
                 nxt[0, :m + 1] = torch.tensor(new, device=dev)
-                root_out, root_logits = S["extend"](d, self.dk, self.dv, vaux, nxt,
-                                                    self.slots[n:n + K + 1], self.slots,
-                                                    self.slots[m:m + 1])
+                root_out, root_logits, _ = S["extend"](d, self.dk, self.dv, vaux, nxt,
+                                                       self.slots[n:n + K + 1],
+                                                       self.slots[m:m + 1], self.rope,
+                                                       self.kernels)
                 root_out, root_logits = root_out.clone(), root_logits.clone()
                 st.draft_s += time.perf_counter() - t3
             n += m + 1
@@ -495,7 +461,7 @@ class Engine:
             # chain step j+1 at RoPE position/slot root+j+1, token = the draft just made
             pos = self.slots[root + j + 1:root + j + 2]
             hidden, lg = self.steps["step"](d, self.dk, self.dv, tid.view(1, 1), hidden, pos,
-                                            self.slots)
+                                            self.rope, self.kernels)
             hidden, dlog = hidden.clone(), lg[:, -1].clone()
         return torch.cat(drafts), (torch.cat(qs) if qs else None)
 

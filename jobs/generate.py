@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 import torch.nn.functional as F
 
-from jobs.engine import _private
+from jobs.engine_compile import private
 from jobs.llama import Llama
 
 M31 = 0x7FFFFFFF  # hash values live in [0, 2^31): products stay below 2^63 in int64
@@ -167,7 +167,7 @@ class Generator:
     CPU. prefill_tokens: padded tokens per prefill forward. kernels (the project's switch,
     kernels/__init__.py): "triton" = the decode step's attention through
     kernels.attention.decode_attention (reads only each row's own slots, so its cost follows
-    every row's length, not the bucket's), "torch" = SDPA, "auto" = triton on CUDA. The
+    every row's length, not the bucket's), "torch" = SDPA, "auto" = torch (kernels/__init__.py). The
     matmuls stay cuBLAS: the fused forward (kernels/llama_decode.py) is built for <= ~64 rows.
     Raises ValueError for bad sizes or kernels and, from run, for a prompt that does not fit."""
 
@@ -214,7 +214,7 @@ class Generator:
             if kw.get("mode") == "reduce-overhead":
                 for t in target.caches() + list(self.state):
                     torch._dynamo.mark_static_address(t)
-            self.step = torch.compile(_private(decode_step), fullgraph=True, dynamic=None, **kw)
+            self.step = torch.compile(private(decode_step), fullgraph=True, dynamic=None, **kw)
 
     def graph_counts(self) -> int:
         """Compiled graphs of the decode step (dynamo cache entries): 1 per sampling mode used,

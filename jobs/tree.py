@@ -11,7 +11,7 @@ K = num_steps, N = num_draft_tokens:
             k*k candidates; the k best become the next frontier (not after the last step)
     tree:   the N-1 best of all k + (K-1)*k^2 candidates by score, in candidate order (SGLang sorts
             the selected indices), form the tree under the root (node 0 = the last round's bonus
-            token). Hence SGLang's bound N <= 1 + k + (K-1)*k^2 (max_draft_tokens).
+            token). Hence SGLang's bound N <= 1 + k + (K-1)*k^2 (runner/drafts/rules.py).
 Candidate c < k has the root as parent; a candidate of step i >= 1 has the frontier node that
 expanded it. A parent's score is >= its child's, so the parent of a selected node is selected too,
 except on exact score ties; such an orphan gets parent -1 and is never reached by acceptance.
@@ -24,8 +24,12 @@ after a re-selection are not always its ancestors; that changes only the drafts,
 
 Verify: ONE target forward over the W >= N tree rows; node j sits at cache slot n + j, at RoPE
 position n + depth(j), and attends every slot < n plus the tree slots of its ancestors and itself.
-Both masks (target verify, drafter tree steps) come from prefix_tree_mask: prefix + a [Q, R] tree
-mask, the contract of the fused decode kernels (kernels/, issue 19).
+Both masks (target verify, drafter tree steps) are kernels/mask.py dense_mask: prefix + a [Q, R]
+tree mask, the contract of the fused decode kernels. The verify goes through
+kernels.llama_decode.target_forward (the engine's `kernels` switch: Llama.forward or the fused
+Triton forward, tree mask included); the drafter's frontier steps stay on SDPA (cached_step): their
+[k, (K-1)*k] ancestor mask over slots written by earlier steps does not fit the kernels' square
+[W, W] contract over the W slots the call writes. Their step 0 (draft_extend) is switched.
 
 Acceptance (accept_path), one rule for both modes: x_j = the target's token after node j (argmax
 at temperature 0; one sample from p_j = softmax(logits_j / T) otherwise); from the root, descend to
@@ -54,46 +58,27 @@ import torch.nn.functional as F
 from jobs.draft_model import Eagle3Draft
 from jobs.engine_steps import draft_extend
 from jobs.llama import Llama
-
-
-def max_draft_tokens(num_steps: int, topk: int) -> int:
-    """SGLang 0.5.23's bound on num_draft_tokens: the root + every candidate of the draft
-    (k + (K-1)*k^2), before the final top-(N-1) selection. K + 1 for a chain (topk 1)."""
-    return 1 + topk + (num_steps - 1) * topk ** 2
+from kernels.llama_decode import target_forward
+from kernels.mask import dense_mask
+from runner.drafts.rules import chain_draft_tokens, spec_draft_tokens_problem
 
 
 def check_shape(num_steps: int, eagle_topk: int, num_draft_tokens: Optional[int],
                 width: Optional[int] = None) -> int:
-    """SGLang 0.5.23's rules on a speculative shape -> num_draft_tokens N (None: num_steps + 1
-    for a chain). ValueError, naming the field, when a tree lacks N, a chain's N is not
-    num_steps + 1 (SGLang would reset it), N is outside 2..max_draft_tokens, or the verify
-    `width` is below N."""
-    N = num_draft_tokens or (num_steps + 1 if eagle_topk == 1 else None)
-    if N is None:
-        raise ValueError("num_draft_tokens: required when eagle_topk > 1 (SGLang's "
-                         "--speculative-num-draft-tokens)")
-    if eagle_topk == 1 and N != num_steps + 1:
-        raise ValueError(f"num_draft_tokens = {N}: with eagle_topk 1 it must equal num_steps + 1"
-                         f" = {num_steps + 1}")
-    bound = max_draft_tokens(num_steps, eagle_topk)
-    if not 2 <= N <= bound:
-        raise ValueError(f"num_draft_tokens = {N}: must be in 2..1 + topk + (num_steps-1) * "
-                         f"topk^2 = {bound} (SGLang's bound)")
+    """A speculative shape -> num_draft_tokens N (None: num_steps + 1 for a chain). SGLang's rules
+    are runner/drafts/rules.py's (spec_draft_tokens_problem, every SGLang version row: a tree
+    needs N, a chain's N is num_steps + 1, N <= 1 + k + (K-1)*k^2); this adds the engine's own:
+    N >= 2 and a verify `width` >= N. Raises ValueError naming the field."""
+    problem = spec_draft_tokens_problem(num_steps, eagle_topk, num_draft_tokens)
+    if problem:
+        raise ValueError(problem)
+    N = num_draft_tokens or chain_draft_tokens(num_steps)
+    if N < 2:
+        raise ValueError(f"num_draft_tokens = {N}: the verify forward needs at least 2 rows")
     if width is not None and width < N:
         raise ValueError(f"width = {width}: the verify forward needs at least num_draft_tokens "
                          f"= {N} rows")
     return N
-
-
-def prefix_tree_mask(prefix_len: torch.Tensor, tree_mask: torch.Tensor,
-                     slots_all: torch.Tensor) -> torch.Tensor:
-    """The attention mask of Q new query rows over a static cache: prefix_len [1] int, tree_mask
-    [Q, R] bool, slots_all [S] = arange(S). Row q attends every slot < prefix_len and slot
-    prefix_len + r iff tree_mask[q, r] (a chain: lower-triangular). -> [Q, S] bool."""
-    Q, R = tree_mask.shape
-    rel = slots_all - prefix_len  # [S]: slot index relative to the first new slot
-    new = tree_mask.gather(1, rel.clamp(0, R - 1).expand(Q, -1))  # [Q, S]
-    return (rel < 0) | ((rel < R) & new)
 
 
 def topk_probs(drafter: Eagle3Draft, dlogits: torch.Tensor, k: int, vocab: int):
@@ -129,8 +114,8 @@ def ancestors(parent: torch.Tensor, max_depth: int):
     return mask, mask.sum(1) - 1
 
 
-def draft_tree(drafter: Eagle3Draft, kc, vc, first, root_out, root_logits, root_pos, slots_all,
-               K: int, k: int, N: int, vocab: int):
+def draft_tree(drafter: Eagle3Draft, kc, vc, first, root_out, root_logits, root_pos, K: int,
+               k: int, N: int, vocab: int):
     """Build one draft tree from a root, in ONE graph (module docstring). first [1] = the root
     token (the next verify's first token), root_out [1, 1, H] / root_logits [1, Vd] = drafter
     step 0 at position root_pos [1]; kc/vc [1, nkv, S, hd] the drafter's cache (writes slots
@@ -146,7 +131,7 @@ def draft_tree(drafter: Eagle3Draft, kc, vc, first, root_out, root_logits, root_
     hidden = root_out.expand(1, k, root_out.shape[-1])  # [1, k, H]
     anc = ar_k[:, None] == ar_r[None, :]  # [k, R]: frontier b of step 1 writes tree slot b
     for i in range(1, K):
-        mask = prefix_tree_mask(root_pos + 1, anc, slots_all)[None, None]  # [1, 1, k, S]
+        mask = dense_mask(root_pos + 1, anc, k, kc.shape[2])  # [1, 1, k, S]
         hidden = drafter.cached_step(f_tok.view(1, k), hidden, (root_pos + i).expand(k)[None],
                                      kc, vc, root_pos + 1 + (i - 1) * k + ar_k, mask)
         p, ids = topk_probs(drafter, drafter.logits(hidden)[0], k, vocab)  # [k, k]
@@ -165,16 +150,17 @@ def draft_tree(drafter: Eagle3Draft, kc, vc, first, root_out, root_logits, root_
     return tok.view(1, N), parent, tmask, depth
 
 
-def draft_tree_round(drafter: Eagle3Draft, kc, vc, aux, nxt, pos, slots_all, sel, K: int, k: int,
-                     N: int, vocab: int):
+def draft_tree_round(drafter: Eagle3Draft, kc, vc, aux, nxt, pos, sel, K: int, k: int, N: int,
+                     vocab: int, rope=None, kernels: str = "torch"):
     """Everything the drafter does between two tree verifies, in ONE graph: step 0 over the
     accepted path (draft_extend over a fixed D+1 rows, padding past m), then draft_tree from its
     last row. aux [1, D+1, 3Ht] and nxt [D+1] (the target's token after each path node) come from
-    verify_tree at positions pos [D+1]; sel [1] = m. Returns draft_tree's outputs."""
-    root_out, root_logits = draft_extend(drafter, kc, vc, aux, nxt.view(1, -1), pos, slots_all,
-                                         sel)
+    verify_tree at positions pos [D+1]; sel [1] = m; rope/kernels: draft_extend's (the
+    frontier steps stay on SDPA, module docstring). Returns draft_tree's outputs."""
+    root_out, root_logits, _ = draft_extend(drafter, kc, vc, aux, nxt.view(1, -1), pos, sel, rope,
+                                            kernels)
     return draft_tree(drafter, kc, vc, nxt.index_select(0, sel), root_out, root_logits,
-                      pos.index_select(0, sel), slots_all, K, k, N, vocab)
+                      pos.index_select(0, sel), K, k, N, vocab)
 
 
 def pick(logits: torch.Tensor, temp: Optional[torch.Tensor], u: Optional[torch.Tensor]):
@@ -214,21 +200,23 @@ def commit_path(caches: list, src: torch.Tensor, dst: torch.Tensor) -> None:
         c.index_copy_(2, dst, c.index_select(2, src))
 
 
-def verify_tree(target: Llama, toks, parent, tmask, depth, base, rows, slots_all, D: int,
-                temp: Optional[torch.Tensor] = None, u: Optional[torch.Tensor] = None):
+def verify_tree(target: Llama, toks, parent, tmask, depth, base, rows, D: int,
+                kernels: str = "torch", temp: Optional[torch.Tensor] = None,
+                u: Optional[torch.Tensor] = None):
     """One target forward over the tree, acceptance and the KV commit, in ONE graph.
     toks [1, N], parent [N], tmask [N, N], depth [N] (draft_tree); base [1] = n, the cache
     length (the root token sits at position n); rows [W] = arange(W), W >= N (padding rows:
-    token 0, position n, attend themselves; no real row attends them); temp/u: see pick.
+    token 0, position n, attend themselves; no real row attends them); kernels: the forward
+    (target_forward(target, toks, base + depth, base, tree mask)); temp/u: see pick (greedy:
+    the forward's own argmax).
     Returns (aux [1, D+1, 3H] and nxt [D+1] at the accepted path, m [1],
     host [D+2] = [m, accepted drafts..., bonus, padding]: the round's one device->host copy)."""
     N, pad = toks.shape[1], rows.shape[0] - toks.shape[1]
     tm = F.pad(tmask, (0, pad, 0, pad)) | (rows[:, None] == rows[None, :])  # [W, W]
-    mask = prefix_tree_mask(base, tm, slots_all)[None, None]  # [1, 1, W, S]
-    logits, aux = target(F.pad(toks, (0, pad)), base + F.pad(depth, (0, pad)), slots=base + rows,
-                         mask=mask)
-    x = pick(logits[0, :N], temp, u)  # [N]
+    o = target_forward(target, F.pad(toks, (0, pad)), base + F.pad(depth, (0, pad)), base, tm,
+                       kernels=kernels)  # node j at slot n + j, position n + depth(j)
+    x = o.ids[0, :N, 0] if temp is None else pick(o.logits[0, :N], temp, u)  # [N]
     path, m = accept_path(toks[0], parent, x, D)
     commit_path(target.caches(), base + path, base + rows[:D + 1])
     nxt = x.index_select(0, path)
-    return aux.index_select(1, path), nxt, m, torch.cat([m, nxt])
+    return o.aux.index_select(1, path), nxt, m, torch.cat([m, nxt])

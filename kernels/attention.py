@@ -10,7 +10,8 @@ cache slots prefix_len[b] .. prefix_len[b]+W-1.
 Query row w of batch row b attends every slot < prefix_len[b], plus new slot prefix_len[b] + j iff
 tree_mask[w, j] (None = causal, j <= w: plain decode and chain verify). GQA: nh % nkv == 0, query
 head h reads kv head h // (nh // nkv) (HF repeat_interleave). Scores are scaled by hd ** -0.5.
-Each row must attend at least one slot (a row attending none returns zeros; SDPA returns NaN).
+The same rule as a dense SDPA mask: kernels/mask.py dense_mask. Each row must attend at least
+one slot (a row attending none returns zeros; SDPA returns NaN).
 
 The kernel reads only slots < prefix_len + W: its loop bound comes from the device tensor, so one
 CUDA graph serves every length. Work split: one program per (batch row, kv head, block of 16
@@ -36,23 +37,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels.mask import dense_mask
+
 BLOCK_M = 16  # query rows per program: fixed, so a row's numerics never depend on W
 NEG = tl.constexpr(-1.0e30)  # finite "minus infinity" for running maxima: exp2(NEG - NEG) != NaN
-
-
-def dense_mask(prefix_len: torch.Tensor, tree_mask: Optional[torch.Tensor], W: int,
-               S: int) -> torch.Tensor:
-    """The contract as a dense SDPA mask: prefix_len [B], tree_mask [W, W] bool or None (causal)
-    -> [B, 1, W, S] bool (True = attend). Used by the references and the torch path."""
-    dev = prefix_len.device
-    tm = (torch.ones(W, W, dtype=torch.bool, device=dev).tril() if tree_mask is None
-          else tree_mask.to(device=dev, dtype=torch.bool))
-    slot = torch.arange(S, device=dev)
-    rel = slot[None, :] - prefix_len.long()[:, None]  # [B, S]: j of a new slot, < 0 in the prefix
-    new = (rel[:, None, :] >= 0) & (rel[:, None, :] < W)  # [B, 1, S]
-    j = rel.clamp(0, W - 1)[:, None, :].expand(-1, W, -1)  # [B, W, S]
-    hit = torch.gather(tm[None].expand(prefix_len.shape[0], -1, -1), 2, j)  # tm[w, j]
-    return ((rel[:, None, :] < 0) | (new & hit))[:, None]
 
 
 def decode_attention_ref(q, k_cache, v_cache, prefix_len, tree_mask=None) -> torch.Tensor:

@@ -15,7 +15,9 @@ lm_head(norm(out)) over the draft vocabulary; ids = its top-k mapped to TARGET i
 Fused schedule: [fc split-K] -> norm_qkv_rope over both segments (the embedding gather and the
 fc partials' sum happen inside it) -> attention -> o_proj split-K -> norm_gate_up -> down_proj
 -> norm_head_topk (2 launches): 7 launches per chain step, 8 for step 0.
-`rope`: the drafter's RoPE table (rope_table), built once per engine.
+`rope`: the drafter's RoPE table (rope_table), built once per engine. The engine's chain steps
+(jobs/engine_steps.py draft_extend, draft_step, draft_chain_greedy, draft_round_greedy) call
+draft_forward, so one implementation serves both sides of the switch.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def draft_forward(drafter: Eagle3Draft, k_cache, v_cache, ids, input_pos, prefix
 
 def _forward_torch(d: Eagle3Draft, kc, vc, ids, input_pos, prefix_len, tree_mask, hidden, aux,
                    topk) -> DraftOut:
-    from kernels.attention import dense_mask
+    from kernels.mask import dense_mask
     from kernels.head import head_topk_ref
     B, T = ids.shape
     if B != 1:
@@ -119,32 +121,3 @@ def _forward_triton(d: Eagle3Draft, kc, vc, ids, input_pos, prefix_len, tree_mas
                                      vocab=c.vocab_size)
     return DraftOut(out.view(B, T, H), logits.view(B, T, -1), top.view(B, T, topk),
                     lp.view(B, T, topk))
-
-
-def draft_chain_greedy(drafter: Eagle3Draft, kc, vc, first, root_out, root_ids, root_pos, K: int,
-                       rope=None, kernels: str = "auto"):
-    """jobs/engine_steps.draft_chain_greedy through draft_forward: first [1] = t_n, root_out
-    [1, 1, H] and root_ids [1] (target ids: the root's greedy draft) from step 0 at root_pos [1].
-    Chain step j = 1..K-1 sits at RoPE position / cache slot root_pos + j and attends the slots
-    before it (prefix_len = that slot). Returns [1, K+1] = [t_n, d_1..d_K] (target ids)."""
-    toks, hidden, tid = [first, root_ids], root_out, root_ids
-    for j in range(1, K):
-        p = root_pos + j
-        o = draft_forward(drafter, kc, vc, tid.view(1, 1), p, p, hidden=hidden, rope=rope,
-                          kernels=kernels)
-        hidden, tid = o.out, o.ids[0, :, 0]
-        toks.append(tid)
-    return torch.cat(toks).view(1, K + 1)
-
-
-def draft_round_greedy(drafter: Eagle3Draft, kc, vc, aux, best, pos, sel, K: int, rope=None,
-                       kernels: str = "auto"):
-    """jobs/engine_steps.draft_round_greedy through draft_forward (same inputs, same result):
-    step 0 over the K+1 verified positions pos [K+1] (aux [1, K+1, 3Ht], best [K+1] = the
-    verify's greedy tokens; prefix_len = pos[0]), then draft_chain_greedy from the root row
-    sel [1] (= m). Returns the next verify input [1, K+1] = [bonus, d_1..d_K] (target ids)."""
-    o = draft_forward(drafter, kc, vc, best.view(1, K + 1), pos, pos[:1], aux=aux, rope=rope,
-                      kernels=kernels)
-    return draft_chain_greedy(drafter, kc, vc, best.index_select(0, sel),
-                              o.out.index_select(1, sel), o.ids[0, :, 0].index_select(0, sel),
-                              pos.index_select(0, sel), K, rope, kernels)

@@ -64,7 +64,7 @@ def target_forward(target: Llama, ids, input_pos, prefix_len, tree_mask=None,
 def forward_torch(target: Llama, ids, input_pos, prefix_len, tree_mask=None,
                   last_only: bool = False, topk: int = 1) -> Out:
     """The reference: Llama.forward with slots = prefix_len + arange(W) and the dense mask."""
-    from kernels.attention import dense_mask
+    from kernels.mask import dense_mask
     from kernels.head import head_topk_ref
     B, W = ids.shape
     slots = prefix_len.long()[:, None] + torch.arange(W, device=ids.device)  # [B, W]

@@ -1,22 +1,28 @@
 """`runner report SPEC [--out DIR]`: PNG plots of a spec's bench results from the DuckDB store.
 
-Three plots, from `bench_summary` rows (one per bench configuration, written by the bench stage):
+Four plots, from `bench_summary` rows (one per bench configuration, written by the bench stage):
   <name>_tau_vs_samples.png   tau against train_samples, one line per prompt set; each variant of a
                               data-scaling sweep gives one point (its latest row, by
                               runs.started_at, over all runs of the spec).
   <name>_accept_per_pos.png   acceptance rate at draft position 1..num_steps, one line per
                               variant x bench config.
-  <name>_tok_s.png            spec tok/s against num_steps, with the target-only baseline tok/s as
-                              a dashed horizontal reference (same run), speedup written at each
-                              point.
+  <name>_tok_s.png            spec tok/s against num_steps, one line per tree shape (chains one
+                              line, each eagle_topk / num_draft_tokens of trees its own), with the
+                              target-only baseline tok/s as a dashed horizontal reference (same
+                              run), speedup written at each point.
+  <name>_configs.png          tau and tok/s per configuration, chains and trees side by side
+                              (bars labelled "chain K" / "tree K/k/N"; speedup and break-even tau
+                              written on them, the baseline tok/s dashed).
 Every plot takes the latest row of each variant x bench config over all runs of the spec, so a
 sweep split over several applies (`runner apply --variant ...`, one per GPU) plots as one.
 Metric terms follow docs/eagle3-format.md: tau = tokens per target verify pass
 INCLUDING the bonus token; accept_per_pos[j] = fraction of rounds in which draft j+1 was
 accepted (sums to tau - 1).
 
-Lines are told apart by whichever of (variant, prompt_set, backend, eagle_topk, num_draft_tokens,
-max_new_tokens, cuda_graph, temperature) differ between the plotted rows. matplotlib is imported
+Lines are told apart by whichever of (variant, prompt_set, backend, the tree shape, max_new_tokens,
+cuda_graph, temperature, kernels) differ between the plotted rows; the shape reads "chain K" for
+eagle_topk 1 (num_draft_tokens = K + 1 there) and "tree K/k/N" (num_steps / eagle_topk /
+num_draft_tokens) otherwise. matplotlib is imported
 inside the plotting functions (Agg canvas, no pyplot state): runner/ stays importable without it.
 Each PNG is written to a temp file and renamed into place (runner.files.atomic_path).
 """
@@ -35,9 +41,9 @@ from runner.store import Store
 
 # fields that distinguish two bench_summary rows of one run (besides num_steps)
 CONFIG_FIELDS = ("variant", "prompt_set", "backend", "num_steps", "eagle_topk", "num_draft_tokens",
-                 "max_new_tokens", "cuda_graph", "temperature")
-SHORT = {"prompt_set": "", "eagle_topk": "topk", "num_draft_tokens": "ndt",
-         "max_new_tokens": "new", "cuda_graph": "graph", "temperature": "T"}
+                 "max_new_tokens", "cuda_graph", "temperature", "kernels")
+SHAPE = ("num_steps", "eagle_topk", "num_draft_tokens")
+SHORT = {"prompt_set": "", "max_new_tokens": "new", "cuda_graph": "graph", "temperature": "T"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -74,13 +80,31 @@ def _varying(rows: list[dict], fields) -> list[str]:
     return [f for f in fields if len({repr(r.get(f)) for r in rows}) > 1]
 
 
+def _shape(r: dict, fields: list[str]) -> str:
+    """The tree-shape part of a label, from the SHAPE fields among `fields`: "chain 4" /
+    "tree 5/4/8" with num_steps, else "chain" / "tree topk=4[, ndt=8]"."""
+    tree = (r.get("eagle_topk") or 1) > 1
+    if "num_steps" in fields:
+        return (f"tree {r['num_steps']}/{r['eagle_topk']}/{r.get('num_draft_tokens')}" if tree
+                else f"chain {r['num_steps']}")
+    if not tree:
+        return "chain"
+    return "tree" + "".join(f" {k}={r.get(f)}" for f, k in (("eagle_topk", "topk"),
+                                                          ("num_draft_tokens", "ndt"))
+                            if f in fields)
+
+
 def _label(r: dict, fields: list[str]) -> str:
     parts = []
     for f in fields:
+        if f in SHAPE:
+            if not parts or parts[-1] != ("shape",):
+                parts.append(("shape",))
+            continue
         v = r.get(f)
         k = SHORT.get(f, f)
         parts.append(f"{v}" if k == "" else f"{k}={v}")
-    return ", ".join(parts)
+    return ", ".join(_shape(r, fields) if p == ("shape",) else p for p in parts)
 
 
 def group(rows: list[dict], always: tuple[str, ...], exclude: tuple[str, ...]) -> dict[str, list]:
@@ -216,7 +240,9 @@ def plot_tok_s(rows: list[dict], spec_name: str, path: Path) -> Path | None:
         return None
     fig, ax = _figure(f"{spec_name}: decode speed vs num_steps\n({_runs(rows)}; "
                       "label = speedup over the baseline)", "num_steps", "tokens / s")
-    groups = group(rows, (), ("num_steps", "num_draft_tokens"))
+    # one line per tree shape: a chain's num_draft_tokens (K + 1) follows num_steps, a tree's not
+    rows = [r if (r.get("eagle_topk") or 1) > 1 else {**r, "num_draft_tokens": None} for r in rows]
+    groups = group(rows, (), ("num_steps",))
     bases = {label: [r["base_tok_s"] for r in rs if _ok(r.get("base_tok_s"))]
              for label, rs in groups.items()}
     means = {k: sum(v) / len(v) for k, v in bases.items() if v}
@@ -242,12 +268,56 @@ def plot_tok_s(rows: list[dict], spec_name: str, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def plot_configs(rows: list[dict], spec_name: str, path: Path) -> Path | None:
+    """tau and spec tok/s per configuration, side by side (chains blue, trees orange), each bar
+    labelled by its configuration (shape + whatever else differs); speedup and break-even tau
+    written on the tok/s bars, the baseline tok/s dashed. None when no row has tau."""
+    rows = [r for r in rows if _ok(r.get("tau"))]
+    if not rows:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    rows = sorted(rows, key=lambda r: tuple(str(r.get(f)) for f in CONFIG_FIELDS[:3])
+                  + ((r.get("eagle_topk") or 1) > 1, r.get("num_steps") or 0,
+                     r.get("eagle_topk") or 1, r.get("num_draft_tokens") or 0))
+    fields = [f for f in CONFIG_FIELDS if f in SHAPE or f in _varying(rows, CONFIG_FIELDS)]
+    labels = [_label(r, fields) for r in rows]
+    colors = ["tab:orange" if (r.get("eagle_topk") or 1) > 1 else "tab:blue" for r in rows]
+    fig = Figure(figsize=(max(8, 0.9 * len(rows) + 3), 4.5), dpi=110)
+    FigureCanvasAgg(fig)
+    a1, a2 = fig.subplots(1, 2)
+    fig.suptitle(f"{spec_name}: tau and decode speed per configuration ({_runs(rows)})",
+                 fontsize=10)
+    x = range(len(rows))
+    a1.bar(x, [r["tau"] for r in rows], color=colors)
+    a1.axhline(1.0, color="grey", lw=0.8, ls=":")
+    a1.set_ylabel("tau = tokens per verify pass (incl. bonus)")
+    tok = [r.get("spec_tok_s") if _ok(r.get("spec_tok_s")) else 0.0 for r in rows]
+    a2.bar(x, tok, color=colors)
+    a2.set_ylabel("tokens / s")
+    for i, r in enumerate(rows):
+        note = [f"{r['speedup']:.2f}x" if _ok(r.get("speedup")) else "",
+                f"be {r['break_even_tau']:.2f}" if _ok(r.get("break_even_tau")) else ""]
+        a2.annotate("\n".join(n for n in note if n), (i, tok[i]), fontsize=7, ha="center",
+                    textcoords="offset points", xytext=(0, 3))
+    base = [r["base_tok_s"] for r in rows if _ok(r.get("base_tok_s"))]
+    if base:
+        a2.axhline(sum(base) / len(base), color="black", ls="--", lw=1,
+                   label=f"baseline, target only ({sum(base) / len(base):.1f} tok/s)")
+        a2.legend(fontsize=7, loc="lower right")
+    for ax in (a1, a2):
+        ax.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=7)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.margins(y=0.15)
+    return _save(fig, path)
+
+
 # ----------------------------------------------------------------------------------------------
 # entry points
 
 
 def write_report(spec: Spec, out_dir) -> tuple[list[Path], list[str]]:
-    """Draw the three plots into out_dir as <spec name>_<plot>.png.
+    """Draw the four plots into out_dir as <spec name>_<plot>.png.
 
     Returns (written paths, notes about plots skipped for lack of data). Raises ReportError when
     the spec has no bench rows."""
@@ -260,7 +330,9 @@ def write_report(spec: Spec, out_dir) -> tuple[list[Path], list[str]]:
             ("accept_per_pos", lambda p: plot_accept_per_pos(latest_per_config(rows), spec.name, p),
              "no bench_summary row has accept_per_pos"),
             ("tok_s", lambda p: plot_tok_s(latest_per_config(rows), spec.name, p),
-             "no bench_summary row has spec_tok_s")):
+             "no bench_summary row has spec_tok_s"),
+            ("configs", lambda p: plot_configs(latest_per_config(rows), spec.name, p),
+             "no bench_summary row has tau")):
         p = fn(out / f"{spec.name}_{name}.png")
         if p is None:
             notes.append(f"skipped {name}: {what}")

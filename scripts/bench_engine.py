@@ -150,13 +150,13 @@ def verify_ms(e, n: int, iters: int = 50) -> float:
     toks = torch.zeros(1, N, dtype=torch.long, device=dev)
     if e.topk == 1:
         def fn():
-            return e.steps["verify"](e.target, toks, sl[n:n + e.W])
+            return e.steps["verify"](e.target, toks, sl[n:n + e.W], e.kernels)
     else:
         ar = torch.arange(N, device=dev)
         tree = (toks, ar - 1, ar[:, None] >= ar[None, :], ar)
 
         def fn():
-            return e.steps["tree_verify"](e.target, *tree, sl[n:n + 1], sl[:e.W], sl, e.D)
+            return e.steps["tree_verify"](e.target, *tree, sl[n:n + 1], sl[:e.W], e.D, e.kernels)
     ts = []
     with torch.inference_mode():
         for i in range(iters + 3):  # 3 warm-up calls
@@ -169,6 +169,18 @@ def verify_ms(e, n: int, iters: int = 50) -> float:
             if i >= 3:
                 ts.append(time.perf_counter() - t0)
     return 1000 * statistics.median(ts)
+
+
+def spec_stats(sts: list, c) -> dict:
+    """A spec row's columns from the Stats of one pass (c = num_steps/eagle_topk/draft tokens)."""
+    K, k, n = c
+    rounds = sum(st.rounds for st in sts)
+    return dict(num_steps=K, eagle_topk=k, num_draft_tokens=n,
+                tau=sum(sum(st.accepted) + st.rounds for st in sts) / rounds,
+                accept_per_pos=[sum(st.accept_per_pos(K)[j] * st.rounds for st in sts) / rounds
+                                for j in range(K)],
+                draft_ms_per_round=1000 * sum(st.draft_s for st in sts) / rounds,
+                verify_ms_per_round=1000 * sum(st.verify_s for st in sts) / rounds)
 
 
 def random_smollm2(device: str, dtype: str):
@@ -206,9 +218,14 @@ def main(argv=None):
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--cuda-graph", action="store_true", help="compile the engine's steps")
+    ap.add_argument("--kernels", default="auto", choices=("auto", "triton", "torch"),
+                    help="the engine's target forwards and chain draft steps: triton = the fused "
+                    "kernels (kernels/), torch = the models' forward, auto = torch")
     ap.add_argument("--width", default="auto", help="rows of every engine target forward "
-                    "(jobs/engine.py Engine width): auto = steps+1 in bf16/fp16 (then a 1-row "
-                    "decode baseline is timed too, as base_1row), none = plain 1-row decode, or N")
+                    "(jobs/engine.py Engine width): auto = jobs.engine.default_width (the largest "
+                    "num_draft_tokens in bf16/fp16 on the torch path, then a 1-row decode baseline "
+                    "is timed too, as base_1row; none on the fused path), none = plain 1-row "
+                    "decode, or N")
     ap.add_argument("--skip", default="", help="comma list of rows to skip (hf,hf_static,hf_lookup)")
     ap.add_argument("--out", default="bench_engine", help="output prefix (.json, .md)")
     a = ap.parse_args(argv)
@@ -232,7 +249,7 @@ def main(argv=None):
     torch.set_num_threads(min(torch.get_num_threads(), 16))
 
     from jobs.draft_model import load_exported
-    from jobs.engine import Engine, default_width, slots_needed
+    from jobs.engine import Engine, default_width, engine_kernels, slots_needed
     from jobs.llama import from_hf_model
     if a.random_target:
         hf, cfg = random_smollm2(a.device, a.dtype)
@@ -283,76 +300,106 @@ def main(argv=None):
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
         from engine_helpers import export_drafter
         draft_dir = export_drafter(Path(tempfile.mkdtemp()) / "d", hf.config, aux, draft_vocab=2048)
-    width = (default_width(target, Kmax, Nmax) if a.width == "auto" else
-             None if a.width == "none" else int(a.width))
-    res["width"] = width
-    max_seq = max(slots_needed(T, N, K, max(width or 0, n), k) for K, k, n in configs + vcost)
-    if width is not None:  # the plain 1-row decode, for reference
-        b1 = Engine(target, None, num_steps=Kmax, max_seq=max_seq, cuda_graph=a.cuda_graph)
-        s, outs, nc = timed(lambda ids: b1.generate_baseline(ids, N)[0], prompts, dev, a.repeats)
-        res["rows"]["base_1row"] = row(s, outs, compiles_in_timed_pass=nc)
-    base = Engine(target, None, num_steps=Kmax, max_seq=max_seq, cuda_graph=a.cuda_graph,
-                  width=width)
-    s, outs, nc = timed(lambda ids: base.generate_baseline(ids, N)[0], prompts, dev, a.repeats)
-    res["rows"]["base"] = row(s, outs, compiles_in_timed_pass=nc)
     d = None if draft_dir is None else load_exported(draft_dir, target.embed_tokens.weight,
                                                      device=dev, dtype=target.lm_head.weight.dtype)
+    kn = engine_kernels(a.kernels, target, d)  # one resolved value for every engine
+    width = (default_width(target, Kmax, Nmax, kn) if a.width == "auto" else
+             None if a.width == "none" else int(a.width))
+    res.update(width=width, kernels=kn)
+    eng_kw = dict(max_seq=None, cuda_graph=a.cuda_graph, kernels=kn)
+    max_seq = max(slots_needed(T, N, K, max(width or 0, n), k) for K, k, n in configs + vcost)
+    eng_kw["max_seq"] = max_seq
+
+    def save():  # after every row: a run cut short by a time limit keeps what it measured
+        Path(a.out + ".json").write_text(json.dumps(res, indent=1))
+        Path(a.out + ".md").write_text(markdown(res, a.repeats) + "\n")
+
+    def measure(name, fn, stats=None):  # one timed row; an error is recorded, the run goes on
+        try:  # stats(results of the last pass) -> (tokens per prompt, extra columns)
+            s, outs, nc = timed(fn, prompts, dev, a.repeats)
+            outs, extra = stats(outs) if stats else (outs, {})
+            res["rows"][name] = row(s, outs, compiles_in_timed_pass=nc, **extra)
+        except Exception as e:  # noqa: BLE001 - a failed row must not lose the others
+            res["rows"][name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+        finally:
+            print(name, {k: v for k, v in res["rows"][name].items() if k != "tokens"}, flush=True)
+            save()
+
+    if width is not None:  # the plain 1-row decode, for reference
+        b1 = Engine(target, None, num_steps=Kmax, **eng_kw)
+        measure("base_1row", lambda ids: b1.generate_baseline(ids, N)[0])
+    base = Engine(target, None, num_steps=Kmax, width=width, **eng_kw)
+    measure("base", lambda ids: base.generate_baseline(ids, N)[0])
+    engines = {}
     for c in configs if d is not None else []:
         K, k, n = c
-        eng = Engine(target, d, num_steps=K, eagle_topk=k, num_draft_tokens=n, max_seq=max_seq,
-                     cuda_graph=a.cuda_graph, width=width)
-        s, runs, nc = timed(lambda ids: eng.generate(ids, N), prompts, dev, a.repeats)
-        sts = [st for _, st in runs]
-        rounds = sum(st.rounds for st in sts)
-        tau = sum(sum(st.accepted) + st.rounds for st in sts) / rounds
-        res["rows"][config_name(c)] = row(
-            s, [o for o, _ in runs], tau=tau, compiles_in_timed_pass=nc, num_steps=K,
-            eagle_topk=k, num_draft_tokens=n,
-            accept_per_pos=[sum(st.accept_per_pos(K)[j] * st.rounds for st in sts) / rounds
-                            for j in range(K)],
-            draft_ms_per_round=1000 * sum(st.draft_s for st in sts) / rounds,
-            verify_ms_per_round=1000 * sum(st.verify_s for st in sts) / rounds)
-    if d is not None and vcost:  # each verify at its own width (K+1 or N rows)
-        ms = [verify_ms(Engine(target, d, num_steps=K, eagle_topk=k, num_draft_tokens=n,
-                               max_seq=max_seq, cuda_graph=a.cuda_graph), T) for K, k, n in vcost]
-        res["verify_cost"] = {"configs": vcost, "prefix_tokens": T, "ms": ms,
-                              "ratio": ms[1] / ms[0]}
-    # speed is compared with the plain 1-row decode (what runs without speculation); tokens with
-    # the W-row decode (bit-exact reference), as in the bench stage (jobs/bench.py)
-    out = res["rows"]["base"]["tokens"]
-    b = res["rows"].get("base_1row", res["rows"]["base"])["tok_s"]
-    for c in configs if d is not None else []:
-        res["rows"][config_name(c)]["speedup_vs_base"] = res["rows"][config_name(c)]["tok_s"] / b
-    for r in res["rows"].values():
-        if "tok_s" in r:
-            r["vs_base"] = r["tok_s"] / b
-    lines = [f"device {res['device']} {res['dtype']}, {len(prompts)} prompt(s) of <= {T} tokens, "
-             f"{N} new tokens each, greedy, batch 1, median of {a.repeats} pass(es), "
-             f"cuda_graph={a.cuda_graph}, engine width={width}", "",
-             "| path | tok/s | ms/token | vs plain engine baseline | tau | same tokens as base |",
-             "|---|---|---|---|---|---|"]
-    for name, r in res["rows"].items():
-        if "error" in r:
-            lines.append(f"| {name} | error: {r['error'][:80]} | | | | |")
+        try:
+            engines[c] = eng = Engine(target, d, num_steps=K, eagle_topk=k, num_draft_tokens=n,
+                                      width=width, **eng_kw)
+        except Exception as e:  # noqa: BLE001
+            res["rows"][config_name(c)] = {"error": f"{type(e).__name__}: {e}"[:300]}
             continue
-        same = r["tokens"] == out
-        lines.append(f"| {name} | {r['tok_s']:.1f} | {r['ms_per_token']:.2f} | {r['vs_base']:.2f}x | "
-                     f"{r.get('tau', float('nan')):.2f} | {same} |")
-    if "verify_cost" in res:
-        v = res["verify_cost"]
-        lines += ["", f"verify cost at {T} prefix tokens (own width, median of 50): "
-                  f"{config_name(v['configs'][0])} {v['ms'][0]:.3f} ms, "
+        measure(config_name(c), lambda ids: eng.generate(ids, N), lambda runs, c=c: (
+            [o for o, _ in runs], spec_stats([st for _, st in runs], c)))
+    if d is not None and vcost:  # each verify at its own width (K+1 or N rows)
+        try:
+            ms = []
+            for K, k, n in vcost:  # a config's engine when it has that width already
+                e = engines.get((K, k, n))
+                if e is None or e.W != n:
+                    e = Engine(target, d, num_steps=K, eagle_topk=k, num_draft_tokens=n,
+                               **eng_kw)
+                ms.append(verify_ms(e, T))
+            res["verify_cost"] = {"configs": vcost, "prefix_tokens": T, "ms": ms,
+                                  "ratio": ms[1] / ms[0]}
+        except Exception as e:  # noqa: BLE001
+            res["verify_cost"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+    save()
+    md = markdown(res, a.repeats)
+    print(md)
+    return res
+
+
+def markdown(res: dict, repeats: int) -> str:
+    """The table of a (possibly partial) result. Speed is compared with the plain 1-row decode
+    (what runs without speculation); tokens with the W-row decode (bit-exact reference), as in
+    the bench stage (jobs/bench.py)."""
+    rows = res["rows"]
+    ok = {k: r for k, r in rows.items() if "tok_s" in r}
+    out = ok.get("base", {}).get("tokens")
+    b = ok.get("base_1row", ok.get("base", {})).get("tok_s")
+    for name, r in ok.items():
+        r["vs_base"] = r["tok_s"] / b if b else float("nan")
+        if name.startswith("spec "):
+            r["speedup_vs_base"] = r["vs_base"]
+    lines = [f"device {res['device']} {res['dtype']}, {res['prompts']} prompt(s) of <= "
+             f"{res['max_prompt_tokens']} tokens, {res['new_tokens']} new tokens each, greedy, "
+             f"batch 1, median of {repeats} pass(es), cuda_graph={res['cuda_graph']}, engine "
+             f"kernels={res.get('kernels')}, width={res.get('width')}", "",
+             "| path | tok/s | ms/token | vs plain engine baseline | tau | draft ms/round | "
+             "verify ms/round | same tokens as base |", "|---|---|---|---|---|---|---|---|"]
+    f = lambda r, k: f"{r[k]:.2f}" if k in r else ""  # noqa: E731
+    for name, r in rows.items():
+        if "error" in r:
+            lines.append(f"| {name} | error: {r['error'][:80]} | | | | | | |")
+            continue
+        same = r.get("tokens") == out if out is not None else ""
+        lines.append(f"| {name} | {r['tok_s']:.1f} | {r['ms_per_token']:.2f} | {r['vs_base']:.2f}x "
+                     f"| {f(r, 'tau')} | {f(r, 'draft_ms_per_round')} | "
+                     f"{f(r, 'verify_ms_per_round')} | {same} |")
+    v = res.get("verify_cost")
+    if v and "error" in v:
+        lines += ["", f"verify cost: error: {v['error']}"]
+    elif v:
+        lines += ["", f"verify cost at {v['prefix_tokens']} prefix tokens (own width, median of "
+                  f"50): {config_name(v['configs'][0])} {v['ms'][0]:.3f} ms, "
                   f"{config_name(v['configs'][1])} {v['ms'][1]:.3f} ms, ratio {v['ratio']:.2f}x"]
-    late = [f"{k} ({r['compiles_in_timed_pass']})" for k, r in res["rows"].items()
+    late = [f"{k} ({r['compiles_in_timed_pass']})" for k, r in rows.items()
             if r.get("compiles_in_timed_pass")]
     if late:
         lines += ["", "note: torch.compile built graphs inside the timed pass of: " + ", ".join(late)
                   + " (their tok/s include compilation)"]
-    md = "\n".join(lines)
-    Path(a.out + ".json").write_text(json.dumps(res, indent=1))
-    Path(a.out + ".md").write_text(md + "\n")
-    print(md)
-    return res
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

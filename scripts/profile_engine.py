@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""Kernel count and time split per decode step and per round, the engine's torch path (what
-jobs/engine.py runs today: jobs/engine_steps.py under torch.compile) next to the fused Triton path
-(kernels/llama_decode.py, kernels/draft_decode.py), batch 1, bf16, CUDA graphs; plus the
+"""Kernel count and time split per decode step and per round, the engine's two paths (its steps,
+jobs/engine_steps.py, under torch.compile with Engine kernels "torch" and "triton": the fused
+kernels/llama_decode.py and kernels/draft_decode.py), batch 1, bf16, CUDA graphs; plus the
 ratios of issue 19, in ONE table (JSON + markdown):
 
   decode_vs_hf        HF static-cache compiled generate ms/token / our 1-row decode token (>= 2.5)
@@ -178,11 +178,11 @@ def random_llama(c, layers: int, aux=()):
 
 
 def build_steps(t, t2, d, dk, dv, K: int, S: int, path: str) -> dict:
-    """name -> (fn, example args); `path` "torch" = jobs/engine_steps.py as the engine runs it,
-    "triton" = the fused equivalents (same inputs, same outputs)."""
+    """name -> (fn, example args): jobs/engine_steps.py's steps as the engine runs them, with
+    kernels = `path` ("torch" or "triton": same inputs, same outputs)."""
     import torch
     from jobs import engine_steps as es
-    from kernels.draft_decode import draft_forward, draft_round_greedy, rope_table
+    from kernels.draft_decode import rope_table
     from kernels.llama_decode import target_forward
     dev, V, H, n = t.lm_head.weight.device, t.config.vocab_size, t.config.hidden_size, S // 4
     slots = torch.arange(S, device=dev)
@@ -201,39 +201,17 @@ def build_steps(t, t2, d, dk, dv, K: int, S: int, path: str) -> dict:
     hid = torch.randn(1, 1, H, device=dev, dtype=dt)
     best = torch.randint(0, V, (K + 1,), device=dev)
     sel = slots[1:2]
-    if path == "torch":
-        dec = lambda m: (lambda x, p: es.decode(m, x, p))  # noqa: E731
-        steps = {
-            "verify": (lambda x, p: es.verify(t, x, p), (toks, slots[n:n + K + 1])),
-            "tree16": (lambda x, p, pl: target_forward(t, x, p, pl, tm, kernels="torch")[:3],
-                       (ttoks, tpos, slots[n:n + 1])),
-            "draft_step": (lambda x, h, p: es.draft_step(d, dk, dv, x, h, p, slots),
-                           (tok, hid, slots[n:n + 1])),
-            "draft_round": (lambda a, b, p, s: es.draft_round_greedy(d, dk, dv, a, b, p, slots, s,
-                                                                     K, V),
-                            (aux, best, slots[n:n + K + 1], sel))}
-    else:
-        rope = rope_table(d, S)
-
-        def dec(m):
-            def f(x, p):
-                o = target_forward(m, x, p, p[:1], kernels="triton")
-                return o.logits, o.aux, o.ids[0, :, 0]
-            return f
-
-        def ver(x, p):
-            o = target_forward(t, x, p, p[:1], kernels="triton")
-            return o.logits, o.aux, o.ids[0, :, 0]
-        steps = {
-            "verify": (ver, (toks, slots[n:n + K + 1])),
-            "tree16": (lambda x, p, pl: target_forward(t, x, p, pl, tm, kernels="triton")[:3],
-                       (ttoks, tpos, slots[n:n + 1])),
-            "draft_step": (lambda x, h, p: draft_forward(d, dk, dv, x, p, p, hidden=h, rope=rope,
-                                                         kernels="triton")[:2],
-                           (tok, hid, slots[n:n + 1])),
-            "draft_round": (lambda a, b, p, s: draft_round_greedy(d, dk, dv, a, b, p, s, K, rope,
-                                                                  kernels="triton"),
-                            (aux, best, slots[n:n + K + 1], sel))}
+    rope = rope_table(d, S) if path == "triton" else None
+    dec = lambda m: (lambda x, p: es.decode(m, x, p, path))  # noqa: E731
+    steps = {
+        "verify": (lambda x, p: es.verify(t, x, p, path), (toks, slots[n:n + K + 1])),
+        "tree16": (lambda x, p, pl: target_forward(t, x, p, pl, tm, kernels=path)[:3],
+                   (ttoks, tpos, slots[n:n + 1])),
+        "draft_step": (lambda x, h, p: es.draft_step(d, dk, dv, x, h, p, rope, path),
+                       (tok, hid, slots[n:n + 1])),
+        "draft_round": (lambda a, b, p, s: es.draft_round_greedy(d, dk, dv, a, b, p, s, K, rope,
+                                                                 path),
+                        (aux, best, slots[n:n + K + 1], sel))}
     steps["decode1"] = (dec(t), (tok, slots[n:n + 1]))
     steps["decode1_L2"] = (dec(t2), (tok, slots[n:n + 1]))
     return steps

@@ -42,9 +42,11 @@ def _spec(smollm2_path, **bench):
     return load_spec(data=data)
 
 
-def test_embedded_rejects_trees_at_validation(smollm2_path):
+def test_embedded_accepts_trees_and_sglang_needs_sglang(smollm2_path):
     spec = _spec(smollm2_path, configs=[{"num_steps": 2, "eagle_topk": 2, "num_draft_tokens": 4}])
-    with pytest.raises(StageError, match="eagle_topk"):
+    check_backend(spec)  # trees run on the embedded engine
+    spec = _spec(smollm2_path, backend="sglang", sglang={"python": "/nonexistent/python3"})
+    with pytest.raises(StageError, match="sglang is not importable"):
         check_backend(spec)
 
 
@@ -54,16 +56,22 @@ def test_bench_stage_on_smollm2_stores_all_metrics(smollm2, smollm2_path, tmp_pa
     from runner.stage import StageContext
     from runner.store import Store
     hf, _, _ = smollm2
-    spec = _spec(smollm2_path)
+    tree = {"num_steps": 2, "eagle_topk": 2, "num_draft_tokens": 4}
+    spec = _spec(smollm2_path, configs=[{"num_steps": 2}, tree])
     export = export_drafter(tmp_path / "export", hf.config, spec.aux_ids, draft_vocab=2048)
     out = tmp_path / "out"
     out.mkdir()
     ctx = StageContext(spec=spec, stage="bench", variant="base", run_id="r1",
                        inputs={"export": export}, out_dir=out, db_path=tmp_path / "r.duckdb")
     summary = bench.run(ctx)
-    assert summary["lossless"] is True
+    assert summary["lossless"] is True and summary["summaries"] == 2
     store = Store(tmp_path / "r.duckdb")
-    cols, rows = store.query("SELECT * FROM bench ORDER BY prompt_id")
+    cols, rows = store.query("SELECT eagle_topk, num_draft_tokens, kernels, lossless, explanation, "
+                             "draft_ms_per_round FROM bench_summary WHERE eagle_topk = 2")
+    t = dict(zip(cols, rows[0]))  # the tree: its shape, the kernels used, the round-cost split
+    assert (t["num_draft_tokens"], t["kernels"], t["lossless"]) == (4, "torch", True)
+    assert t["explanation"].startswith("tree 2/2/4") and t["draft_ms_per_round"] > 0
+    cols, rows = store.query("SELECT * FROM bench WHERE eagle_topk = 1 ORDER BY prompt_id")
     assert len(rows) == 2
     r = dict(zip(cols, rows[0]))
     assert r["backend"] == "embedded" and r["prompt_set"] == "mtbench" and r["num_steps"] == 2
@@ -74,9 +82,9 @@ def test_bench_stage_on_smollm2_stores_all_metrics(smollm2, smollm2_path, tmp_pa
     assert r["spec_tok_s"] > 0 and r["base_tok_s"] > 0 and r["verify_ct"] >= 1
     assert r["speedup"] == pytest.approx(r["spec_tok_s"] / r["base_tok_s"])
     assert min(r["draft_s"], r["verify_s"], r["other_s"]) >= 0
-    cols, rows = store.query("SELECT * FROM bench_summary")
+    cols, rows = store.query("SELECT * FROM bench_summary WHERE eagle_topk = 1")
     s = dict(zip(cols, rows[0]))
-    assert len(rows) == 1 and s["n_prompts"] == 2
+    assert len(rows) == 1 and s["n_prompts"] == 2 and s["kernels"] == "torch"
     # a random drafter accepts ~nothing: flagged broken, and slower than the baseline
     assert s["tau"] < 1.05 and "drafter broken" in s["flags"]
     # break-even tau = round time / baseline token time: > 1 in principle, but both are wall
@@ -115,7 +123,7 @@ def test_bench_times_the_plain_decode_and_checks_tokens_against_the_wide_one(
     hf, _, _ = smollm2
     spec = _spec(smollm2_path, num_prompts=1, max_new_tokens=[10])
     export = export_drafter(tmp_path / "export", hf.config, spec.aux_ids, draft_vocab=2048)
-    monkeypatch.setattr(engine, "default_width", lambda target, k: k + 1)
+    monkeypatch.setattr(engine, "default_width", lambda target, k, n=0, kernels="torch": k + 1)
     timed = {}  # width -> [(new_tokens, total_s)] of the timed (10-token) baseline calls
     real = engine.Engine.generate_baseline
 

@@ -17,7 +17,8 @@ from jobs.draft_model import load_exported  # noqa: E402
 from jobs.engine import Engine  # noqa: E402
 from jobs.engine_steps import draft_extend, draft_step  # noqa: E402
 from jobs.llama import from_hf_model  # noqa: E402
-from jobs.tree import draft_tree, max_draft_tokens, prefix_tree_mask  # noqa: E402
+from jobs.tree import draft_tree  # noqa: E402
+from runner.drafts.rules import check_draft_tokens  # noqa: E402
 
 AUX = (0, 1, 2)
 SHAPES = [(3, 4, 16), (5, 4, 8), (2, 2, 4)]  # num_steps / eagle_topk / num_draft_tokens
@@ -118,9 +119,9 @@ def test_draft_tree_selects_the_same_tree_as_sglang(K, k, N):
     d = PathDrafter(V)
     first = torch.tensor([5])
     root_logits = d.hash_logits(torch.tensor([0]))  # [1, V]
-    toks, parent, tmask, depth = draft_tree(d, None, None, first, torch.zeros(1, 1, 1),
-                                            root_logits, torch.tensor([10]), torch.arange(64),
-                                            K, k, N, V)
+    kc = torch.zeros(1, 1, 64, 1)  # only its slot count (S = 64) is read
+    toks, parent, tmask, depth = draft_tree(d, kc, kc, first, torch.zeros(1, 1, 1),
+                                            root_logits, torch.tensor([10]), K, k, N, V)
     want_tok, want_par = sglang_tree(root_logits[0], lambda paths: d.hash_logits(
         torch.tensor([d.code(p) for p in paths])), K, k, N)
     assert toks[0].tolist() == [5] + want_tok.tolist()
@@ -133,7 +134,7 @@ def test_draft_tree_selects_the_same_tree_as_sglang(K, k, N):
             p = int(parent[p])
         assert set(torch.nonzero(tmask[j])[:, 0].tolist()) == anc
         assert int(depth[j]) == len(anc) - 1
-    assert N <= max_draft_tokens(K, k) and max_draft_tokens(3, 4) == 37
+    assert N <= check_draft_tokens(K, k, None).bound and check_draft_tokens(3, 4, None).bound == 37
 
 
 def test_draft_tree_attention_equals_the_chain_along_each_path(tmp_path):
@@ -154,9 +155,9 @@ def test_draft_tree_attention_equals_the_chain_along_each_path(tmp_path):
     aux = torch.randn(1, T, 3 * hf.config.hidden_size, generator=g)
     nxt = torch.randint(0, V, (1, T), generator=g)
     with torch.no_grad():
-        root, rlog = draft_extend(d, kc, vc, aux, nxt, slots[:T], slots, slots[T - 1:T])
-        toks, parent, _, _ = draft_tree(d, kc, vc, nxt[0, -1:], root, rlog, slots[T - 1:T], slots,
-                                        K, k, N, V)
+        root, rlog, _ = draft_extend(d, kc, vc, aux, nxt, slots[:T], slots[T - 1:T])
+        toks, parent, _, _ = draft_tree(d, kc, vc, nxt[0, -1:], root, rlog, slots[T - 1:T], K, k,
+                                        N, V)
 
         def chain_logits(paths):
             rows = []
@@ -164,27 +165,13 @@ def test_draft_tree_attention_equals_the_chain_along_each_path(tmp_path):
                 h = root
                 for j, tok in enumerate(p):
                     h, lg = draft_step(d, kc, vc, torch.tensor([[tok]]), h,
-                                       slots[T + j:T + j + 1], slots)
+                                       slots[T + j:T + j + 1])
                 rows.append(lg[0, -1])
             return torch.stack(rows)
         want_tok, want_par = sglang_tree(rlog[0], chain_logits, K, k, N)
     assert toks[0, 1:].tolist() == want_tok.tolist()
     assert parent[1:].tolist() == want_par.tolist()
     assert int(parent.max()) > 0  # the tree goes deeper than the root's children
-
-
-def test_prefix_tree_mask_is_the_kernel_contract():
-    """Slot s < prefix: attended by every row; slot prefix + j: iff tree_mask[w, j]; a chain's
-    tree mask (lower-triangular) gives the causal mask over the static cache."""
-    S, n, W = 12, 5, 4
-    slots = torch.arange(S)
-    tm = torch.ones(W, W).tril().bool()
-    m = prefix_tree_mask(torch.tensor([n]), tm, slots)
-    causal = slots[None, :] <= (n + torch.arange(W))[:, None]
-    assert torch.equal(m, causal)
-    tm = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]]).bool()
-    m = prefix_tree_mask(torch.tensor([n]), tm, slots)
-    assert m[:, :n].all() and not m[:, n + W:].any() and torch.equal(m[:, n:n + W], tm)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -246,7 +233,7 @@ def test_tree_engine_rejects_inconsistent_shapes(tmp_path):
     _, t, d = _tiny(tmp_path)
     with pytest.raises(ValueError, match="required when eagle_topk > 1"):
         Engine(t, d, num_steps=3, eagle_topk=4, max_seq=64)
-    with pytest.raises(ValueError, match="= 37 .SGLang's bound"):
+    with pytest.raises(ValueError, match="= 37 .SGLang.s candidate list"):
         Engine(t, d, num_steps=3, eagle_topk=4, num_draft_tokens=38, max_seq=64)
     with pytest.raises(ValueError, match="must equal num_steps"):
         Engine(t, d, num_steps=3, num_draft_tokens=5, max_seq=64)

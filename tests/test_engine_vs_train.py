@@ -45,14 +45,14 @@ def _record(monkeypatch, drafter) -> list:
     events, inside = [], [False]
     orig_extend, orig_logits = ES.draft_extend, drafter.logits
 
-    def extend(d, kc, vc, aux, nxt, pos, slots_all, sel):
+    def extend(d, kc, vc, aux, nxt, pos, sel, *rest):
         inside[0] = True
         try:
-            root, rlog = orig_extend(d, kc, vc, aux, nxt, pos, slots_all, sel)
+            root, rlog, rid = orig_extend(d, kc, vc, aux, nxt, pos, sel, *rest)
         finally:
             inside[0] = False
         events.append(("root", int(pos[int(sel)]), rlog[0].clone()))
-        return root, rlog
+        return root, rlog, rid
 
     def logits(out):
         lg = orig_logits(out)

@@ -17,6 +17,7 @@ from kernel_helpers import DEV, F32, gpu_test, needs_triton, patch_interpreter_b
 from jobs.draft_model import DraftConfig, Eagle3Draft  # noqa: E402
 from jobs.llama import Llama, LlamaConfig  # noqa: E402
 from kernels import resolve_kernels  # noqa: E402
+import kernels.head  # noqa: E402,F401  (jit-decorated now, while TRITON_INTERPRET is set)
 from kernels.draft_decode import draft_forward, rope_table  # noqa: E402
 from kernels.llama_decode import forward_torch, forward_triton, target_forward  # noqa: E402
 
@@ -109,9 +110,10 @@ def _greedy_vs_verify(m: Llama, W: int, P: int, dev, rows: int, S: int) -> None:
 @needs_triton
 @pytest.mark.parametrize("rows,P,S", [(3, 5, 24), (1, 62, 256)], ids=["W_rows", "1_row_splits"])
 def test_greedy_decode_equals_a_w_row_verify_bit_for_bit(rows, P, S):
-    """The lossless rule (jobs/engine.py `width`) at a tiny geometry: decode over W rows as the
-    engine runs it today, and over 1 row with 4 attention splits and the verify's keys crossing
-    a key-block boundary (slot 64): a row's bits do not depend on the row count."""
+    """The lossless rule (jobs/engine.py `width`) at a tiny geometry: decode over W rows (a
+    shared width), and over 1 row with 4 attention splits and the verify's keys crossing a
+    key-block boundary (slot 64): a row's bits do not depend on the row count, which is what
+    lets default_width return None on the fused path (the engine's 1-row baseline)."""
     _greedy_vs_verify(_target(torch.bfloat16, std=0.3), 3, P, DEV, rows, S)
 
 
@@ -149,6 +151,7 @@ def test_draft_forward_triton_matches_cached_step(dtype):
 
 def test_switch_resolves_and_refuses(monkeypatch):
     assert resolve_kernels("auto", "cpu") == "torch" and resolve_kernels("torch", "cuda") == "torch"
+    assert resolve_kernels("auto", "cuda") == "torch"  # triton is opt-in (measured slower)
     with pytest.raises(ValueError, match="expected one of"):
         resolve_kernels("fast", "cpu")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
@@ -203,10 +206,12 @@ def test_gpu_smollm2_fused_forward_matches_and_is_deterministic(W, tree):
 
 
 @gpu_test
-@pytest.mark.parametrize("rows", [5, 1])
-def test_gpu_smollm2_greedy_decode_equals_verify_bit_for_bit(rows):
-    """SmolLM2 geometry, 8 attention splits, keys crossing slot 64: W = 5 rows and 1 row."""
-    _greedy_vs_verify(_smollm2(), 5, 62, "cuda", rows, 512)
+@pytest.mark.parametrize("W,rows", [(5, 5), (5, 1), (16, 1)])
+def test_gpu_smollm2_greedy_decode_equals_verify_bit_for_bit(W, rows):
+    """SmolLM2 geometry, 8 attention splits, keys crossing slot 64: a W-row verify against
+    decode over W rows, and over 1 row (what default_width None relies on for the fused path:
+    the engine's 1-row baseline vs a 5-row chain verify or a 16-row tree verify)."""
+    _greedy_vs_verify(_smollm2(), W, 62, "cuda", rows, 512)
 
 
 @gpu_test
@@ -289,13 +294,31 @@ def test_gpu_draft_step_under_cuda_graphs_matches_eager_and_reference():
             h = got[0]
 
 
+def _round_reference(d, kc, vc, aux, best, pos, sel: int, K: int) -> list[int]:
+    """The drafter's greedy round written out over Eagle3Draft.cached_step (the engine's old
+    torch-only draft_round_greedy): step 0 over pos with causal masks, then K-1 chain steps
+    from row sel. -> [bonus, d_1..d_K] (target ids)."""
+    S, V = kc.shape[2], d.config.vocab_size
+    slots = torch.arange(S, device=kc.device)
+    mask = lambda p: (slots[None, :] <= p[:, None])[None, None]  # noqa: E731
+    out = d.cached_step(best.view(1, -1), d.project(aux), pos[None], kc, vc, pos, mask(pos))
+    hidden, p = out[:, sel:sel + 1], pos[sel:sel + 1]
+    tid = d.to_target_ids(d.logits(hidden)[:, -1].argmax(-1)).clamp(0, V - 1)
+    toks = [int(best[sel]), int(tid)]
+    for _ in range(1, K):
+        p = p + 1
+        hidden = d.cached_step(tid.view(1, 1), hidden, p[None], kc, vc, p, mask(p))
+        tid = d.to_target_ids(d.logits(hidden)[:, -1].argmax(-1)).clamp(0, V - 1)
+        toks.append(int(tid))
+    return toks
+
+
 @needs_triton
-def test_fused_draft_round_equals_the_engine_round():
-    """kernels.draft_decode.draft_round_greedy (kernels="torch") == jobs.engine_steps's own, and
-    the triton path drafts the same tokens (float32: interpreter only, TF32 on CUDA) with root
-    m = 1 of K + 1 = 3 rows."""
-    from jobs.engine_steps import draft_round_greedy as engine_round
-    from kernels.draft_decode import draft_round_greedy
+def test_draft_round_torch_and_triton_equal_the_cached_step_recurrence():
+    """jobs.engine_steps.draft_round_greedy (the engine's one implementation) with kernels
+    "torch" and "triton" drafts the tokens of the cached_step recurrence written out (float32:
+    the triton side through the interpreter only, TF32 on CUDA), root m = 1 of K + 1 = 3 rows."""
+    from jobs.engine_steps import draft_round_greedy
     d, K, S = _draft(torch.float32), 2, 32
     g = torch.Generator().manual_seed(5)
     aux = torch.randn(1, K + 1, 192, generator=g).to(DEV)
@@ -303,13 +326,12 @@ def test_fused_draft_round_equals_the_engine_round():
     slots = torch.arange(S, device=DEV)
     pos, sel = slots[7:7 + K + 1], torch.tensor([1], device=DEV)
     outs = []
-    paths = ("engine", "torch") + (("triton",) if DEV == "cpu" else ())
-    for k in paths:
+    for k in ("ref", "torch") + (("triton",) if DEV == "cpu" else ()):
         kc = torch.zeros(1, 2, S, 32, device=DEV)
         vc = torch.zeros_like(kc)
         kc[:, :, :7] = vc[:, :, :7] = 0.5  # a prefix
-        outs.append(engine_round(d, kc, vc, aux, best, pos, slots, sel, K, 120) if k == "engine"
-                    else draft_round_greedy(d, kc, vc, aux, best, pos, sel, K, rope_table(d, S),
-                                            kernels=k))
-    assert outs[0].shape == (1, K + 1) and int(outs[0][0, 0]) == int(best[1])
-    assert all(torch.equal(outs[0], o) for o in outs[1:])
+        outs.append(_round_reference(d, kc, vc, aux, best, pos, 1, K) if k == "ref" else
+                    draft_round_greedy(d, kc, vc, aux, best, pos, sel, K, rope_table(d, S),
+                                       kernels=k)[0].tolist())
+    assert len(outs[0]) == K + 1 and outs[0][0] == int(best[1])
+    assert all(o == outs[0] for o in outs[1:]), outs

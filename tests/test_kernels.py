@@ -13,8 +13,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from kernel_helpers import DEV, needs_triton, patch_interpreter_bf16_dot  # noqa: E402
 
 from jobs.draft_model import rope_cos_sin  # noqa: E402
-from kernels.attention import (attention_splits, decode_attention,  # noqa: E402
-                               decode_attention_ref, dense_mask)
+from kernels.attention import attention_splits, decode_attention, decode_attention_ref  # noqa: E402
+from kernels.mask import dense_mask  # noqa: E402
 from kernels.head import norm_head_topk, norm_head_topk_ref  # noqa: E402
 from kernels.linear import (Rows, linear_splitk, linear_splitk_ref, norm_gate_up,  # noqa: E402
                             norm_gate_up_ref, norm_qkv_rope, norm_qkv_rope_ref)
@@ -44,6 +44,11 @@ def test_dense_mask_is_the_llama_causal_mask_and_the_tree_rule():
     tm = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
     t = dense_mask(n, tm, W, S)
     assert torch.equal(t[0, 0, :, 5:8], tm) and t[0, 0, :, :5].all() and not t[0, 0, :, 8:].any()
+    # the drafter's tree steps: Q = 2 frontier rows over R = 4 tree slots after the prefix
+    an = torch.tensor([[1, 0, 1, 0], [0, 1, 0, 1]], dtype=torch.bool)
+    a = dense_mask(n, an, W, S)
+    assert a.shape == (2, 1, 2, S) and torch.equal(a[1, 0, :, 2:6], an)
+    assert a[1, 0, :, :2].all() and not a[1, 0, :, 6:].any()
 
 
 @pytest.mark.parametrize("B,nh,nkv,W,tree,splits", [

@@ -91,13 +91,13 @@ def test_row_selection(tmp_path):
                    ("n16", 3, "old", 16), ("n16", 5, "old", 16)]
 
 
-def test_report_writes_three_pngs(tmp_path, capsys):
+def test_report_writes_four_pngs(tmp_path, capsys):
     spec = make_spec(tmp_path)
     fill(tmp_path / "r.duckdb")
     out = tmp_path / "reports"
     assert report_cli(spec, out) == 0
     printed = capsys.readouterr().out.split()
-    names = {f"rep_{n}.png" for n in ("tau_vs_samples", "accept_per_pos", "tok_s")}
+    names = {f"rep_{n}.png" for n in ("tau_vs_samples", "accept_per_pos", "tok_s", "configs")}
     assert {Path(p).name for p in printed} == names
     for n in names:
         assert str(out / n) in printed
@@ -110,6 +110,34 @@ def test_report_writes_three_pngs(tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == sorted(names)
 
 
+def test_chains_and_trees_side_by_side(tmp_path, capsys):
+    """Chains and trees of one run: every plot names the shape ("chain K", "tree K/k/N"), the
+    tok/s plot keeps all chains on one line and gives each tree shape its own, and the configs
+    plot has one bar per configuration."""
+    from runner import report
+    spec = make_spec(tmp_path)
+    store = Store(tmp_path / "r.duckdb")
+    store.emit("runs", dict(run_id="a", spec_name="rep", started_at="2025-01-01 10:00:00"))
+    rows = [summary_row("a", "base", 3, 64, 1.6, 50.0), summary_row("a", "base", 5, 64, 1.7, 48.0)]
+    for K, k, N, tau in ((5, 4, 8, 2.1), (3, 4, 16, 2.3)):
+        rows.append({**summary_row("a", "base", K, 64, tau, 60.0), "eagle_topk": k,
+                     "num_draft_tokens": N, "config_id": f"s{K}-k{k}-n{N}", "kernels": "triton",
+                     "break_even_tau": 1.4})
+    for r in rows[:2]:
+        r["kernels"] = "triton"
+    store.emit("bench_summary", rows)
+    got = latest_per_config(bench_rows(spec))
+    assert len(got) == 4
+    assert list(report.group(got, ("num_steps",), ())) == ["chain 3", "chain 5", "tree 5/4/8",
+                                                           "tree 3/4/16"]
+    view = [r if r["eagle_topk"] > 1 else {**r, "num_draft_tokens": None} for r in got]
+    lines = report.group(view, (), ("num_steps",))
+    assert {k: len(v) for k, v in lines.items()} == {"chain": 2, "tree topk=4 ndt=8": 1,
+                                                     "tree topk=4 ndt=16": 1}
+    assert report_cli(spec, tmp_path / "out") == 0
+    assert_png(tmp_path / "out" / "rep_configs.png")
+
+
 def test_missing_data_skips_a_plot(tmp_path, capsys):
     spec = make_spec(tmp_path)
     store = Store(tmp_path / "r.duckdb")
@@ -120,8 +148,8 @@ def test_missing_data_skips_a_plot(tmp_path, capsys):
     assert report_cli(spec, tmp_path / "out") == 0
     cap = capsys.readouterr()
     assert "skipped tau_vs_samples" in cap.err
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["rep_accept_per_pos.png",
-                                                                    "rep_tok_s.png"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "rep_accept_per_pos.png", "rep_configs.png", "rep_tok_s.png"]
 
 
 def test_empty_db_is_a_clear_error(tmp_path, capsys):
@@ -152,7 +180,7 @@ def test_cli_report_command(tmp_path):
     r = subprocess.run([sys.executable, "-m", "runner", "report", str(tmp_path / "spec.yaml"),
                         "--out", str(tmp_path / "o")], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    assert len(r.stdout.split()) == 3
+    assert len(r.stdout.split()) == 4
 
 
 def test_import_needs_no_matplotlib_or_torch():

@@ -106,6 +106,22 @@ def test_schema_tables_exist(tmp_path):
     assert {"started_at", "finished_at", "status", "host", "job_id", "duration_s"} <= names
 
 
+def test_a_results_file_of_an_older_schema_gains_the_new_columns(tmp_path):
+    """A bench table made before the `kernels` column: ingest adds it, old rows read NULL and a
+    new row with the column lands (it would otherwise be rejected)."""
+    import duckdb
+    db = tmp_path / "r.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE bench (run_id VARCHAR, tau DOUBLE)")
+    con.execute("INSERT INTO bench VALUES ('old', 1.5)")
+    con.close()
+    store = Store(db)
+    store.emit("bench", dict(run_id="new", tau=2.0, kernels="triton"))
+    assert store.ingest() == 1
+    _, rows = store.query("SELECT run_id, kernels FROM bench ORDER BY run_id")
+    assert rows == [("new", "triton"), ("old", None)]
+
+
 # -- runner query / results (CLI, in a subprocess: exit codes and stderr are part of the contract)
 
 
