@@ -7,6 +7,7 @@ Exit codes: 0 ok, 1 invalid input or a failed stage, 2 usage error. Errors go to
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -266,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _err("interrupted")
         return 130
+    except BrokenPipeError:  # `runner plan --json | head -1`: the reader left; nothing to say
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return 141
 
 
 if __name__ == "__main__":

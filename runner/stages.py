@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional
+from typing import Annotated, Any, Callable, Literal, Optional
 
 from pydantic import Field, create_model, model_validator
 
@@ -172,13 +172,15 @@ class BenchStage(Strict):
     backend: Literal["embedded", "sglang"] = Field("embedded", description="embedded = our PyTorch "
                                                    "engine; sglang = launch real servers.")
     prompt_sets: list[Literal["mtbench", "humaneval", "sharegpt"]] = Field(
-        default_factory=lambda: ["mtbench"], description="Prompt sets; sharegpt = data.holdout.")
+        default_factory=lambda: ["mtbench"], min_length=1,
+        description="Prompt sets; sharegpt = data.holdout.")
     num_prompts: Optional[int] = Field(None, ge=1, description="First N prompts per set; null=all.")
-    max_new_tokens: list[int] = Field(default_factory=lambda: [128], description="Sweep axis.")
+    max_new_tokens: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=lambda: [128], min_length=1, description="Sweep axis (each >= 1).")
     temperature: float = Field(0.0, ge=0, description="0 = greedy (lossless check applies).")
-    configs: list[SpecParams] = Field(default_factory=lambda: [SpecParams(num_steps=3)],
+    configs: list[SpecParams] = Field(default_factory=lambda: [SpecParams(num_steps=3)], min_length=1,
                                       description="Speculative configurations (sweep axis).")
-    cuda_graph: list[bool] = Field(default_factory=lambda: [False],
+    cuda_graph: list[bool] = Field(default_factory=lambda: [False], min_length=1,
                                    description="CUDA graphs on/off (sweep axis; GPU only).")
     kernels: Literal["auto", "triton", "torch"] = Field(
         "auto", description="embedded: the engine's decode/verify forwards and chain draft steps; "

@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 runner apply specs/smollm2-sharegpt.yaml "$@"
-runner query "SELECT variant, prompt_set, num_steps, round(tau, 3) AS tau, round(speedup, 3) AS speedup, round(break_even_tau, 2) AS break_even_tau, flags FROM bench_summary ORDER BY run_id DESC, num_steps LIMIT 10"
+runner query "SELECT variant, prompt_set, num_steps, eagle_topk, num_draft_tokens, round(tau, 3) AS tau, round(speedup, 3) AS speedup, round(break_even_tau, 2) AS break_even_tau, flags FROM bench_summary ORDER BY run_id DESC, num_steps, eagle_topk LIMIT 10"

@@ -62,7 +62,8 @@ expected and why):
 - Declared `q_proj_out_features` / `kv_proj_out_features` equal heads x `head_dim`;
   `num_key_value_heads` divides `num_attention_heads`.
 - `stages.bench.configs[]`: with `eagle_topk` 1, `num_draft_tokens` equals `num_steps + 1`;
-  always `num_draft_tokens <= num_steps * eagle_topk + 1`; required when `eagle_topk > 1`.
+  always `num_draft_tokens <= 1 + eagle_topk + (num_steps - 1) * eagle_topk^2` (SGLang's own
+  bound, runner/drafts/rules.py); required when `eagle_topk > 1`; at least one config.
 - `stages.train.features: online` runs the target in the train stage, so `stages.extract` must
   be absent (a variant: `stages.extract: null`); train then needs only `regenerate` (if present)
   and its cache key covers the target, the data and the aux ids.

@@ -366,8 +366,9 @@ def test_target_unreadable_config_is_an_error(tmp_path):
 def test_target_geometry_unknown_without_config():
     d = spec_dict()
     del d["target"]["hidden_size"]
-    msg = one("target.hidden_size", problems(d))
-    assert "declare" in msg.lower() and "/nonexistent/model.gguf" in msg
+    msg = one("target.path", problems(d))  # a path that does not exist is named as such
+    assert "no such file" in msg and "hidden_size" in msg and "declare" in msg.lower()
+    assert "/nonexistent/model.gguf" in msg
 
 
 def test_target_geometry_from_real_gguf_header(smollm2_path):
@@ -569,3 +570,18 @@ def test_executor_without_a_known_kind_names_the_fix(executor):
     an unknown kind: pydantic's 'Unable to extract tag' becomes a fix the user can type."""
     msg = one("executor.kind", problems(spec_dict(executor=executor)))
     assert "'local' or 'slurm'" in msg and "executor.kind=local" in msg
+
+
+@pytest.mark.parametrize("bench,field", [
+    ({"configs": []}, "stages.bench.configs"),
+    ({"max_new_tokens": [0]}, "stages.bench.max_new_tokens.0"),
+    ({"max_new_tokens": []}, "stages.bench.max_new_tokens"),
+    ({"prompt_sets": []}, "stages.bench.prompt_sets"),
+    ({"cuda_graph": []}, "stages.bench.cuda_graph"),
+])
+def test_bench_sweep_axes_are_never_empty_or_zero(bench, field):
+    """An empty sweep axis or a 0-token answer used to validate and then fail in the bench (a
+    raw ValueError) or finish with tau nan: refused at validation instead."""
+    d = spec_dict()
+    d["stages"] = {**d.get("stages", {}), "bench": bench}
+    one(field, problems(d))

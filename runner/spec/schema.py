@@ -375,6 +375,12 @@ class Spec(Strict):
                 "is_eagle3() matches only that string; with 'EAGLE' an EAGLE-3 draft loads, the "
                 "target never captures aux hidden states, and accept length is 1.00.")
         missing = [f for f in ("num_hidden_layers", "hidden_size", "vocab_size") if getattr(t, f) is None]
+        if missing and not _exists(t.path):
+            problems.append(
+                f"target.path = {t.path!r}: no such file or folder, so the target's geometry "
+                f"({', '.join(missing)}) is unknown. Fix the path (`runner fetch all` fetches the "
+                "demo assets), or declare those fields in the spec.")
+            raise ValueError("\n".join(problems))
         if missing:
             problems.append(
                 f"target.{missing[0]}: unknown. Declare {', '.join('target.' + m for m in missing)} "
@@ -450,3 +456,12 @@ class Spec(Strict):
         if problems:
             raise ValueError("\n".join(problems))
         return self
+
+
+def _exists(path: str) -> bool:
+    """Whether target.path names something on disk (True when it cannot tell: an unset ${VAR}
+    is reported by its own check)."""
+    try:
+        return expand_path(path).exists()
+    except (EnvVarError, OSError, ValueError):
+        return True
