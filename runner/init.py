@@ -65,7 +65,7 @@ def _q(s: str) -> str:
 def build(target: str, data: str | None = None, name: str | None = None) -> tuple[str, dict]:
     """(spec YAML text with comments, facts {name, family, aux_layer_ids, draft_vocab_size,
     chat_template, template_source, bench, estimate}). Raises InitError for an unreadable
-    target or a missing data file."""
+    target, or a data file that is missing or holds no usable conversation."""
     tpath = expand_path(target).resolve()
     try:
         cfg = read_target_config(tpath)
@@ -107,6 +107,10 @@ def build(target: str, data: str | None = None, name: str | None = None) -> tupl
                    "data": {**data_block, "max_length": max_length},
                    "stages": {"extract": {}}}, check_target=False)
     est = disk.estimate(probe)  # the plan's estimate (runner/disk.py)
+    if dpath and ("error" in est or not est.get("samples")):
+        raise InitError(f"--data {data}: " + (est.get("error") or "no usable conversation in "
+                        "it") + "; point it at a JSONL or JSON file of conversations (docs/data.md"
+                        " lists the formats), or leave --data out for ShareGPT.")
     free, _fs = disk.free_bytes(probe.resolved_work_dir())
     mean_len = max(256, max_length // 2)
     shard = max(1, min(256, SHARD_BYTES // (mean_len * est["bytes_per_token"])))

@@ -144,6 +144,11 @@ def test_init_refuses_unreadable_targets(tmp_path):
         build(str(g))
     with pytest.raises(InitError, match="--data .*does not exist"):
         build(str(make_target(tmp_path / "t", "qwen3-8b")), str(tmp_path / "no.jsonl"))
+    for name, body in (("empty.jsonl", b""), ("bad.jsonl", b"not json\n"),
+                       ("bad.jsonl.gz", b"\x1f\x8b\x08 corrupt")):
+        (tmp_path / name).write_bytes(body)  # unreadable data: an error, not a spec comment
+        with pytest.raises(InitError, match="--data "):
+            build(str(tmp_path / "t"), str(tmp_path / name))
 
 
 def test_init_on_the_smollm2_gguf(smollm2_path):
