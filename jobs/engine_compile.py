@@ -36,7 +36,8 @@ def private(fn: Callable) -> Callable:
 
 def compile_options(device: torch.device, cuda_graph: bool, compile_backend: Optional[str],
                     kernels: str) -> Optional[dict]:
-    """torch.compile kwargs for the engine's steps, or None (eager). Raises ValueError when
+    """torch.compile kwargs for the engine's steps (and jobs/generate.py's decode step), or None
+    (eager). Raises ValueError when
     dynamo's suppress_errors is set (a compile failure would run eagerly, silently), and for
     the triton kernels compiled on a CPU device (the interpreter is not traceable)."""
     if compile_backend is not None:

@@ -45,8 +45,9 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 import torch.nn.functional as F
 
-from jobs.engine_compile import private
+from jobs.engine_compile import compile_options, compile_steps, graph_counts
 from jobs.llama import Llama
+from kernels import resolve_kernels
 
 M31 = 0x7FFFFFFF  # hash values live in [0, 2^31): products stay below 2^63 in int64
 MAX_STOP = 4  # stop-id slots of the step (padded with -1: one graph for any stop set)
@@ -197,32 +198,24 @@ class Generator:
         self.stop_ids = torch.full((MAX_STOP,), -1, dtype=torch.long, device=dev)
         self.temperature = torch.ones(1, device=dev)
         self.top_p = torch.ones(1, device=dev)
-        from kernels import resolve_kernels
+        kn = resolve_kernels(kernels, dev)
         self.kernel = None  # decode attention: SDPA over the kv_len slice (torch) or the kernel
-        if resolve_kernels(kernels, dev) == "triton":
+        if kn == "triton":
             from kernels.attention import decode_attention
             self.kernel = decode_attention
         self.state = (self.cur, self.pos, self.n_gen, self.limit, self.done, self.seed, self.out)
-        kw = (dict(backend=compile_backend) if compile_backend is not None else
-              dict(mode="reduce-overhead") if cuda_graph and dev.type == "cuda" else None)
+        kw = compile_options(dev, cuda_graph, compile_backend, kn)
         self.compiled = kw is not None
-        self.step = decode_step
-        if self.compiled:
-            if torch._dynamo.config.suppress_errors:
-                raise ValueError("torch._dynamo.config.suppress_errors is set: a compile failure "
-                                 "would silently run eagerly; unset it or use cuda_graph: false")
-            if kw.get("mode") == "reduce-overhead":
-                for t in target.caches() + list(self.state):
-                    torch._dynamo.mark_static_address(t)
-            self.step = torch.compile(private(decode_step), fullgraph=True, dynamic=None, **kw)
+        self.steps = {"decode": decode_step}
+        if self.compiled:  # dynamic=None: kv_len is marked dynamic (one graph for every bucket)
+            compile_steps(self.steps, ["decode"], dict(kw, dynamic=None),
+                          target.caches() + list(self.state))
+        self.step = self.steps["decode"]
 
     def graph_counts(self) -> int:
         """Compiled graphs of the decode step (dynamo cache entries): 1 per sampling mode used,
         whatever the kv_len buckets; 0 when not compiled."""
-        if not self.compiled:
-            return 0
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-        return len(_debug_get_cache_entry_list(self.step._torchdynamo_orig_callable.__code__))
+        return graph_counts(self.steps, ["decode"])["decode"] if self.compiled else 0
 
     def _sync(self):
         if self.device.type == "cuda":
