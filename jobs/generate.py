@@ -230,7 +230,6 @@ class Generator:
         entries = sorted(entries, key=lambda e: len(e[1].ids) - e[2])
         i = 0
         while i < len(entries):
-            T = len(entries[i][1].ids) - entries[i][2]
             j = i + 1  # grow the chunk while the padded size stays within prefill_tokens
             while j < len(entries) and (j + 1 - i) * (len(entries[j][1].ids) - entries[j][2]) \
                     <= self.prefill_tokens:
