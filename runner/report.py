@@ -80,10 +80,15 @@ def _varying(rows: list[dict], fields) -> list[str]:
     return [f for f in fields if len({repr(r.get(f)) for r in rows}) > 1]
 
 
+def _tree(r: dict) -> bool:
+    """A tree configuration (eagle_topk > 1; a row without it is a chain)."""
+    return (r.get("eagle_topk") or 1) > 1
+
+
 def _shape(r: dict, fields: list[str]) -> str:
     """The tree-shape part of a label, from the SHAPE fields among `fields`: "chain 4" /
     "tree 5/4/8" with num_steps, else "chain" / "tree topk=4[, ndt=8]"."""
-    tree = (r.get("eagle_topk") or 1) > 1
+    tree = _tree(r)
     if "num_steps" in fields:
         return (f"tree {r['num_steps']}/{r['eagle_topk']}/{r.get('num_draft_tokens')}" if tree
                 else f"chain {r['num_steps']}")
@@ -241,7 +246,7 @@ def plot_tok_s(rows: list[dict], spec_name: str, path: Path) -> Path | None:
     fig, ax = _figure(f"{spec_name}: decode speed vs num_steps\n({_runs(rows)}; "
                       "label = speedup over the baseline)", "num_steps", "tokens / s")
     # one line per tree shape: a chain's num_draft_tokens (K + 1) follows num_steps, a tree's not
-    rows = [r if (r.get("eagle_topk") or 1) > 1 else {**r, "num_draft_tokens": None} for r in rows]
+    rows = [r if _tree(r) else {**r, "num_draft_tokens": None} for r in rows]
     groups = group(rows, (), ("num_steps",))
     bases = {label: [r["base_tok_s"] for r in rs if _ok(r.get("base_tok_s"))]
              for label, rs in groups.items()}
@@ -278,11 +283,11 @@ def plot_configs(rows: list[dict], spec_name: str, path: Path) -> Path | None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     rows = sorted(rows, key=lambda r: tuple(str(r.get(f)) for f in CONFIG_FIELDS[:3])
-                  + ((r.get("eagle_topk") or 1) > 1, r.get("num_steps") or 0,
+                  + (_tree(r), r.get("num_steps") or 0,
                      r.get("eagle_topk") or 1, r.get("num_draft_tokens") or 0))
     fields = [f for f in CONFIG_FIELDS if f in SHAPE or f in _varying(rows, CONFIG_FIELDS)]
     labels = [_label(r, fields) for r in rows]
-    colors = ["tab:orange" if (r.get("eagle_topk") or 1) > 1 else "tab:blue" for r in rows]
+    colors = ["tab:orange" if _tree(r) else "tab:blue" for r in rows]
     fig = Figure(figsize=(max(8, 0.9 * len(rows) + 3), 4.5), dpi=110)
     FigureCanvasAgg(fig)
     a1, a2 = fig.subplots(1, 2)
