@@ -306,9 +306,8 @@ def main(argv=None):
     width = (default_width(target, Kmax, Nmax, kn) if a.width == "auto" else
              None if a.width == "none" else int(a.width))
     res.update(width=width, kernels=kn)
-    eng_kw = dict(max_seq=None, cuda_graph=a.cuda_graph, kernels=kn)
     max_seq = max(slots_needed(T, N, K, max(width or 0, n), k) for K, k, n in configs + vcost)
-    eng_kw["max_seq"] = max_seq
+    eng_kw = dict(max_seq=max_seq, cuda_graph=a.cuda_graph, kernels=kn)
 
     def save():  # after every row: a run cut short by a time limit keeps what it measured
         Path(a.out + ".json").write_text(json.dumps(res, indent=1))
