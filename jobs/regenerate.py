@@ -251,7 +251,7 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
     else:
         jobs = sorted(jobs, key=lambda j: j.id)
         random.Random(params.seed).shuffle(jobs)
-    started: set = set()
+    started = 0  # jobs[:started] were started: first_turns takes them in order
     bar = tqdm(unit="tok", desc="regenerate", disable=not progress, smoothing=0.1)
     finished = [0]
     refused = template_errors()
@@ -272,6 +272,7 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
         return Request(job, ids, params.max_new_tokens, seed_of(params.seed, job.id, turn))
 
     def first_turns():  # tokenised 256 at a time, in one batched call each
+        nonlocal started
         for i in range(0, len(jobs), 256):
             if budget.over():
                 return
@@ -283,7 +284,7 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
             for j, ids in zip(chunk, batch):
                 if budget.over():
                     return
-                started.add(j.id)
+                started += 1
                 if (r := request(j, ids)) is not None:
                     yield r
 
@@ -310,9 +311,8 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
 
     st = gen.run(first_turns(), done, params.temperature, params.top_p,
                  [tok.eos_token_id] if tok.eos_token_id is not None else [], bar)
-    for j in jobs:  # never started (the budget was over): every conversation ends in a record
-        if j.id not in started:
-            writer.add(j.record(dropped="time_budget"))
+    for j in jobs[started:]:  # never started (the budget was over): each ends in a record
+        writer.add(j.record(dropped="time_budget"))
     writer.flush()
     bar.close()
     return st
