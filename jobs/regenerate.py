@@ -120,6 +120,11 @@ class Conv:
                 "messages": self.messages, "finish": self.finish,
                 "answer_tokens": self.answer_tokens, "cut": cut, "dropped": dropped}
 
+    def stopped(self, reason: str) -> dict:
+        """The record of a conversation ended early: cut after its answered turns, or dropped
+        when it has none."""
+        return self.record(cut=reason) if self.finish else self.record(dropped=reason)
+
 
 def make_generator(target, params, max_length: int, compile_backend=None) -> Generator:
     """The Generator of the stage: params.batch_size rows, max_seq = data.max_length +
@@ -262,12 +267,10 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
             try:
                 ids = render(tok, job.messages + job.steps[turn])
             except refused:  # e.g. Llama 3.1 and two tool calls in one turn
-                writer.add(job.record(cut="template_error") if turn else
-                           job.record(dropped="template_error"))
+                writer.add(job.stopped("template_error"))
                 return None
         if len(ids) >= max_length:
-            writer.add(job.record(cut="prompt_too_long") if turn else
-                       job.record(dropped="prompt_too_long"))
+            writer.add(job.stopped("prompt_too_long"))
             return None
         return Request(job, ids, params.max_new_tokens, seed_of(params.seed, job.id, turn))
 
@@ -292,8 +295,7 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
         job: Conv = r.key
         text = tok.decode(r.tokens, skip_special_tokens=True).strip()
         if not text:
-            writer.add(job.record(cut="empty_reply") if job.finish else
-                       job.record(dropped="empty_reply"))
+            writer.add(job.stopped("empty_reply"))
             return None
         job.messages = job.messages + job.steps[len(job.finish)] + [
             {"role": "assistant", "content": text}]
