@@ -58,8 +58,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from jobs.chat import (Convention, assistant_char_spans, chat_convention,  # noqa: F401 (API)
-                       detect_template, tokenize_conversation, tokenize_dataset)
+from jobs.chat import (chat_convention, detect_template,  # noqa: F401 (API)
+                       tokenize_conversation, tokenize_dataset)
 from jobs.records import read_records  # noqa: F401 (API)
 from runner.errors import StageError
 

@@ -25,6 +25,8 @@ import os
 import zlib
 from pathlib import Path
 
+from runner.files import atomic_path
+
 SHARDS = "shards"
 SYNTHETIC = "synthetic_prompts.jsonl.gz"
 LEGACY = "conversations.jsonl"  # artifacts of the HF-generate stage (before shards)
@@ -34,14 +36,12 @@ def write_gz_jsonl(path: Path, records: list[dict]) -> int:
     """Write records as gzip JSONL to `.tmp-<name>` and rename over `path`. Returns bytes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
     data = gzip.compress("".join(json.dumps(r, ensure_ascii=False) + "\n"
                                  for r in records).encode(), compresslevel=6, mtime=0)
-    with open(tmp, "wb") as f:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
     return len(data)
 
 

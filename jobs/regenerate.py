@@ -120,6 +120,11 @@ class Conv:
                 "messages": self.messages, "finish": self.finish,
                 "answer_tokens": self.answer_tokens, "cut": cut, "dropped": dropped}
 
+    def stopped(self, reason: str) -> dict:
+        """The record of a conversation ended early: cut after its answered turns, or dropped
+        when it has none."""
+        return self.record(cut=reason) if self.finish else self.record(dropped=reason)
+
 
 def make_generator(target, params, max_length: int, compile_backend=None) -> Generator:
     """The Generator of the stage: params.batch_size rows, max_seq = data.max_length +
@@ -251,7 +256,7 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
     else:
         jobs = sorted(jobs, key=lambda j: j.id)
         random.Random(params.seed).shuffle(jobs)
-    started: set = set()
+    started = 0  # jobs[:started] were started: first_turns takes them in order
     bar = tqdm(unit="tok", desc="regenerate", disable=not progress, smoothing=0.1)
     finished = [0]
     refused = template_errors()
@@ -262,16 +267,15 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
             try:
                 ids = render(tok, job.messages + job.steps[turn])
             except refused:  # e.g. Llama 3.1 and two tool calls in one turn
-                writer.add(job.record(cut="template_error") if turn else
-                           job.record(dropped="template_error"))
+                writer.add(job.stopped("template_error"))
                 return None
         if len(ids) >= max_length:
-            writer.add(job.record(cut="prompt_too_long") if turn else
-                       job.record(dropped="prompt_too_long"))
+            writer.add(job.stopped("prompt_too_long"))
             return None
         return Request(job, ids, params.max_new_tokens, seed_of(params.seed, job.id, turn))
 
     def first_turns():  # tokenised 256 at a time, in one batched call each
+        nonlocal started
         for i in range(0, len(jobs), 256):
             if budget.over():
                 return
@@ -283,7 +287,7 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
             for j, ids in zip(chunk, batch):
                 if budget.over():
                     return
-                started.add(j.id)
+                started += 1
                 if (r := request(j, ids)) is not None:
                     yield r
 
@@ -291,8 +295,7 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
         job: Conv = r.key
         text = tok.decode(r.tokens, skip_special_tokens=True).strip()
         if not text:
-            writer.add(job.record(cut="empty_reply") if job.finish else
-                       job.record(dropped="empty_reply"))
+            writer.add(job.stopped("empty_reply"))
             return None
         job.messages = job.messages + job.steps[len(job.finish)] + [
             {"role": "assistant", "content": text}]
@@ -310,9 +313,8 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
 
     st = gen.run(first_turns(), done, params.temperature, params.top_p,
                  [tok.eos_token_id] if tok.eos_token_id is not None else [], bar)
-    for j in jobs:  # never started (the budget was over): every conversation ends in a record
-        if j.id not in started:
-            writer.add(j.record(dropped="time_budget"))
+    for j in jobs[started:]:  # never started (the budget was over): each ends in a record
+        writer.add(j.record(dropped="time_budget"))
     writer.flush()
     bar.close()
     return st

@@ -37,6 +37,7 @@ from runner.drafts.rules import chain_draft_tokens, default_aux_ids
 from runner.drafts.server import auto_speculative_params
 from runner.errors import InitError, TargetConfigError
 from runner.files import atomic_write, expand_path
+from runner.spec.geometry import draft_geometry
 from runner.target_config import chat_template_source, read_target_config
 
 LARGE_FEATURES = 200e9  # bytes of offline features above which the spec trains online
@@ -83,9 +84,7 @@ def build(target: str, data: str | None = None, name: str | None = None) -> tupl
     if L < 5:
         raise InitError(f"--target {target}: {L} layers; EAGLE-3 needs at least 5 (aux ids "
                         "[1, L//2-1, L-4] must be distinct).")
-    heads = cfg.get("num_attention_heads")
-    kv = cfg.get("num_key_value_heads") or heads
-    hd = cfg.get("head_dim") or (H // heads if heads else None)
+    geo, _problems = draft_geometry({}, cfg, H)  # the drafter's geometry = the target's
     ctx = cfg.get("max_position_embeddings")
     family = target_family(cfg)
     aux = default_aux_ids(cfg, family)
@@ -147,8 +146,9 @@ def build(target: str, data: str | None = None, name: str | None = None) -> tupl
         f"hidden_states {to_hf_indices(aux)}",
         f"  draft_vocab_size: {vd}     # most frequent assistant tokens of {V:,}: 32000 for "
         "V >= 100k, else 16000",
-        f"  # geometry = the target's: hidden {H}, {heads} heads, {kv} KV heads, head_dim {hd}, "
-        f"intermediate {cfg.get('intermediate_size')}",
+        f"  # geometry = the target's: hidden {H}, {geo['num_attention_heads']} heads, "
+        f"{geo['num_key_value_heads']} KV heads, head_dim {geo['head_dim']}, "
+        f"intermediate {geo['intermediate_size']}",
         f"  # -> fc [{H}, {AUX_COUNT * H}], lm_head [{vd}, {H}]; override any of them here",
         "data:",
     ]

@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from runner.errors import RunnerError, SpecError
 from runner.plan import build_plan
 from runner.spec.load import load_spec
-from runner.spec.schema import SlurmExecutor, Spec
+from runner.spec.schema import Spec
 
 MISSING = object()
 
