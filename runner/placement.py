@@ -33,7 +33,7 @@ from typing import Any
 
 from runner.errors import PlanError
 from runner.stages import stage_nproc
-from runner.target_size import DTYPE_BITS, activation_bytes, weight_bytes
+from runner.target_size import DTYPE_BITS, FUSED_ATTENTION, activation_bytes, weight_bytes
 
 USABLE = 0.95  # of a GPU's memory, for tensors (CUDA context and allocator slack take the rest)
 GIB = 2 ** 30
@@ -233,7 +233,7 @@ def stage_memory(spec, stage: str, cfg: dict | None) -> dict:
                activations_gib=act_b / GIB, drafter_gib=drafter / GIB)
     out["assumptions"] = (
         f"activations for {tokens:,} tokens at max_length {T:,}"
-        + ("" if t.attn_implementation in ("sdpa", "flash_attention_2") else
+        + ("" if t.attn_implementation in FUSED_ATTENTION else
            ", eager attention scores (declare target.attn_implementation sdpa to drop them)")
         + ("" if cfg else "; the target's heads and MLP from drafter.* (config.json not "
            "readable here)")

@@ -7,12 +7,13 @@ would break the `runner validate` < 2 s budget.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import os
 import re
 import struct
-from functools import lru_cache
+from functools import lru_cache, wraps
 from pathlib import Path
 
 from runner.errors import TargetConfigError
@@ -101,6 +102,29 @@ def _find_chat_template(path: Path) -> tuple[str | None, str, bool]:
     return None, f"{path}: not an HF folder or GGUF file", False
 
 
+def _memo(fn):
+    """`fn(path)` parsed once per process while the file is unchanged (keyed by path, size,
+    mtime and inode, as runner/plan.py's file hashes are): `runner plan` reads the target in
+    load_spec (geometry, chat template) and again for its memory check. Callers get a copy;
+    errors are not kept."""
+    done: dict = {}
+
+    @wraps(fn)
+    def read(path):
+        try:
+            st = os.stat(path)
+        except OSError:
+            return fn(path)  # it says why
+        key = (os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino)
+        if key not in done:
+            if len(done) >= 16:
+                done.clear()
+            done[key] = fn(path)
+        return copy.deepcopy(done[key])
+    return read
+
+
+@_memo
 def _read_json(p: Path) -> dict:
     try:
         cfg = json.loads(p.read_text(encoding="utf-8"))
@@ -156,6 +180,7 @@ def _read_value(f, vtype: int):
     raise TargetConfigError(f"unknown GGUF value type {vtype}")
 
 
+@_memo
 def read_gguf_metadata(path: Path) -> dict:
     """All GGUF header key/values; arrays are summarised as {"array_len": n}."""
     with open(path, "rb") as f:

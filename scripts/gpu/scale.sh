@@ -25,6 +25,8 @@ bring_back() {
 }
 trap bring_back EXIT
 apply() {  # apply [runner apply args...] within $LIMIT seconds; progress bars dropped
+  # (none left: skipped, since `timeout 0` would not limit it at all)
+  [ "$LIMIT" -gt 0 ] || { echo "runner apply $*: skipped, no time left of the phase"; return; }
   timeout --signal=INT "$LIMIT" python3 -m runner apply "$SPEC" -o "stages.train.kernels=$(cat ~/stage/train_kernels)" \
     $(cat ~/stage/extra_o 2>/dev/null) "$@" 2>&1 | tr '\r' '\n' | grep -v "it/s\]$\|tok/s\]$\|prompt/s\]$\|s/it\]$" | tail -40
 }
