@@ -114,3 +114,15 @@ def test_ctrl_c_while_starting_is_not_a_traceback(monkeypatch, capsys):
     assert cli.main(["validate", "x.yaml"]) == 130
     assert capsys.readouterr().err.strip() == "interrupted"
 
+
+
+def test_a_reader_that_leaves_gets_no_traceback():
+    """`runner plan --json | head -1`: the pipe's reader is gone before the plan is printed;
+    the CLI exits quietly (141, as a shell reports SIGPIPE) instead of a BrokenPipeError."""
+    p = subprocess.Popen([sys.executable, "-m", "runner", "plan",
+                          str(ROOT / "specs/smollm2-sharegpt.yaml"), "--json"],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # before the child (which needs ~1 s to import) writes anything
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err
