@@ -137,7 +137,8 @@ class Engine:
     1.79 ms fused vs 1.37 ms on the CUDA-graphed torch path); "triton" is an explicit opt-in.
 
     Compiled mode (jobs/engine_compile.py): the fixed-shape steps (module docstring: static
-    shapes) under torch.compile(fullgraph=True, dynamic=False), compiled once at construction;
+    shapes) under torch.compile(fullgraph=True, dynamic=False), compiled once per generate path on
+    its first use (baseline decode; the speculative steps), before the seal;
     `cuda_graph=True` on CUDA uses mode="reduce-overhead" (inductor + CUDA graphs) and is ignored
     on CPU; `compile_backend` ("eager", "aot_eager", "inductor") compiles on any device without
     CUDA graphs (tests), kernels "torch" only on CPU. Every generate runs under torch.compiler
@@ -206,7 +207,13 @@ class Engine:
             if drafter is not None:
                 static += [self.dk, self.dv] + list(self.rope or ())
             compile_steps(self.steps, self.hot, kw, static)
-            warm_up(self)
+        self._warm: set = set()  # the generate paths whose graphs are built (engine_compile)
+
+    def _ready(self, path: str) -> None:
+        """Build the graphs of generate path "baseline" or "spec" before its first (sealed) use."""
+        if self.compiled and path not in self._warm:
+            warm_up(self, path)
+            self._warm.add(path)
 
     def _sync(self):
         if self.device.type == "cuda":
@@ -229,8 +236,9 @@ class Engine:
         return sealed(self.compiled)
 
     def graph_counts(self) -> dict[str, int]:
-        """Compiled graphs per step (dynamo cache entries); 1 each after any number of generates
-        when shapes are static; {} when not compiled."""
+        """Compiled graphs per step (dynamo cache entries): 0 until the step's generate path
+        first runs (built then, `_ready`), 1 after any number of generates when shapes are
+        static; {} when not compiled."""
         return graph_counts(self.steps, self.hot) if self.compiled else {}
 
     # -- baseline: the same target, no drafter --
@@ -239,6 +247,7 @@ class Engine:
                           gen: Optional[torch.Generator] = None, stop_ids=()) -> tuple[list, Stats]:
         """ids [1, T] -> (new token ids, Stats). One decode step per token."""
         self._check_len(ids, max_new)
+        self._ready("baseline")
         st = Stats()
         self._sync()
         t0 = time.perf_counter()
@@ -277,6 +286,7 @@ class Engine:
             raise ValueError("temperature > 0 needs Engine(..., sampling=True): this compiled "
                              "engine has only the greedy draft graphs")
         self._check_len(ids, max_new)
+        self._ready("spec")
         st = Stats()
         self._sync()
         t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """How the embedded engine (jobs/engine.py) compiles its fixed-shape steps, and keeps them
 compiled: torch.compile options per device, private code objects per engine, the warm-up that
-builds every graph once with generate's own inputs, the "fail_on_recompile" seal, graph counts.
+builds a path's graphs once, on its first use, with generate's own inputs, the "fail_on_recompile" seal, graph counts.
 
 Modes (Engine `cuda_graph`, `compile_backend`): cuda_graph=True on CUDA -> mode="reduce-overhead"
 (inductor + CUDA graphs; the KV caches and RoPE tables are marked static addresses, written in
@@ -90,13 +90,19 @@ def graph_counts(steps: dict, hot: list[str]) -> dict[str, int]:
 
 
 @torch.inference_mode()
-def warm_up(e) -> None:
-    """Compile each step of Engine e once, with inputs built exactly as generate builds them.
-    Writes junk into cache rows 1..W+K, which a prefill or a later step rewrites before any
-    query reads."""
+def warm_up(e, path: str) -> None:
+    """Compile the steps one generate path of Engine e uses, once, with inputs built exactly as
+    that path builds them: path "baseline" (generate_baseline: decode) or "spec" (generate:
+    the chain's verify + greedy chain/round or sampling extend/step, or the tree's steps).
+    Compiling per path, on first use, keeps a bench's engines from building graphs they never
+    run (a baseline engine's verify, a drafter engine's decode: each a whole-target inductor
+    compile, ~40 s on the H200). Writes junk into cache rows 1..W+K, which a prefill or a later
+    step rewrites before any query reads."""
     K, dev, S, sl, kn, rope = e.K, e.device, e.steps, e.slots, e.kernels, e.rope
     tok = torch.zeros(1, dtype=torch.long, device=dev)
-    S["decode"](e.target, tok.view(1, 1), sl[1:1 + e.decode_rows], kn)
+    if path == "baseline":
+        S["decode"](e.target, tok.view(1, 1), sl[1:1 + e.decode_rows], kn)
+        return
     d = e.drafter
     if e.topk > 1:
         if d is not None:

@@ -8,6 +8,12 @@
                      with --cuda-graph), each answer exactly as long as HF's answer to that
                      prompt (its count to EOS; no stop ids), so both make the same tokens
            -> new tokens/s of each (useful tokens / wall seconds after a warm-up) and the ratio
+  step     no tokenizer or data (--random-target): --prompts random prompts of --prompt-len
+           ids, each answered with exactly --new tokens (no stop ids), through the Generator in
+           each sampling mode (greedy, sample, top_p: warm-up and compile timed apart), then HF
+           generate (dynamic cache, --hf-batch) on the same prompts and lengths; plus a
+           torch.profiler split of a short run (top kernels, GPU vs host time) and inductor's
+           counters (CUDA-graph skips, recompiles)
   e2e      jobs.regenerate.regenerate end to end: --synthetic prompts written by the target
            (Magpie) + --real ShareGPT conversations (every turn, --max-turns), answered on the
            engine, shards written -> seconds, tokens/s, conversations/s, output MB per 1k
@@ -25,6 +31,8 @@ the tokenizer is always SmolLM2's. Writes OUT.json and OUT.md.
   python scripts/bench_generate.py --random-target --geometry tiny --prompts 4 --new 8 \\
       --rows 2 --hf-batch 2 --mode both --synthetic 2 --synthetic-tokens 8 --real 2 \\
       --max-length 256                                              # CPU smoke
+  python scripts/bench_generate.py --mode step --random-target --prompts 1024 --rows 512 \
+      --prompt-len 128 --new 256 --hf-batch 512 --cuda-graph --out bench_step  # no assets
 """
 
 from __future__ import annotations
@@ -46,11 +54,13 @@ def load(a):
     """(HF model, tokenizer) per the flags; the tokenizer is the fetched SmolLM2's."""
     from jobs.target import load_target, load_tokenizer
     from runner.assets import asset_path
+    if a.mode == "step" and not a.random_target:
+        raise SystemExit("--mode step needs --random-target (random prompts, no tokenizer)")
     if not a.random_target:
         hf, tok, _ = load_target(a.target or asset_path("smollm2"), device=a.device, dtype=a.dtype)
         return hf, tok
     from bench_engine import random_smollm2
-    tok = load_tokenizer(asset_path("smollm2"))
+    tok = None if a.mode == "step" else load_tokenizer(asset_path("smollm2"))
     if a.geometry == "smollm2":
         return random_smollm2(a.device, a.dtype)[0], tok
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -116,6 +126,68 @@ def compare(a, hf, tok, target) -> dict:
             "ratio": eng_tps / hf_tps}
 
 
+def step(a, hf, target) -> dict:
+    """--mode step: the Generator's throughput per sampling mode and HF generate's, on the same
+    random prompts and lengths (every answer exactly --new tokens), a profiler split, counters."""
+    from torch._dynamo.utils import counters
+    from jobs.generate import Generator, Request
+    dev = target.lm_head.weight.device
+    g = torch.Generator().manual_seed(0)
+    V = target.config.vocab_size
+    ids = [torch.randint(0, V, (a.prompt_len,), generator=g).tolist() for _ in range(a.prompts)]
+    gen = Generator(target, rows=a.rows, max_seq=a.prompt_len + a.new + 1, max_new=a.new,
+                    cuda_graph=a.cuda_graph, sync_every=a.sync_every, kernels=a.kernels)
+    res = {"prompts": a.prompts, "prompt_len": a.prompt_len, "new": a.new, "rows": a.rows}
+    modes = {"greedy": (0.0, 1.0), "sample": (1.0, 1.0), "top_p": (1.0, 0.95)}
+    for mode, (temp, top_p) in {m: modes[m] for m in a.modes.split(",")}.items():
+        t0 = time.perf_counter()  # warm-up: compile + one CUDA graph per kv_len bucket
+        gen.run([Request(("w", i), ids[i], a.new, i) for i in range(min(64, len(ids)))],
+                lambda r: None, temp, top_p)
+        sync(dev)
+        warm = time.perf_counter() - t0
+        st = gen.run([Request(i, x, a.new, i) for i, x in enumerate(ids)], lambda r: None,
+                     temp, top_p)
+        res[mode] = {"warm_s": warm, "seconds": st["seconds"], "tokens": st["new_tokens"],
+                     "tok_s": st["new_tokens"] / st["seconds"], "steps": st["steps"],
+                     "ms_per_step": 1e3 * st["seconds"] / max(st["steps"], 1),
+                     "prefills": st["prefills"], "kv_lens": st["kv_lens"]}
+        print(mode, {k: v for k, v in res[mode].items() if k != "kv_lens"}, flush=True)
+    res["graphs"] = gen.graph_counts()
+    if dev.type == "cuda":  # where a greedy run's time goes
+        from torch.profiler import ProfilerActivity, profile
+        reqs = [Request(("p", i), ids[i], min(32, a.new), i) for i in range(min(a.rows, a.prompts))]
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            st = gen.run(reqs, lambda r: None)
+            wall = time.perf_counter() - t0
+        ev = prof.key_averages()
+        cuda = lambda e: getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0)  # noqa: E731
+        kern = sorted((e for e in ev if cuda(e) > 0 and e.device_type.name == "CUDA"),
+                      key=cuda, reverse=True)
+        res["profile"] = {"wall_s": wall, "steps": st["steps"],
+                          "gpu_s": sum(cuda(e) for e in kern) / 1e6,
+                          "top": [(e.key[:90], e.count, round(cuda(e) / 1e3, 2)) for e in kern[:15]]}
+        print("profile", json.dumps(res["profile"], indent=0), flush=True)
+    res["counters"] = {k: dict(v) for k, v in counters.items() if k in ("inductor", "stats")}
+    if hf is not None and a.hf_batch > 0:
+        x = torch.tensor(ids, device=dev)
+        hf.generate(input_ids=x[:2, :8], max_new_tokens=4, do_sample=False, pad_token_id=0)
+        sync(dev)
+        t0, n = time.perf_counter(), 0
+        for b in range(0, len(ids), a.hf_batch):
+            xb = x[b:b + a.hf_batch]
+            o = hf.generate(input_ids=xb, attention_mask=torch.ones_like(xb), do_sample=False,
+                            max_new_tokens=a.new, min_new_tokens=a.new, pad_token_id=0)
+            n += (o.shape[1] - xb.shape[1]) * xb.shape[0]
+        sync(dev)
+        s = time.perf_counter() - t0
+        res["hf"] = {"tokens": n, "seconds": s, "tok_s": n / s}
+        if "greedy" in res:
+            res["ratio_greedy"] = res["greedy"]["tok_s"] / res["hf"]["tok_s"]
+        print("hf", res["hf"], "ratio", res.get("ratio_greedy"), flush=True)
+    return res
+
+
 def e2e(a, tok, target) -> dict:
     """regenerate() over --real ShareGPT + --synthetic conversations into a temp dir."""
     from types import SimpleNamespace
@@ -144,13 +216,15 @@ def e2e(a, tok, target) -> dict:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--mode", choices=["compare", "e2e", "both"], default="compare")
+    ap.add_argument("--mode", choices=["compare", "e2e", "both", "step"], default="compare")
     ap.add_argument("--target", default=None, help="HF folder or .gguf (default: fetched SmolLM2)")
     ap.add_argument("--random-target", action="store_true", help="random weights, SmolLM2 geometry")
     ap.add_argument("--geometry", choices=["smollm2", "tiny"], default="smollm2")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--prompts", type=int, default=64, help="compare: ShareGPT first turns")
+    ap.add_argument("--modes", default="greedy,sample,top_p", help="step: sampling modes")
+    ap.add_argument("--prompt-len", type=int, default=128, help="step: prompt ids per prompt")
     ap.add_argument("--new", type=int, default=256, help="max new tokens per answer")
     ap.add_argument("--rows", type=int, default=256, help="engine rows in flight")
     ap.add_argument("--hf-batch", type=int, default=512, help="HF generate batch size")
@@ -175,6 +249,8 @@ def main(argv=None):
            "dtype": str(next(hf.parameters()).dtype), "cuda_graph": a.cuda_graph,
            "kernels": a.kernels,
            "random_target": a.random_target, "geometry": a.geometry, "args": vars(a)}
+    if a.mode == "step":
+        res["step"] = step(a, hf, target)
     if a.mode in ("compare", "both"):
         res["compare"] = compare(a, hf, tok, target)
     if a.mode in ("e2e", "both"):
@@ -184,6 +260,19 @@ def main(argv=None):
     out.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str))
     md = [f"# bench_generate ({res['device']}, {res['dtype']}, cuda_graph {a.cuda_graph}, "
           f"kernels {a.kernels})", ""]
+    if "step" in res:
+        c = res["step"]
+        md += [f"step: {c['prompts']} random prompts of {c['prompt_len']} ids, {c['new']} new "
+               f"tokens each, {c['rows']} rows", "",
+               "| path | warm-up s | seconds | new tok/s | ms/step |", "|---|---|---|---|---|"]
+        md += [f"| Generator {m} | {c[m]['warm_s']:.1f} | {c[m]['seconds']:.2f} | "
+               f"{c[m]['tok_s']:.0f} | {c[m]['ms_per_step']:.2f} |"
+               for m in ("greedy", "sample", "top_p") if m in c]
+        if "ratio_greedy" in c:
+            md += [f"| HF generate (batch {a.hf_batch}) | | {c['hf']['seconds']:.2f} | "
+                   f"{c['hf']['tok_s']:.0f} | |", "",
+                   f"ratio Generator greedy / HF: **{c['ratio_greedy']:.2f}x**"]
+        md.append("")
     if "compare" in res:
         c = res["compare"]
         md += ["| path | batch | new tokens | seconds | new tok/s |", "|---|---|---|---|---|",

@@ -250,7 +250,9 @@ def test_compiled_steps_stay_static_under_varying_accept_lengths(tmp_path, mode)
     kw["width"] = K + 2
     e = Engine(t, d, num_steps=K, max_seq=128, **kw)
     greedy_graphs = dict(decode=1, verify=1, chain=1, round=1)
-    assert e.compiled and e.graph_counts() == greedy_graphs
+    # nothing is built before its generate path first runs (a bench engine never pays for a
+    # graph it does not use)
+    assert e.compiled and e.graph_counts() == dict.fromkeys(greedy_graphs, 0)
     accepted, g = set(), torch.Generator().manual_seed(0)
     for p in range(10):
         ids = torch.randint(0, 64, (1, 4 + p), generator=g).to(dev)
@@ -280,7 +282,7 @@ def test_compiled_steps_stay_static_under_varying_accept_lengths(tmp_path, mode)
         ids = torch.randint(0, 64, (1, 5 + p), generator=g).to(dev)
         assert es.generate(ids, 30)[0] == eager.generate_baseline(ids, 30)[0]
         es.generate(ids, 12, temperature=1.0, gen=torch.Generator(dev).manual_seed(p))
-    assert es.graph_counts() == dict(decode=1, verify=1, extend=1, step=1)
+    assert es.graph_counts() == dict(decode=0, verify=1, extend=1, step=1)  # no baseline run
     # a new shape after warm-up raises instead of silently recompiling or falling back
     with pytest.raises(RuntimeError, match="new input shape"), torch.inference_mode():
         with e._sealed():

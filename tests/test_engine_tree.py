@@ -297,7 +297,7 @@ def test_compiled_tree_steps_stay_static(tmp_path, mode):
     e = Engine(t, d, num_steps=K, eagle_topk=k, num_draft_tokens=N, max_seq=128, width=N + 1,
                sampling=True, **kw)
     graphs = dict(decode=1, tree=1, tree_round=1, tree_verify=1, tree_verify_sample=1)
-    assert e.graph_counts() == graphs
+    assert e.graph_counts() == dict.fromkeys(graphs, 0)  # built on first use
     accepted, g = set(), torch.Generator().manual_seed(0)
     for p in range(6):
         ids = torch.randint(0, 64, (1, 4 + p), generator=g).to(dev)
