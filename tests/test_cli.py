@@ -1,11 +1,13 @@
 """The `runner` CLI: help with examples, exit codes, errors on stderr without tracebacks, and
 `validate`/`plan` never importing torch."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from runner.cli import build_parser, main
 
@@ -93,6 +95,11 @@ print('HEAVY', heavy, 'RC', rc, file=sys.stderr)
 @pytest.mark.parametrize("spec", SPECS, ids=[p.name for p in SPECS])
 def test_validate_and_plan_do_not_import_torch(cmd, spec, tmp_path):
     args = [cmd, str(spec.relative_to(ROOT)), "-o", f"work_dir={tmp_path}/w"]
+    if (yaml.safe_load(spec.read_text()).get("data") or {}).get("path"):  # a file made on a GPU
+        f = tmp_path / "chats.jsonl"  # (the brought-back regeneration): plan checks it exists
+        f.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"},
+                                              {"role": "assistant", "content": "Hello!"}]}) + "\n")
+        args += ["-o", f"data.path={f}"]
     r = subprocess.run([sys.executable, "-c", NO_TORCH, *args], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert "HEAVY [] RC 0" in r.stderr, r.stderr
