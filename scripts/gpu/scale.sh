@@ -13,6 +13,9 @@
 # every phase passes the same ones: a stage computed in one call is up to date in the next.
 source scripts/gpu/setup.sh
 mkdir -p "$OUT/r"
+if [ -f ~/stage/regenerated.jsonl.gz ] && [ ! -f "$EAGLE3_CACHE/regen/regenerated.jsonl.gz" ]; then
+  mkdir -p "$EAGLE3_CACHE/regen" && cp ~/stage/regenerated.jsonl.gz "$EAGLE3_CACHE/regen/"  # the
+fi  # brought-back conversations of specs/smollm2-scale-gpu-trained.yaml (DEVELOPERS.md)
 SPEC=${SPEC:-specs/smollm2-scale-gpu.yaml}
 W=runs/$(basename "$SPEC" .yaml)
 RES=$(python3 -c "import yaml; print(yaml.safe_load(open('$SPEC'))['results']['path'].replace('../', ''))")
