@@ -1,6 +1,7 @@
 """How the embedded engine (jobs/engine.py) compiles its fixed-shape steps, and keeps them
 compiled: torch.compile options per device, private code objects per engine, the warm-up that
-builds a path's graphs once, on its first use, with generate's own inputs, the "fail_on_recompile" seal, graph counts.
+builds a generate path's graphs once, on its first use, with generate's own inputs, the
+"fail_on_recompile" seal, graph counts.
 
 Modes (Engine `cuda_graph`, `compile_backend`): cuda_graph=True on CUDA -> mode="reduce-overhead"
 (inductor + CUDA graphs; the KV caches and RoPE tables are marked static addresses, written in

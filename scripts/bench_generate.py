@@ -31,7 +31,7 @@ the tokenizer is always SmolLM2's. Writes OUT.json and OUT.md.
   python scripts/bench_generate.py --random-target --geometry tiny --prompts 4 --new 8 \\
       --rows 2 --hf-batch 2 --mode both --synthetic 2 --synthetic-tokens 8 --real 2 \\
       --max-length 256                                              # CPU smoke
-  python scripts/bench_generate.py --mode step --random-target --prompts 1024 --rows 512 \
+  python scripts/bench_generate.py --mode step --random-target --prompts 1024 --rows 512 \\
       --prompt-len 128 --new 256 --hf-batch 512 --cuda-graph --out bench_step  # no assets
 """
 
