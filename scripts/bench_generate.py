@@ -240,6 +240,9 @@ def main(argv=None):
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--out", default="bench_generate")
     a = ap.parse_args(argv)
+    bad = set(a.modes.split(",")) - {"greedy", "sample", "top_p"}
+    if bad:
+        ap.error(f"--modes: unknown {sorted(bad)}; use a comma list of greedy, sample, top_p")
     torch.set_num_threads(min(torch.get_num_threads(), 16))
     from jobs.llama import from_hf_model
     hf, tok = load(a)

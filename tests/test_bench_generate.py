@@ -22,3 +22,14 @@ def test_bench_generate_tiny_cpu(tmp_path, sharegpt_path, smollm2_path):
     assert e["conversations"] >= 2 and e["seconds"] > 0 and e["mb_per_1k_conversations"] > 0
     assert json.loads(out.with_suffix(".json").read_text())["compare"]["prompts"] == 3
     assert "ratio engine / HF" in out.with_suffix(".md").read_text()
+
+
+def test_step_mode_refuses_an_unknown_sampling_mode(capsys):
+    """--modes with a typo is a usage error naming the flag (it was a KeyError traceback after
+    the model was built)."""
+    import pytest
+
+    import bench_generate
+    with pytest.raises(SystemExit) as e:
+        bench_generate.main(["--mode", "step", "--random-target", "--modes", "greedy,fast"])
+    assert e.value.code == 2 and "--modes: unknown ['fast']" in capsys.readouterr().err
