@@ -13,6 +13,10 @@ row's bits do not depend on the row count), W is None and one pass serves both; 
 torch path the bench runs both passes (on the H200 an 8-row decode step cost 2.53 ms against
 2.05 ms for 1 row, so timing the W-row pass would inflate every speedup by ~24%).
 
+A temperature-0 prompt that is not lossless gets one more plain target forward (divergence): where
+its tokens first leave the baseline's and the target's own top1 - top2 logit gap there, so the
+summary tells bf16 near-ties from bugs (jobs.bench_results.lossless_verdict, NEAR_TIE).
+
 backend: embedded = jobs.engine (chains and trees: every configuration of stages.bench.configs,
 each engine verifying its num_draft_tokens; stages.bench.kernels, resolved once for all engines by
 jobs.engine.engine_kernels, recorded in every row); sglang = jobs.sglang_backend.
@@ -25,8 +29,8 @@ import statistics
 import time
 from pathlib import Path
 
-from jobs.bench_results import (config_fields, explain, prompt_row, save_results, summary_row,
-                                train_samples)
+from jobs.bench_results import (config_fields, explain, first_divergence, prompt_row,
+                                save_results, summary_row, train_samples)
 from runner.errors import StageError
 from runner.stage import StageContext
 
@@ -68,12 +72,34 @@ def summarize(cfg: dict, rows: list[dict], base: list[dict]) -> dict:
     _, be, text = explain(tau, K, dms, vms, oms, base_ms)
     text = (f"{'tree' if k > 1 else 'chain'} {K}/{k}/{N} (num_steps/eagle_topk/num_draft_tokens)"
             f", kernels {kn}: " + text)
-    lossless = None if rows[0]["lossless"] is None else all(r["lossless"] for r in rows)
     text += (f" Measured end to end (prefill and first token included): {spec_tok_s:.1f} vs "
              f"{base_tok_s:.1f} tok/s = {spec_tok_s / base_tok_s:.2f}x.")
-    return summary_row(cfg, len(rows), tau, spec_tok_s, base_tok_s, lossless, be, text,
+    return summary_row(cfg, rows, tau, spec_tok_s, base_tok_s, be, text,
                        accept_per_pos=json.dumps(per_pos), draft_ms_per_round=dms,
                        verify_ms_per_round=vms, other_ms_per_round=oms)
+
+
+def divergence(target, ids, spec: list[int], base: list[int]) -> dict | None:
+    """Where greedy speculative tokens `spec` first differ from the baseline's `base` (new token
+    ids, after prompt ids [1, T]) and how close the target's own choice was there: ONE plain
+    forward of the target (jobs.engine_steps.prefill: eager Llama.forward, float32 logits) over
+    prompt + the common prefix base[:k], logits [V] at its last position. It writes cache slots
+    0..T+k-1, which the next generate's prefill overwrites; the target's cache must hold T+k
+    (Llama.setup_cache; the bench's engines size it for T + max_new).
+    Returns None when spec == base, else the bench_results.NO_DIVERGENCE keys: diverge_at = k,
+    diverge_margin = top1 - top2 logit (float32, >= 0), diverge_runner_up = spec[k] is the
+    target's 2nd-ranked token (None when spec ends at k)."""
+    import torch
+    from jobs.engine_steps import prefill
+    k = first_divergence(spec, base)
+    if k is None:
+        return None
+    x = torch.cat([ids, ids.new_tensor([base[:k]])], dim=1)  # [1, T + k]
+    with torch.inference_mode():
+        logits, _ = prefill(target, x)  # [1, 1, V]
+    top = logits[0, -1].topk(2)
+    return dict(diverge_at=k, diverge_margin=float(top.values[0] - top.values[1]),
+                diverge_runner_up=int(top.indices[1]) == spec[k] if k < len(spec) else None)
 
 
 def baseline_pass(engine, prompts: list, max_new: int, p, stop: tuple, desc: str) -> dict:
@@ -178,10 +204,11 @@ def run(ctx: StageContext) -> dict:
                         g = torch.Generator(device=device).manual_seed(p.seed)
                         toks, st = e.generate(ids, max_new, p.temperature, g, stop)
                         b = base[pid]
+                        same = (toks == b["tokens"]) if p.temperature == 0 else None
                         rows.append(prompt_row(
                             cfg, pid, st.tau, st.new_tokens, st.rounds, st.new_tokens / st.total_s,
-                            b["new_tokens"] / b["total_s"],
-                            (toks == b["tokens"]) if p.temperature == 0 else None,
+                            b["new_tokens"] / b["total_s"], same,
+                            divergence(target, ids, toks, b["tokens"]) if same is False else None,
                             accept_per_pos=json.dumps(st.accept_per_pos(c.num_steps)),
                             draft_s=st.draft_s, verify_s=st.verify_s,
                             other_s=st.total_s - st.draft_s - st.verify_s,

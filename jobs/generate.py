@@ -96,17 +96,22 @@ def gumbel(seed: torch.Tensor, step: torch.Tensor, vhash: torch.Tensor) -> torch
 
 def pick(logits: torch.Tensor, mode: str, temperature: torch.Tensor, top_p: torch.Tensor,
          seed: torch.Tensor, step: torch.Tensor, vhash: torch.Tensor) -> torch.Tensor:
-    """logits [R, V] float32 -> tokens [R]. mode "greedy" (argmax), "sample" (softmax at
-    temperature [1]) or "top_p" (nucleus: the smallest set of tokens whose mass reaches top_p [1],
-    as HF's TopPLogitsWarper). Sampling is Gumbel-max: argmax(logits / T + G)."""
-    if mode == "greedy":
-        return logits.argmax(-1)
-    z = logits / temperature
-    if mode == "top_p":
-        srt, idx = z.sort(-1, descending=True)
-        p = srt.softmax(-1)
-        drop = (p.cumsum(-1) - p) >= top_p  # the mass before this token already reaches top_p
-        z = z.masked_fill(torch.zeros_like(drop).scatter(-1, idx, drop), float("-inf"))
+    """logits [R, V] float32 -> tokens [R]. Raises ValueError for another mode. mode "sample": softmax at temperature [1], and the
+    plain argmax when temperature is 0 (greedy and sampled runs share ONE compiled graph: on the
+    H200 a sampled step cost the same as a greedy one, 9.04 vs 9.11 ms at 512 rows, and each
+    graph ~40 s to compile); "top_p" (temperature > 0; nucleus: the smallest set of tokens whose
+    mass reaches top_p [1], as HF's TopPLogitsWarper). Sampling is Gumbel-max:
+    argmax(logits / T + G)."""
+    z = logits / temperature.clamp_min(1e-6)
+    if mode == "sample":
+        return torch.where(temperature > 0, (z + gumbel(seed, step, vhash)).argmax(-1),
+                           logits.argmax(-1))
+    if mode != "top_p":
+        raise ValueError(f"pick: mode {mode!r}; expected 'sample' or 'top_p'")
+    srt, idx = z.sort(-1, descending=True)
+    p = srt.softmax(-1)
+    drop = (p.cumsum(-1) - p) >= top_p  # the mass before this token already reaches top_p
+    z = z.masked_fill(torch.zeros_like(drop).scatter(-1, idx, drop), float("-inf"))
     return (z + gumbel(seed, step, vhash)).argmax(-1)
 
 
@@ -213,7 +218,8 @@ class Generator:
         self.step = self.steps["decode"]
 
     def graph_counts(self) -> int:
-        """Compiled graphs of the decode step (dynamo cache entries): 1 per sampling mode used,
+        """Compiled graphs of the decode step (dynamo cache entries): 1 for greedy and sampled
+        runs together, 1 more once a top-p run is made,
         whatever the kv_len buckets; 0 when not compiled."""
         return graph_counts(self.steps, ["decode"])["decode"] if self.compiled else 0
 
@@ -277,10 +283,10 @@ class Generator:
         Generator's, or more than MAX_STOP stop ids."""
         if len(stop_ids) > MAX_STOP:
             raise ValueError(f"stop_ids: at most {MAX_STOP}, got {list(stop_ids)}")
-        mode = "greedy" if temperature <= 0 else ("top_p" if top_p < 1 else "sample")
+        mode = "top_p" if temperature > 0 and top_p < 1 else "sample"  # greedy: "sample" at T 0
         self.stop_ids.fill_(-1)
         self.stop_ids[:len(stop_ids)] = torch.tensor(list(stop_ids), dtype=torch.long)
-        self.temperature.fill_(max(temperature, 1e-6))
+        self.temperature.fill_(max(temperature, 0.0))
         self.top_p.fill_(top_p)
         self.done.fill_(True)
         self.pos.zero_()

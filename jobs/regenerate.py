@@ -26,10 +26,11 @@ when that is its first turn), or where the target answers with nothing; counted.
 (jobs/regen_store.py): gzip JSONL shards, atomic, resumed after a kill without duplicates or
 losses; the extract stage reads them with regen_store.read_conversations.
 
-A time budget (`max_minutes`, over synthesis, which may take at most half of it, and answering
-together; it starts after the decode step is compiled, `warmup_seconds`): once it has passed,
-no new
-generation request starts; a conversation in flight keeps the turns answered (the rest cut,
+A time budget (`max_minutes`, over synthesis and answering together; it starts after the decode
+step is compiled, `warmup_seconds`): synthesis gets the share of it that its prompts cost
+(synthesis_share: the estimated tokens of writing them over those of writing them and answering
+every turn, real and synthetic; at most half), so it never writes prompts the answers cannot
+reach; once the budget has passed, no new generation request starts; a conversation in flight keeps the turns answered (the rest cut,
 `cut_time_budget`) and one never started ends as a dropped record (`dropped_time_budget`). With
 a budget the conversations start in a seeded shuffled order (real and synthetic mixed), so what
 fits is a uniform sample of the data; without one, the longest start first (no long tail).
@@ -37,6 +38,7 @@ fits is a uniform sample of the data; without one, the longest start first (no l
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -136,6 +138,24 @@ def make_generator(target, params, max_length: int, compile_backend=None) -> Gen
                      kernels=params.kernels)
 
 
+# Estimates for synthesis_share (the 2026-12-02 H200 scale run, BENCHMARKS.md: answers averaged
+# 199 of 256 tokens, synthetic candidates 56 of 128, and 79% of candidates were kept)
+ANSWER_FILL, CANDIDATE_FILL, KEEP_RATE = 0.8, 0.45, 0.8
+
+
+def synthesis_share(n_prompts: int, real_turns: int, params) -> float:
+    """The fraction of a time budget that synthesis gets: its estimated tokens
+    (n_prompts / KEEP_RATE candidates of CANDIDATE_FILL * synthetic_max_tokens) over those plus
+    the answers' ((real_turns + n_prompts) * ANSWER_FILL * max_new_tokens), within [0.02, 0.5].
+    Generation runs at about the same tokens/s whatever it writes, so time follows tokens: the
+    synthetic prompts written are about the share of all the work that the budget reaches, and
+    the answers reach them. (Before: a fixed half, and on the H200 87,900 candidates were written
+    for the 6,344 answered.)"""
+    s = n_prompts / KEEP_RATE * CANDIDATE_FILL * params.synthetic_max_tokens
+    a = (real_turns + n_prompts) * ANSWER_FILL * params.max_new_tokens
+    return min(0.5, max(0.02, s / max(s + a, 1.0)))
+
+
 class Budget:
     """The stage's time budget: `over()` is True once `minutes` have passed since it was made
     (never when minutes is None). clock: seconds (time.monotonic; a test passes its own)."""
@@ -158,8 +178,8 @@ class Budget:
 
 def warm_up(gen: Generator, tok, params) -> float:
     """Compile the decode step before any budget starts: one short request in each sampling mode
-    the stage uses (the synthetic prompts' and the answers'; torch.compile builds one graph per
-    mode; on the H200 with torch 2.11 a bench engine of SmolLM2 took 55-165 s to build and
+    the stage uses (the synthetic prompts' and the answers'; greedy and sampled share a graph,
+    top-p has its own; on the H200 with torch 2.11 a bench engine of SmolLM2 took 55-165 s to build and
     warm, and the 2026-12-02 scale run's regeneration, both compiles inside its 3.5-minute
     budget, averaged 8.8k tok/s). Returns the seconds it took."""
     from jobs.prompts import render
@@ -191,8 +211,8 @@ def synthesize(gen: Generator, tok, params, guard, progress=True,
         n = min(math.ceil((want - len(kept)) / max(rate, 0.05) * 1.2) + 8, 20 * want)
         first = len(cands)
         reqs = (Request(i, prefix, params.synthetic_max_tokens,
-                        seed_of(params.seed, "syn-candidate", i)) for i in range(first, first + n)
-                if not budget.over())
+                        seed_of(params.seed, "syn-candidate", i)) for i in
+                itertools.takewhile(lambda _: not budget.over(), range(first, first + n)))
 
         def done(r):
             cands.append((r.key, tok.decode(r.tokens, skip_special_tokens=True).strip(),
@@ -361,6 +381,7 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
     gen = make_generator(target, params, max_length, compile_backend)
     warm_s = warm_up(gen, tok, params)
     budget = Budget(params.max_minutes, clock)  # generation time: the compile is not in it
+    jobs, pre = real_conversations(convs, params, guard)
     syn, kept, syn_path = None, [], out_dir / SYNTHETIC
     if params.synthetic_prompts:
         if syn_path.is_file():  # a resumed run: the prompts were written before answering
@@ -368,11 +389,12 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
             syn = {**recs[0]["meta"], "tokens": 0, "seconds": 0.0, "resumed": True}
             kept = [(r["index"], r["content"]) for r in recs[1:]]
         else:
-            # at most half the budget: answering always gets the other half
-            kept, syn = synthesize(gen, tok, params, guard, progress, budget.share(0.5))
+            share = synthesis_share(params.synthetic_prompts, sum(len(j.steps) for j in jobs),
+                                    params)
+            kept, syn = synthesize(gen, tok, params, guard, progress, budget.share(share))
+            syn["budget_share"] = share
             write_gz_jsonl(syn_path, [{"meta": syn}] +
                            [{"index": i, "content": t} for i, t in kept])
-    jobs, pre = real_conversations(convs, params, guard)
     jobs += [Conv(f"syn-{i:06d}", "synthetic", i, [[{"role": "user", "content": t}]], [])
              for i, t in kept]
     writer = ShardWriter(out_dir, params.shard_conversations)
@@ -399,6 +421,7 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
     m["output_bytes"] = (writer.bytes, "B")
     if syn:
         m["synthetic_candidates"] = syn["candidates"]
+        m["synthetic_budget_share"] = syn.get("budget_share", 0.5)
         m["synthetic_prompt_tokens"] = (syn.get("tokens", 0), "tok")
     return m
 

@@ -227,25 +227,24 @@ def run_bench(ctx, export_dir: Path) -> dict:
                         mi, bi = r["meta_info"], b["meta_info"]
                         lossless = (r.get("output_ids", r.get("text")) ==
                                     b.get("output_ids", b.get("text"))) if p.temperature == 0 else None
-                        rows.append(prompt_row(
+                        rows.append(prompt_row(  # no target forward: divergence NULLs
                             cfg, pid, tau_from_meta([mi]), mi["completion_tokens"],
                             mi["spec_verify_ct"], mi["completion_tokens"] / dt,
-                            bi["completion_tokens"] / bdt, lossless, _dt=dt, _bdt=bdt,
+                            bi["completion_tokens"] / bdt, lossless, None, _dt=dt, _bdt=bdt,
                             _btoks=bi["completion_tokens"]))
                     toks = sum(r["new_tokens"] for r in rows)
                     tau = toks / max(sum(r["verify_ct"] for r in rows), 1)
                     spec_tps = toks / sum(r["_dt"] for r in rows)
                     base_tps = sum(r["_btoks"] for r in rows) / sum(r["_bdt"] for r in rows)
-                    lossless = None if p.temperature else all(r["lossless"] for r in rows)
                     sp = spec_tps / base_tps
                     text = (f"sglang: tau {tau:.2f} (meta_info); decode-log accept len median "
                             f"{statistics.median(log_taus):.2f} over {len(log_taus)} lines; "
                             if log_taus else f"sglang: tau {tau:.2f}; no decode-log accept "
                             "len lines; ")
                     text += (f"{spec_tps:.1f} tok/s vs baseline {base_tps:.1f} tok/s -> {sp:.2f}x"
-                             f"; break-even tau = tau / speedup = {tau / sp:.2f}")
-                    summaries.append(summary_row(cfg, len(rows), tau, spec_tps, base_tps,
-                                                 lossless, tau / sp, text))
+                             f"; break-even tau = tau / speedup = {tau / sp:.2f}.")
+                    summaries.append(summary_row(cfg, rows, tau, spec_tps, base_tps, tau / sp,
+                                                 text))
                     rows_all += rows
     save_results(ctx, rows_all, summaries)
     return {"tau": statistics.mean(s["tau"] for s in summaries),

@@ -42,7 +42,8 @@ SCHEMA = {
         train_samples BIGINT, tau DOUBLE, mean_accepted DOUBLE, accept_rate DOUBLE,
         accept_per_pos VARCHAR, new_tokens BIGINT, verify_ct BIGINT, spec_tok_s DOUBLE,
         base_tok_s DOUBLE, speedup DOUBLE, draft_s DOUBLE, verify_s DOUBLE, other_s DOUBLE,
-        lossless BOOLEAN, flags VARCHAR, kernels VARCHAR""",
+        lossless BOOLEAN, flags VARCHAR, kernels VARCHAR, diverge_at INTEGER,
+        diverge_margin DOUBLE, diverge_runner_up BOOLEAN""",
     "bench_summary": """run_id VARCHAR, variant VARCHAR, config_id VARCHAR, backend VARCHAR,
         prompt_set VARCHAR, num_steps INTEGER, eagle_topk INTEGER, num_draft_tokens INTEGER,
         cuda_graph BOOLEAN, max_new_tokens INTEGER, temperature DOUBLE, train_samples BIGINT,
@@ -50,7 +51,7 @@ SCHEMA = {
         accept_per_pos VARCHAR, spec_tok_s DOUBLE, base_tok_s DOUBLE, speedup DOUBLE,
         draft_ms_per_round DOUBLE, verify_ms_per_round DOUBLE, other_ms_per_round DOUBLE,
         base_ms_per_token DOUBLE, break_even_tau DOUBLE, lossless BOOLEAN, flags VARCHAR,
-        explanation VARCHAR, kernels VARCHAR""",
+        explanation VARCHAR, kernels VARCHAR, lossless_prompts INTEGER""",
 }
 
 

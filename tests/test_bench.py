@@ -14,7 +14,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from engine_helpers import export_drafter  # noqa: E402
 
 from jobs.bench import check_backend  # noqa: E402
-from jobs.bench_results import explain, flags_for  # noqa: E402
+from jobs.bench_results import (NEAR_TIE, config_fields, explain, flags_for,  # noqa: E402
+                                prompt_row, summary_row)
 from runner.errors import StageError  # noqa: E402
 
 
@@ -221,3 +222,152 @@ def test_both_backends_record_the_same_rows_and_train_samples(smollm2_path, tmp_
     _, rows = Store(tmp_path / "r.duckdb").query(
         "SELECT run_id, train_samples, count(*) FROM bench_summary GROUP BY 1, 2 ORDER BY 1")
     assert rows == [("embedded", 123, 1), ("sglang", 123, 1)]  # every row landed in DuckDB
+
+
+# ----------------------------------------------------------------------------------------------
+# "lossless": where a temperature-0 output leaves the baseline, near-tie or bug
+
+def test_divergence_is_the_first_differing_token_and_the_targets_own_margin():
+    """Two token lists that differ first at index k: diverge_at = k, and the margin = top1 - top2
+    of the logits of HF's own forward over prompt + the common prefix (an independent forward);
+    the runner-up flag holds for the 2nd-ranked token only."""
+    import torch
+    from engine_helpers import tiny_hf_llama
+    from jobs.bench import divergence
+    from jobs.llama import from_hf_model
+    hf = tiny_hf_llama()
+    target = from_hf_model(hf)
+    target.setup_cache(1, 64)
+    ids = torch.tensor([[5, 17, 3, 42, 9]])
+    base = [7, 11, 13, 19, 23, 29]
+    for k in (0, 3):
+        with torch.no_grad():
+            ref = hf(torch.cat([ids, torch.tensor([base[:k]], dtype=torch.long)], 1)).logits[0, -1]
+        top = ref.topk(3)
+        want = float(top.values[0] - top.values[1])
+        for tok, runner_up in ((int(top.indices[1]), True), (int(top.indices[2]), False)):
+            spec = base[:k] + [tok] + base[k + 1:]
+            assert spec != base  # the hand-made lists really differ at k
+            d = divergence(target, ids, spec, base)
+            assert d["diverge_at"] == k
+            assert d["diverge_margin"] == pytest.approx(want, abs=1e-4) and want > 0
+            assert d["diverge_runner_up"] is runner_up
+    assert divergence(target, ids, base, base) is None  # lossless: no forward, NULLs
+    assert divergence(target, ids, base[:4], base)["diverge_runner_up"] is None  # spec ended
+
+
+class _Cfg:
+    num_steps, eagle_topk, draft_tokens = 4, 4, 8
+
+
+def _rows(margins, temperature=0.0):
+    """bench rows of one configuration; margins[i] None = lossless, else a divergence at token
+    i + 1 with that margin (the runner-up at even i)."""
+    cfg = config_fields(_Cfg, False, 32, temperature, "embedded", "mtbench", None, "torch")
+    return [prompt_row(cfg, f"p{i}", 2.0, 32, 16, 50.0, 40.0,
+                       None if temperature else m is None,
+                       None if m is None or temperature else
+                       dict(diverge_at=i + 1, diverge_margin=m, diverge_runner_up=i % 2 == 0))
+            for i, m in enumerate(margins)]
+
+
+def _summary(rows):
+    return summary_row(config_fields(_Cfg, False, 32, rows[0]["temperature"], "embedded",
+                                     "mtbench", None, "torch"), rows, 2.0, 50.0, 40.0, 1.6,
+                       "tree 4/4/8: measured.")
+
+
+def test_a_lossless_row_has_null_divergence_and_lands_in_an_old_results_file(tmp_path):
+    """A lossless row carries NULL divergence columns; a results file made
+    before those columns gains them at ingest, old rows reading NULL."""
+    import duckdb
+    from runner.store import Store
+    rows = _rows([None, 0.25])
+    assert [rows[0][c] for c in ("diverge_at", "diverge_margin", "diverge_runner_up")] == \
+        [None, None, None] and rows[0]["lossless"] is True and rows[0]["flags"] == ""
+    assert (rows[1]["diverge_at"], rows[1]["lossless"]) == (2, False)
+    db = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE bench (run_id VARCHAR, prompt_id VARCHAR, lossless BOOLEAN)")
+    con.execute("CREATE TABLE bench_summary (run_id VARCHAR, lossless BOOLEAN)")
+    con.execute("INSERT INTO bench VALUES ('old', 'q', false)")
+    con.close()
+    store = Store(db)
+    store.emit("bench", [{**r, "run_id": "new"} for r in rows])
+    store.emit("bench_summary", {**_summary(rows), "run_id": "new"})
+    _, got = store.query("SELECT run_id, prompt_id, diverge_at, diverge_margin, diverge_runner_up "
+                         "FROM bench ORDER BY run_id, prompt_id")
+    assert got == [("new", "p0", None, None, None), ("new", "p1", 2, 0.25, False),
+                   ("old", "q", None, None, None)]
+    _, got = store.query("SELECT lossless, lossless_prompts FROM bench_summary")
+    assert got == [(False, 1)]
+
+
+def test_the_summary_tells_near_ties_from_a_bug():
+    """lossless_prompts counts the lossless prompts; the explanation and the flag say near-ties
+    when every first divergence is within NEAR_TIE logits, a bug (naming the prompt) when one
+    is not, and plain "not lossless" when no margins were measured (sglang)."""
+    s = _summary(_rows([None, None, None]))
+    assert (s["lossless"], s["lossless_prompts"], s["flags"]) == (True, 3, "")
+    assert s["explanation"] == "tree 4/4/8: measured."
+    s = _summary(_rows([0.031, None, 0.12, 0.02]))
+    assert (s["lossless"], s["lossless_prompts"]) == (False, 1)
+    assert "not lossless (near-ties)" in s["flags"].split(", ")
+    assert ("3/4 prompts differ from the baseline; first divergences at target logit margins "
+            "median 0.031 (max 0.12)") in s["explanation"]
+    assert "runner-up in 2/3" in s["explanation"]
+    assert s["explanation"].endswith("near-ties (< 0.5 logits).")
+    s = _summary(_rows([0.031, 3.2, None]))
+    assert "not lossless" in s["flags"].split(", ") and "near-ties" not in s["flags"]
+    assert s["explanation"].endswith("margin 3.2 at prompt p1 (new token 2): not a near-tie, "
+                                     "a bug.")
+    just = _summary(_rows([0.01, NEAR_TIE]))  # the threshold itself is not a near-tie
+    assert "a bug" in just["explanation"] and "near-ties" not in just["flags"]
+    r = _rows([0.01, 2.0])  # each prompt row carries its own flag
+    assert "not lossless (near-ties)" in r[0]["flags"] and r[1]["flags"] == "not lossless"
+    unknown = [{**x, "diverge_margin": None} for x in _rows([0.01])]  # no target forward
+    s = _summary(unknown)
+    assert s["flags"] == "not lossless" and "no target margins" in s["explanation"]
+    s = _summary(_rows([0.01, None], temperature=0.7))
+    assert (s["lossless"], s["lossless_prompts"]) == (None, None)
+    assert "differ" not in s["explanation"]
+    assert flags_for(2.0, 1.2, False, 0.1) == ["not lossless (near-ties)"]
+    assert flags_for(2.0, 1.2, False, None) == ["not lossless"]
+
+
+def test_the_embedded_bench_records_where_a_prompt_diverged(smollm2_path, tmp_path,
+                                                           monkeypatch):
+    """A speculative engine whose token 1 is wrong (forced): every row records diverge_at 1 and
+    the target's margin there, the summary counts 0 lossless prompts and explains why."""
+    from jobs import bench, engine
+    from runner.spec.load import load_spec
+    from runner.stage import StageContext
+    from runner.store import Store
+    from transformers import AutoConfig
+    target = _tiny_target(tmp_path / "target", smollm2_path)
+    real = engine.Engine.generate
+
+    def wrong(self, *a, **kw):
+        toks, st = real(self, *a, **kw)
+        return toks[:1] + [(toks[1] + 1) % self.V] + toks[2:], st
+    monkeypatch.setattr(engine.Engine, "generate", wrong)
+    data = {"name": "div", "target": {"path": str(target), "device": "cpu", "dtype": "float32"},
+            "drafter": {"draft_vocab_size": 2048, "aux_layer_ids": [0, 1, 2]},
+            "stages": {"bench": {"prompt_sets": ["mtbench"], "num_prompts": 2,
+                                 "max_new_tokens": [6], "configs": [{"num_steps": 2}]}}}
+    spec = load_spec(data=data)
+    export = export_drafter(tmp_path / "export", AutoConfig.from_pretrained(str(target)),
+                            spec.aux_ids, draft_vocab=2048)
+    (tmp_path / "out").mkdir()
+    ctx = StageContext(spec=spec, stage="bench", variant="base", run_id="r1",
+                       inputs={"export": export}, out_dir=tmp_path / "out",
+                       db_path=tmp_path / "r.duckdb")
+    assert bench.run(ctx)["lossless"] is False
+    store = Store(tmp_path / "r.duckdb")
+    _, rows = store.query("SELECT lossless, diverge_at, diverge_margin, diverge_runner_up "
+                          "FROM bench")
+    assert len(rows) == 2 and all(r[:2] == (False, 1) and r[2] >= 0 and r[3] in (True, False)
+                                  for r in rows), rows
+    _, ((n, flags, text),) = store.query("SELECT lossless_prompts, flags, explanation "
+                                         "FROM bench_summary")
+    assert n == 0 and "not lossless" in flags and "2/2 prompts differ from the baseline" in text

@@ -60,6 +60,22 @@ def test_compiled_step_is_one_graph_across_kv_buckets(tiny):
     assert {k: r.tokens for k, r in comp.items()} == {k: r.tokens for k, r in eager.items()}
     assert eager[1].tokens == _hf_greedy(hf, PROMPTS[1], 40)
     assert len(st["kv_lens"]) >= 3 and gen.graph_counts() == 1  # several buckets, one graph
+    sampled, _ = _run(gen, reqs(), temperature=0.9)  # greedy and sampled: the same graph
+    assert gen.graph_counts() == 1
+    assert {k: r.tokens for k, r in sampled.items()} != {k: r.tokens for k, r in eager.items()}
+
+
+def test_pick_at_temperature_zero_is_the_argmax():
+    """The shared greedy/sampled graph: at temperature 0 every row takes the plain argmax (no
+    noise), whatever its seed; at temperature > 0 the noise moves some rows off it."""
+    from jobs.generate import _mix
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(256, 50, generator=g)
+    seed, step, vh = torch.arange(256), torch.zeros(256, dtype=torch.long), _mix(torch.arange(50))
+    got = pick(z, "sample", torch.zeros(1), torch.ones(1), seed, step, vh)
+    assert torch.equal(got, z.argmax(-1))
+    assert not torch.equal(pick(z, "sample", torch.ones(1), torch.ones(1), seed, step, vh),
+                           z.argmax(-1))
 
 
 def test_sampling_is_per_sequence_not_per_batch(tiny):
@@ -95,7 +111,9 @@ def test_pick_samples_the_softmax_and_respects_top_p():
     p = torch.softmax(z / 0.8, -1)  # 0.66, 0.19, 0.10, ...: the 0.8 nucleus = tokens 0 and 1
     assert set(nuc.tolist()) == {0, 1}
     assert abs((nuc == 0).float().mean() - p[0] / (p[0] + p[1])) < 0.015
-    assert pick(z[None], "greedy", T, T, seed[:1], step[:1], vh).tolist() == [0]
+    assert pick(z[None], "sample", torch.zeros(1), T, seed[:1], step[:1], vh).tolist() == [0]
+    with pytest.raises(ValueError, match="mode 'greedy'"):
+        pick(z[None], "greedy", T, T, seed[:1], step[:1], vh)
 
 
 def test_stops_caps_and_continuations(tiny):

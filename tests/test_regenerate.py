@@ -47,6 +47,22 @@ def test_kill_mid_way_then_resume_equals_an_uninterrupted_run(tmp_path):
     assert len(keep) == info["records"] - info["dropped"] and all("messages" in k for k in keep)
 
 
+def test_synthesis_gets_the_share_of_the_budget_its_prompts_cost():
+    """The synthetic prompts get the budget share they cost of all the work (their writing over
+    it plus every answer), not a fixed half: with the 2026-12-02 H200 run's sizes (85,000 prompts
+    of up to 128 tokens, ~44,000 real turns, 256-token answers) about a fifth; more real turns
+    shrink it; never above half, never zero."""
+    from types import SimpleNamespace
+    from jobs.regenerate import synthesis_share
+    p = SimpleNamespace(synthetic_max_tokens=128, max_new_tokens=256)
+    f = synthesis_share(85_000, 44_000, p)
+    assert 0.15 < f < 0.25
+    assert synthesis_share(85_000, 200_000, p) < f < synthesis_share(85_000, 0, p) < 0.5
+    assert synthesis_share(1, 10**9, p) == 0.02
+    assert synthesis_share(10**6, 0, SimpleNamespace(synthetic_max_tokens=4096,
+                                                     max_new_tokens=16)) == 0.5
+
+
 def test_time_budget_keeps_what_fits_and_accounts_for_the_rest(tmp_path):
     """max_minutes on a clock that advances 1 s per reading: generation stops starting
     requests once the budget is over; every conversation still ends in exactly one record
@@ -54,7 +70,9 @@ def test_time_budget_keeps_what_fits_and_accounts_for_the_rest(tmp_path):
     ticks = iter(range(10**6))
     m = regen_helpers.run(tmp_path / "b", clock=lambda: float(next(ticks)), max_minutes=20 / 60)
     recs = read_records(tmp_path / "b")
-    assert len({r["id"] for r in recs}) == len(recs) == 35  # 30 real + 5 synthetic
+    syn = sum(r["source"] == "synthetic" for r in recs)  # those written in synthesis's share
+    assert len({r["id"] for r in recs}) == len(recs) == 30 + syn and syn <= 5
+    assert 0.02 <= m["synthetic_budget_share"] < 0.5
     assert m["dropped_time_budget"] > 0 and m["conversations"] > 0
     assert m["conversations"] + m["dropped_time_budget"] <= 35
     assert sum(r["dropped"] == "time_budget" for r in recs) == m["dropped_time_budget"]

@@ -86,6 +86,25 @@ def test_fast_loss_with_the_triton_kernels_compiled_equals_ttt_loss():
     _assert_same(ref, fast, [n for n, _ in m.named_parameters()])
 
 
+def test_compiled_step_does_not_recompile_per_batch_shape():
+    """Packed batches change shape every step (rows and length): the compiled layer pieces of the
+    unroll build one static graph and then one symbolic graph for all later shapes, not one per
+    shape (dynamic=False did, and past dynamo's recompile limit ran eager on the H200)."""
+    from torch._dynamo.utils import counters
+    m, used, head, samples = _setup(seed=2)
+    torch._dynamo.reset()
+    counters.clear()
+    impl = FT.Impl("torch", "torch", "aot_eager")
+    graphs = []
+    for n, seq_len in [(5, 24), (4, 20), (3, 31), (5, 40), (2, 18), (5, 27)]:
+        _fast(m, used, head, samples[:n], impl, seq_len=seq_len)  # rows 2, 2, 1, 2, 2, 2
+        graphs.append(counters["stats"]["unique_graphs"])
+    # (qkv, out) x (static, symbolic, and dynamo's own specialisation of a size-1 dim); then
+    # no new graph for the next three shapes (dynamic=False made 2 per shape: 2, 4, ... 12)
+    assert graphs[2] <= 6 and graphs[3:] == [graphs[2]] * 3, graphs
+    torch._dynamo.reset()
+
+
 def test_packing_without_sample_boundaries_changes_the_loss():
     """Negative control: the same packed rows attended as ONE sample per row give another loss."""
     m, used, head, samples = _setup()

