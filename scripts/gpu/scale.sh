@@ -72,7 +72,7 @@ case $phase in
     python3 - "$OUT/r" <<'PY' | tee ~/stage/regen_kernels
 import json, sys
 try:  # triton reads each row's own length (real data mixes them): it may be up to 5% slower here
-    ms = {k: json.load(open(f"{sys.argv[1]}/bench_step_{k}.json"))["greedy"]["ms_per_step"]
+    ms = {k: json.load(open(f"{sys.argv[1]}/bench_step_{k}.json"))["step"]["greedy"]["ms_per_step"]
           for k in ("torch", "triton")}
     print("triton" if ms["triton"] <= 1.05 * ms["torch"] else "torch")
 except Exception:  # a failed run: the default path
