@@ -30,10 +30,11 @@ A time budget (`max_minutes`, over synthesis and answering together; it starts a
 step is compiled, `warmup_seconds`): synthesis gets the share of it that its prompts cost
 (synthesis_share: the estimated tokens of writing them over those of writing them and answering
 every turn, real and synthetic; at most half), so it never writes prompts the answers cannot
-reach; once the budget has passed, no new generation request starts; a conversation in flight keeps the turns answered (the rest cut,
-`cut_time_budget`) and one never started ends as a dropped record (`dropped_time_budget`). With
-a budget the conversations start in a seeded shuffled order (real and synthetic mixed), so what
-fits is a uniform sample of the data; without one, the longest start first (no long tail).
+reach; once the budget has passed, no new generation request starts; a conversation in flight
+keeps the turns answered (the rest cut, `cut_time_budget`) and one never started ends as a
+dropped record (`dropped_time_budget`). With a budget the conversations start in a seeded
+shuffled order (real and synthetic mixed), so what fits is a uniform sample of the data; without
+one, the longest start first (no long tail).
 """
 
 from __future__ import annotations
@@ -179,8 +180,8 @@ class Budget:
 def warm_up(gen: Generator, tok, params) -> float:
     """Compile the decode step before any budget starts: one short request in each sampling mode
     the stage uses (the synthetic prompts' and the answers'; greedy and sampled share a graph,
-    top-p has its own; on the H200 with torch 2.11 a bench engine of SmolLM2 took 55-165 s to build and
-    warm, and the 2026-12-02 scale run's regeneration, both compiles inside its 3.5-minute
+    top-p has its own; on the H200 with torch 2.11 a bench engine of SmolLM2 took 55-165 s to
+    build and warm, and the 2026-12-02 scale run's regeneration, both compiles inside its 3.5-minute
     budget, averaged 8.8k tok/s). Returns the seconds it took."""
     from jobs.prompts import render
     t0 = time.perf_counter()

@@ -46,7 +46,8 @@ class RegenerateStage(Strict):
     seed: int = Field(0, description="Sampling seed (per conversation and turn).")
     max_minutes: Optional[float] = Field(None, gt=0, description=(
         "A time budget for the stage's generation (synthetic prompts, then answers; synthesis "
-        "gets the share its prompts cost of all the work, at most half): once it has passed no new request starts; conversations in flight keep their answered turns "
+        "gets the share its prompts cost of all the work, at most half): once it has passed no "
+        "new request starts; conversations in flight keep their answered turns "
         "(cut_time_budget), those never started are counted (dropped_time_budget). With a "
         "budget conversations start in a seeded shuffled order, so what fits is a uniform "
         "sample; null = everything, longest first."))
