@@ -59,10 +59,8 @@ def capture(model, batch: list[list[int]], aux_ids: list[int], pad_id: int = 0,
     out_dev = torch.device(device) if device is not None else dev
     n, T = len(batch), max(len(x) for x in batch)
     ids = torch.full((n, T), pad_id, dtype=torch.long)
-    att = torch.zeros((n, T), dtype=torch.long)
     for i, x in enumerate(batch):
         ids[i, :len(x)] = torch.tensor(x, dtype=torch.long)
-        att[i, :len(x)] = 1
     got: dict = {}
 
     def keep(k):
@@ -76,8 +74,10 @@ def capture(model, batch: list[list[int]], aux_ids: list[int], pad_id: int = 0,
     hooks = [layers[k].register_forward_hook(keep(k)) for k in aux_ids]
     hooks.append(norm.register_forward_pre_hook(keep_last))
     try:
-        base(input_ids=ids.to(dev, non_blocking=True), attention_mask=att.to(dev, non_blocking=True),
-             use_cache=False)
+        # no attention mask: the batch is right-padded, so under the causal mask a real
+        # position only ever sees real ones (padding comes after it). Without a padding mask
+        # HF's SDPA runs its causal fused kernel, and builds no [n, 1, T, T] mask.
+        base(input_ids=ids.to(dev, non_blocking=True), use_cache=False)
     finally:
         for h in hooks:
             h.remove()

@@ -27,7 +27,7 @@ which may return the conversation's next turn: it continues in the SAME row, reu
 prefix (the longest common prefix of the cached ids and the new prompt's ids), so only the new
 user turn is prefilled. Free rows take the next queued requests. Prefills are batched
 (right-padded, per-row positions, slots and cache rows, logits at each row's last token) and run
-eagerly (variable shapes).
+eagerly (variable shapes), attention through `sdpa_prefill` (K/V repeated to the query heads).
 
 Sampling: each request carries a seed; step t of a sequence draws its Gumbel noise from a
 counter-based hash of (seed, t, token id). So a sequence's tokens do not depend on its row or on
@@ -129,6 +129,19 @@ def sdpa_decode(q, k, v, mask):
     assert T == 1, "sdpa_decode: one query position per row"
     o = F.scaled_dot_product_attention(q.reshape(R, nkv, nh // nkv, hd), k, v, attn_mask=mask)
     return o.reshape(R, nh, T, hd)
+
+
+def sdpa_prefill(q, k, v, mask):
+    """Prefill attention through SDPA. q [n, nh, T, hd]; k/v [n, nkv, S', hd]; mask [n, 1, T, S']
+    bool -> [n, nh, T, hd]. K/V are repeated to the nh query heads first (HF's repeat_kv):
+    PyTorch's fused SDPA kernels take either GQA (flash) or a mask (memory-efficient), and
+    with both SDPA falls back to its math path ([n, nh, T, S'] scores per layer). On the H200
+    that prefill held the host in ~80% of a regenerate stage's generation time (py-spy,
+    BENCHMARKS.md). The copy costs n x nh x S' x hd per layer."""
+    g = q.shape[1] // k.shape[1]
+    if g > 1:
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 def decode_step(target: Llama, cur, pos, n_gen, limit, done, seed, out, kv_slots, stop_ids,
@@ -259,7 +272,7 @@ class Generator:
         kv_len = min(S, -(-top // 64) * 64)
         seed = torch.tensor([r.seed & M31 for _, r, _ in chunk], device=dev)
         logits, _ = self.target(ids.to(dev), pos.to(dev), rows=rows, select=(lens - 1).to(dev),
-                                kv_len=kv_len)
+                                kv_len=kv_len, attn=sdpa_prefill)
         first = pick(logits[:, 0], mode, self.temperature, self.top_p, seed,
                      torch.zeros_like(seed), self.vhash)  # [n]
         total = torch.tensor([len(r.ids) for _, r, _ in chunk], device=dev)
@@ -278,7 +291,9 @@ class Generator:
         lazily, `rows` ahead, while launched steps run) and the follow-ups that on_done returns
         (each continues in its parent's row). bar: a tqdm to update with tokens.
         Returns stats {new_tokens, prefill_tokens, reused_tokens, steps, prefills, seconds,
-        kv_lens (the kv_len buckets the decode step ran at)}.
+        wait_s (seconds the host waited for the GPU at its syncs: near `seconds` = GPU-bound,
+        near 0 = the GPU waited for the host), kv_lens (the kv_len buckets the decode step ran
+        at)}.
         Raises ValueError for a prompt that leaves no room in max_seq, max_new > the
         Generator's, or more than MAX_STOP stop ids."""
         if len(stop_ids) > MAX_STOP:
@@ -301,7 +316,8 @@ class Generator:
         row_cached: list = [None] * self.R  # token ids in the row's cache when it finished
         free = list(range(self.R - 1, -1, -1))
         pending: list = []  # (row, request, reuse)
-        st = dict(new_tokens=0, prefill_tokens=0, reused_tokens=0, steps=0, prefills=0)
+        st = dict(new_tokens=0, prefill_tokens=0, reused_tokens=0, steps=0, prefills=0,
+                  wait_s=0.0)
         kv_lens = set()
         host_pos = [0] * self.R  # positions at the last sync (+ prompt lengths of new rows)
         self._sync()
@@ -340,7 +356,9 @@ class Generator:
                     break
                 launch()
             top_up()  # host work while the GPU runs the launched steps
+            tw = time.perf_counter()
             done, n_gen, pos = torch.stack([self.done.long(), self.n_gen, self.pos]).tolist()
+            st["wait_s"] += time.perf_counter() - tw  # the host idle: the GPU was behind
             host_pos = pos
             fin = [r for r in range(self.R) if row_req[r] is not None and done[r]]
             outs = self.out[fin].tolist() if fin else []  # one copy for every finished row

@@ -199,12 +199,14 @@ def synthesize(gen: Generator, tok, params, guard, progress=True,
     """Magpie: params.synthetic_prompts user turns written by the target. Candidates are made in
     up to 4 rounds (each sized by the keep rate so far) until enough survive jobs.synthetic.select,
     or until the budget is over (no new candidate starts).
-    Returns (kept [(index, text)], report {candidates, kept, dropped {reason: n}, tokens, seconds})."""
+    Returns (kept [(index, text)], report {candidates, kept, dropped {reason: n}, tokens, seconds,
+    wait_s, row_steps (decode steps x rows: the token slots the steps ran)})."""
     budget = budget or Budget(None)
     from tqdm import tqdm
     from jobs.synthetic import select, user_turn_prefix
     prefix, stop = user_turn_prefix(tok)
     want, cands, tokens, secs = params.synthetic_prompts, [], 0, 0.0
+    wait, row_steps = 0.0, 0
     bar = tqdm(unit="tok", desc="synthetic prompts", disable=not progress, smoothing=0.1)
     kept, drops = [], Counter()
     for _round in range(4):
@@ -220,12 +222,13 @@ def synthesize(gen: Generator, tok, params, guard, progress=True,
                           r.finish == "stop"))
         st = gen.run(reqs, done, params.synthetic_temperature, params.synthetic_top_p, stop, bar)
         tokens, secs = tokens + st["new_tokens"], secs + st["seconds"]
+        wait, row_steps = wait + st["wait_s"], row_steps + st["steps"] * gen.R
         kept, drops = select(cands, guard, want)
         if len(kept) >= want or budget.over():
             break
     bar.close()
     return kept, {"candidates": len(cands), "kept": len(kept), "dropped": dict(drops),
-                  "tokens": tokens, "seconds": secs}
+                  "tokens": tokens, "seconds": secs, "wait_s": wait, "row_steps": row_steps}
 
 
 def context_steps(conv: list[dict]) -> list[list[dict]]:
@@ -387,7 +390,8 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
     if params.synthetic_prompts:
         if syn_path.is_file():  # a resumed run: the prompts were written before answering
             recs = read_gz_jsonl(syn_path)
-            syn = {**recs[0]["meta"], "tokens": 0, "seconds": 0.0, "resumed": True}
+            syn = {**recs[0]["meta"], "tokens": 0, "seconds": 0.0, "wait_s": 0.0, "row_steps": 0,
+                   "resumed": True}
             kept = [(r["index"], r["content"]) for r in recs[1:]]
         else:
             share = synthesis_share(params.synthetic_prompts, sum(len(j.steps) for j in jobs),
@@ -402,7 +406,8 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
     done_ids = {r["id"] for r in writer.done}
     todo = [j for j in jobs if j.id not in done_ids]
     st = answer(gen, tok, todo, params, max_length, writer, progress, budget) if todo else \
-        {"new_tokens": 0, "seconds": 0.0, "prefill_tokens": 0, "reused_tokens": 0}
+        {"new_tokens": 0, "seconds": 0.0, "prefill_tokens": 0, "reused_tokens": 0, "wait_s": 0.0,
+         "steps": 0}
     records = read_records(out_dir)
     ids = [r["id"] for r in records]
     if len(ids) != len(set(ids)) or set(ids) != {j.id for j in jobs}:
@@ -415,6 +420,12 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
     m["tokens_generated"] = (gen_tokens, "tok")
     m["tokens_per_s"] = (gen_tokens / max(gen_secs, 1e-9), "tok/s")
     m["generation_seconds"] = (gen_secs, "s")
+    # where the time went: the share of it the host sat waiting for the GPU (near 1 = GPU-bound,
+    # near 0 = the GPU waited for the host), and the decode slots that made a token
+    wait = st["wait_s"] + (syn or {}).get("wait_s", 0.0)
+    slots = st["steps"] * gen.R + (syn or {}).get("row_steps", 0)
+    m["host_wait_share"] = (wait / max(gen_secs, 1e-9), "fraction")
+    m["decode_slot_use"] = (gen_tokens / max(slots, 1), "fraction")
     m["warmup_seconds"] = (warm_s, "s")
     m["resumed_conversations"] = writer.resumed
     m["prefill_tokens"] = (st["prefill_tokens"], "tok")

@@ -235,13 +235,15 @@ def _out_norm(model, hidden, o):
 _COMPILED: dict = {}
 
 
-def _compiled(fn, backend: str | None, dynamic: bool | None = None):
+def _compiled(fn, backend: str | None, dynamic: bool | None = True):
     """fn under torch.compile(backend), built once per (fn, backend); fn itself when None.
-    dynamic None (the layer pieces): dynamo's automatic dynamic shapes, one graph for the first
-    batch shape and ONE symbolic graph for every later one. Packed batches change their rows and
+    dynamic True (the layer pieces): ONE symbolic graph for every batch shape from the first
+    step (dynamo still specialises a dimension of size 1). Packed batches change their rows and
     length every step; with dynamic=False each new shape was a recompile, and past dynamo's
     recompile_limit (8) the pieces ran eager: the H200 scale run of 2026-12-02 trained at 0.4 s
-    per step. Flex attention stays static (dynamic=False, one graph per step's key count)."""
+    per step. Automatic dynamic shapes (None) compiled a static graph first and the symbolic one
+    at the second shape: two compiles where one does (the H200 profile's 40 warm-up steps took
+    50 s). Flex attention stays static (dynamic=False, one graph per step's key count)."""
     if backend is None:
         return fn
     if (fn, backend) not in _COMPILED:

@@ -193,3 +193,22 @@ def test_cuda_graph_generator_matches_eager_on_gpu():
     got, st = _run(tri, reqs())
     assert sum(got[k].tokens == eager[k].tokens for k in got) >= len(got) - 2
     assert st["kv_lens"] == [129] and tri.graph_counts() == 1  # the whole cache, one shape
+
+
+def test_sdpa_prefill_equals_grouped_query_sdpa():
+    """sdpa_prefill (K/V repeated to the query heads) = SDPA's own GQA with the same mask."""
+    import torch.nn.functional as F
+    from jobs.generate import sdpa_prefill
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 6, 5, 8, generator=g)
+    k, v = torch.randn(3, 2, 12, 8, generator=g), torch.randn(3, 2, 12, 8, generator=g)
+    mask = torch.rand(3, 1, 5, 12, generator=g) > 0.4
+    mask[..., 0] = True  # every query sees a key
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(sdpa_prefill(q, k, v, mask), want)
+    # heads are grouped as HF's repeat_kv groups them: query head h reads KV head h // 3
+    k2 = k.clone()
+    k2[:, 1] = torch.randn(3, 12, 8, generator=g)
+    out = sdpa_prefill(q, k2, v, mask)
+    torch.testing.assert_close(out[:, :3], want[:, :3])
+    assert not torch.allclose(out[:, 3:], want[:, 3:])

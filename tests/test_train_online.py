@@ -221,3 +221,21 @@ def test_split_target_extracts_and_trains_online_as_one_device_does(offline, onl
     train(ctx)
     assert train_losses(ctx) == pytest.approx(train_losses(online), rel=1e-6)
     assert len(maps) == 2 and all(m["model.layers.3"] == m["lm_head"] == "disk" for m in maps)
+
+
+def test_length_groups_cut_padding_and_keep_every_sample():
+    """The online capture's groups: every sample exactly once, contiguous in length order, no
+    more padded tokens (+ the per-group cost) than one batch, and a split when lengths differ."""
+    from jobs.train_data import length_groups
+
+    def cost(L, groups, c):
+        return sum(len(g) * max(L[i] for i in g) + c for g in groups)
+
+    for L in ([300] * 8, [1000, 990, 40, 35, 30, 20, 20, 10], [5], list(range(1, 65))):
+        g = length_groups(L, 64)
+        assert sorted(i for x in g for i in x) == list(range(len(L)))
+        flat = [L[i] for x in g for i in x]
+        assert flat == sorted(L, reverse=True)  # contiguous runs of the sorted batch
+        assert cost(L, g, 64) <= cost(L, [list(range(len(L)))], 64)
+    assert len(length_groups([300] * 8, 64)) == 1  # equal lengths: one forward
+    assert [len(x) for x in length_groups([1000, 990, 40, 35, 30, 20, 20, 10], 64)] == [2, 6]

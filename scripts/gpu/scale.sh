@@ -3,12 +3,14 @@
 # per back-to-back device call; each phase is time-boxed and copies what exists to $OUT/r.
 #   bash scripts/gpu/scale.sh regen SECONDS   # versions, the GPU training-kernel tests (they pick
 #                                             # stages.train.kernels), then regenerate
+#   bash scripts/gpu/scale.sh train SECONDS   # the base train stage alone
 #   bash scripts/gpu/scale.sh apply SECONDS   # train, export, bench (base); call again to go on
 #   bash scripts/gpu/scale.sh variant SECONDS NAME...   # e.g. humaneval, n5k
 #   bash scripts/gpu/scale.sh step SECONDS    # the Generator vs HF generate on random weights and
 #                                             # prompts (bench_generate --mode step), greedy, with
 #                                             # kernels torch then triton; the faster one's name goes
 #                                             # to ~/stage/regen_kernels (the regen phase uses it)
+#   bash scripts/gpu/scale.sh profile SECONDS # the train step's phases + kernels, and py-spy over regenerate
 #   bash scripts/gpu/scale.sh gen SECONDS     # issue 16's ratio: HF generate vs the engine, same
 #                                             # prompts and answer lengths (bench_generate compare)
 # Overrides that enter cache keys (the kernels the tests picked, EXTRA_O) are kept in ~/stage so
@@ -59,6 +61,7 @@ case $phase in
     echo "train kernels: $(cat ~/stage/train_kernels) (after $((SECONDS - T0)) s)"
     LIMIT=$((LIMIT - (SECONDS - T0)))
     apply --only regenerate ;;
+  train) apply --variant base --only train ;;  # the train stage alone (its call's whole limit)
   apply) apply --variant base ;;
   gen) timeout "$LIMIT" python3 scripts/bench_generate.py --mode compare --prompts 512 --new 256 \
          --rows 512 --hf-batch 512 --cuda-graph --quiet --out "$OUT/r/bench_generate" 2>&1 | tail -12 ;;
@@ -79,6 +82,16 @@ except Exception:  # a failed run: the default path
     print("torch")
 PY
     ;;
+  profile)  # where the time goes: the train step's phases and kernels (scripts/profile_train.py) on
+    # the brought-back conversations, then 90 s of regeneration sampled by py-spy (host stacks)
+    timeout $((LIMIT / 2)) python3 scripts/profile_train.py specs/smollm2-scale-gpu-trained.yaml \
+      -o stages.train.kernels=triton --steps 30 --warm 40 --out "$OUT/r" 2>&1 | grep -v Warn | tail -45
+    PS=/tmp/site/bin/py-spy; LIMIT=$((LIMIT - (SECONDS - T0)))
+    timeout --signal=INT $LIMIT $PS record -r 50 --format raw -o "$OUT/r/regen_spy.txt" -- \
+      python3 -m runner apply specs/smollm2-scale-gpu.yaml --only regenerate \
+      -o stages.regenerate.kernels=triton -o stages.regenerate.max_minutes=1.5 2>&1 \
+      | tr '\r' '\n' | grep -v "it/s\]$\|tok/s\]$" | tail -15
+    python3 -c "import json,glob; [print(f, {k: v for k, v in json.load(open(f))['regenerate'].items() if 'share' in k or 'use' in k or 'per_s' in k or 'seconds' in k}) for f in glob.glob('runs/smollm2-scale-gpu/regenerate/*/report.json')]" ;;
   variant) L0=$LIMIT; for v in "$@"; do LIMIT=$((L0 - (SECONDS - T0))); apply --variant "$v"; done ;;
 esac
 python3 -m runner query "SELECT variant, stage, round(duration_s,1) s FROM stages ORDER BY started_at" --results "$RES" 2>&1 | tail -20
