@@ -6,6 +6,10 @@
 #   bash scripts/gpu/scale.sh train SECONDS   # the base train stage alone
 #   bash scripts/gpu/scale.sh apply SECONDS   # train, export, bench (base); call again to go on
 #   bash scripts/gpu/scale.sh variant SECONDS NAME...   # e.g. humaneval, n5k
+#   bash scripts/gpu/scale.sh sweep SECONDS NAME...     # the variants at once, one process each on
+#                                             # the one GPU (training is host-bound: each has its own
+#                                             # CPU cores); their tau is exact, their bench tok/s
+#                                             # shares the GPU (report the sweep's tau, not its speedups)
 #   bash scripts/gpu/scale.sh step SECONDS    # the Generator vs HF generate on random weights and
 #                                             # prompts (bench_generate --mode step), greedy, with
 #                                             # kernels torch then triton; the faster one's name goes
@@ -93,6 +97,11 @@ PY
       | tr '\r' '\n' | grep -v "it/s\]$\|tok/s\]$" | tail -15
     python3 -c "import json,glob; [print(f, {k: v for k, v in json.load(open(f))['regenerate'].items() if 'share' in k or 'use' in k or 'per_s' in k or 'seconds' in k}) for f in glob.glob('runs/smollm2-scale-gpu/regenerate/*/report.json')]" ;;
   variant) L0=$LIMIT; for v in "$@"; do LIMIT=$((L0 - (SECONDS - T0))); apply --variant "$v"; done ;;
+  sweep)
+    export OMP_NUM_THREADS=$(( $(nproc) / $# ))
+    for v in "$@"; do apply --variant "$v" > "/tmp/sweep_$v.log" 2>&1 & done
+    wait
+    for v in "$@"; do echo "== $v"; tail -12 "/tmp/sweep_$v.log"; done ;;
 esac
 python3 -m runner query "SELECT variant, stage, round(duration_s,1) s FROM stages ORDER BY started_at" --results "$RES" 2>&1 | tail -20
 python3 -m runner query "SELECT variant, train_samples, prompt_set, num_steps, eagle_topk k, num_draft_tokens n, round(tau,3) tau, round(spec_tok_s,1) spec, round(base_tok_s,1) base, round(speedup,3) x, lossless FROM bench_summary ORDER BY 1,3,4,5" --results "$RES" 2>&1 | tail -20
