@@ -5,6 +5,7 @@ the target generates in an assistant turn).
     detect_template(tokenizer, template="auto") -> name ("chatml" | "qwen" | "llama3" | "kimi" |
                                                          "custom")
     tokenize_conversation(tokenizer, conv, template, max_length) -> (input_ids, loss_mask)
+    token_mask(offsets, spans) -> loss_mask
     tokenize_dataset(tokenizer, convs, template, max_length) -> (samples, report)
 
 One mechanism for every template: the text is `tokenizer.apply_chat_template(conv)`; an assistant
@@ -165,27 +166,73 @@ def assistant_char_spans(text: str, conv: Convention) -> list[tuple[int, int]]:
     return spans
 
 
+def token_mask(offsets, spans: list[tuple[int, int]]) -> list[int]:
+    """Loss mask [T] from token character offsets [T x (start, end)] and sorted, disjoint
+    assistant spans [(start, end)] (assistant_char_spans): 1 when token t starts inside a span
+    and is not empty. Vectorised (numpy searchsorted over the span ends)."""
+    import numpy as np
+    if not len(offsets) or not spans:
+        return [0] * len(offsets)
+    off = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    sp = np.asarray(spans, dtype=np.int64)
+    a, b = off[:, 0], off[:, 1]
+    j = np.searchsorted(sp[:, 1], a, side="right")  # the first span ending after a
+    inside = j < len(sp)
+    jj = np.minimum(j, len(sp) - 1)
+    return (inside & (sp[jj, 0] <= a) & (b > a)).astype(np.int8).tolist()
+
+
 def tokenize_conversation(tokenizer, conv: list[dict], template,
                           max_length: int) -> tuple[list[int], list[int]]:
     """Render `conv` with the tokenizer's own chat template and tokenise it.
 
     template: auto, a runner/chat.py name, or a Convention. Returns (input_ids [T], loss_mask
     [T]), T <= max_length (longer samples are truncated); loss_mask[t] = 1 when token t starts
-    inside an assistant span (assistant_char_spans). Tokens are assigned by their character
-    offsets, so the template's BOS, system prompt, headers and framing stay unsupervised.
-    Raises StageError when the tokenizer has no chat template; the template's own errors (a
-    conversation it refuses) propagate (tokenize_dataset counts them)."""
+    inside an assistant span (assistant_char_spans, token_mask). Tokens are assigned by their
+    character offsets, so the template's BOS, system prompt, headers and framing stay
+    unsupervised. Raises StageError when the tokenizer has no chat template; the template's own
+    errors (a conversation it refuses) propagate (tokenize_dataset counts them)."""
     cv = template if isinstance(template, Convention) else chat_convention(tokenizer, template)
     text = render(tokenizer, conv)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids, offsets = enc["input_ids"], enc["offset_mapping"]
-    spans = assistant_char_spans(text, cv)
-    mask, j = [], 0
-    for (a, b) in offsets:
-        while j < len(spans) and spans[j][1] <= a:
-            j += 1
-        mask.append(int(j < len(spans) and spans[j][0] <= a < spans[j][1] and b > a))
-    return ids[:max_length], mask[:max_length]
+    mask = token_mask(enc["offset_mapping"], assistant_char_spans(text, cv))
+    return enc["input_ids"][:max_length], mask[:max_length]
+
+
+ENCODE_BATCH = 512  # texts per tokenizer call (a fast tokenizer encodes a batch on all cores)
+
+
+def _rendered(tokenizer, convs: list[list[dict]], refused: list[tuple[int, str]]):
+    """Yield (index, chat text) of each conversation the template renders; the indices of those
+    it refuses (template_errors) are appended to `refused` with the error."""
+    errors = template_errors()
+    for i, conv in enumerate(convs):
+        try:
+            yield i, render(tokenizer, conv)
+        except errors as e:
+            refused.append((i, f"{type(e).__name__}: {str(e)[:200]}"))
+
+
+def _encode_batches(tokenizer, texts, cv: Convention):
+    """Yield (conversation index, input_ids [T], loss_mask [T]) for an iterable of (index, chat
+    text), ENCODE_BATCH texts per tokenizer call: the ids and masks tokenize_conversation gives
+    one text at a time (tests/test_chat.py), several times faster where a fast tokenizer has
+    many cores to encode a batch on."""
+    chunk = []
+    for item in texts:
+        chunk.append(item)
+        if len(chunk) == ENCODE_BATCH:
+            yield from _encode(tokenizer, chunk, cv)
+            chunk = []
+    yield from _encode(tokenizer, chunk, cv)
+
+
+def _encode(tokenizer, chunk: list[tuple[int, str]], cv: Convention):
+    if not chunk:
+        return
+    enc = tokenizer([t for _, t in chunk], add_special_tokens=False, return_offsets_mapping=True)
+    for (i, text), ids, off in zip(chunk, enc["input_ids"], enc["offset_mapping"]):
+        yield i, ids, token_mask(off, assistant_char_spans(text, cv))
 
 
 def tokenize_dataset(tokenizer, convs: list[list[dict]], template: str,
@@ -198,16 +245,8 @@ def tokenize_dataset(tokenizer, convs: list[list[dict]], template: str,
     "tokens", "supervised_tokens"}). Raises StageError naming the template when no sample is
     left."""
     cv = chat_convention(tokenizer, template)
-    errors = template_errors()
-    samples, truncated, zero, zero_idx, bad, bad_msgs = [], 0, 0, [], 0, []
-    for i, conv in enumerate(convs):
-        try:
-            ids, mask = tokenize_conversation(tokenizer, conv, cv, 10**9)
-        except errors as e:
-            bad += 1
-            if len(bad_msgs) < 3:
-                bad_msgs.append(f"conversation {i}: {type(e).__name__}: {str(e)[:200]}")
-            continue
+    samples, truncated, zero, zero_idx, refused = [], 0, 0, [], []
+    for i, ids, mask in _encode_batches(tokenizer, _rendered(tokenizer, convs, refused), cv):
         if len(ids) > max_length:
             truncated += 1
             ids, mask = ids[:max_length], mask[:max_length]
@@ -216,6 +255,7 @@ def tokenize_dataset(tokenizer, convs: list[list[dict]], template: str,
             zero_idx.append(i)
             continue
         samples.append((ids, mask))
+    bad, bad_msgs = len(refused), [f"conversation {i}: {m}" for i, m in refused[:3]]
     if convs and not samples:
         why = (f"the chat template refused all {bad} ({bad_msgs[0]})" if bad == len(convs) else
                f"every sample's loss mask is all zero with chat template {cv.name!r} "

@@ -12,7 +12,7 @@ Four plots, from `bench_summary` rows (one per bench configuration, written by t
                               run), speedup written at each point.
   <name>_configs.png          tau and tok/s per configuration, chains and trees side by side
                               (bars labelled "chain K" / "tree K/k/N"; speedup and break-even tau
-                              written on them, the baseline tok/s dashed).
+                              written on them, each bar's same-run baseline dashed across it).
 Every plot takes the latest row of each variant x bench config over all runs of the spec, so a
 sweep split over several applies (`runner apply --variant ...`, one per GPU) plots as one.
 Metric terms follow docs/eagle3-format.md: tau = tokens per target verify pass
@@ -276,7 +276,8 @@ def plot_tok_s(rows: list[dict], spec_name: str, path: Path) -> Path | None:
 def plot_configs(rows: list[dict], spec_name: str, path: Path) -> Path | None:
     """tau and spec tok/s per configuration, side by side (chains blue, trees orange), each bar
     labelled by its configuration (shape + whatever else differs); speedup and break-even tau
-    written on the tok/s bars, the baseline tok/s dashed. None when no row has tau."""
+    written on the tok/s bars, each bar's same-run baseline tok/s dashed across it. None when no
+    row has tau."""
     rows = [r for r in rows if _ok(r.get("tau"))]
     if not rows:
         return None
@@ -305,10 +306,11 @@ def plot_configs(rows: list[dict], spec_name: str, path: Path) -> Path | None:
                 f"be {r['break_even_tau']:.2f}" if _ok(r.get("break_even_tau")) else ""]
         a2.annotate("\n".join(n for n in note if n), (i, tok[i]), fontsize=7, ha="center",
                     textcoords="offset points", xytext=(0, 3))
-    base = [r["base_tok_s"] for r in rows if _ok(r.get("base_tok_s"))]
-    if base:
-        a2.axhline(sum(base) / len(base), color="black", ls="--", lw=1,
-                   label=f"baseline, target only ({sum(base) / len(base):.1f} tok/s)")
+    base = [(i, r["base_tok_s"]) for i, r in enumerate(rows) if _ok(r.get("base_tok_s"))]
+    if base:  # each bar's own same-run baseline: runs differ (machine, load), so no average
+        a2.hlines([b for _, b in base], [i - 0.45 for i, _ in base], [i + 0.45 for i, _ in base],
+                  colors="black", linestyles="--", lw=1,
+                  label="baseline of the same run, target only")
         a2.legend(fontsize=7, loc="lower right")
     for ax in (a1, a2):
         ax.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=7)

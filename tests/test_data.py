@@ -329,6 +329,38 @@ def test_truncation_and_all_zero_masks(smollm2_tokenizer, sharegpt_path):
         tokenize_dataset(tok, train, "chatml", 16)
 
 
+def _loop_mask(offsets, spans):
+    """The per-token reference of jobs/chat.py token_mask (its first, scalar form)."""
+    mask, j = [], 0
+    for (a, b) in offsets:
+        while j < len(spans) and spans[j][1] <= a:
+            j += 1
+        mask.append(int(j < len(spans) and spans[j][0] <= a < spans[j][1] and b > a))
+    return mask
+
+
+def test_batched_tokenising_equals_one_at_a_time(smollm2_tokenizer, sharegpt_path, monkeypatch):
+    """tokenize_dataset encodes ENCODE_BATCH texts per tokenizer call: on real ShareGPT
+    conversations (3 chunks, the last partial) its samples are exactly tokenize_conversation's,
+    and the vectorised mask equals the per-token loop on every conversation."""
+    import jobs.chat as C
+    tok = smollm2_tokenizer
+    train, _, _ = load_conversations(Data(max_samples=40, holdout=0, seed=0))
+    monkeypatch.setattr(C, "ENCODE_BATCH", 16)
+    samples, rep = tokenize_dataset(tok, train, "auto", 512)
+    want = [tokenize_conversation(tok, c, "auto", 512) for c in train]
+    assert samples == [w for w in want if any(w[1])] and rep["truncated"] >= 1
+    cv = C.chat_convention(tok)
+    for conv in train:
+        text = C.render(tok, conv)
+        off = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        spans = C.assistant_char_spans(text, cv)
+        assert C.token_mask(off, spans) == _loop_mask(off, spans)
+    assert C.token_mask([(0, 1), (1, 1), (2, 5)], [(1, 3)]) == [0, 0, 1] == \
+        _loop_mask([(0, 1), (1, 1), (2, 5)], [(1, 3)])
+    assert C.token_mask([], [(0, 1)]) == [] and C.token_mask([(0, 2)], []) == [0]
+
+
 def test_template_errors(smollm2_tokenizer):
     import copy
     tok = smollm2_tokenizer
@@ -391,3 +423,22 @@ def test_jsonl_edge_files(tmp_path, capsys):
     p.write_text('{"messages": [{"role": "us')
     with pytest.raises(StageError, match="last record was not valid JSON"):
         load_conversations(Data(source="jsonl", path=str(p)))
+
+
+def test_bench_tokenize_script(sharegpt_path, smollm2_path, capsys):
+    """scripts/bench_tokenize.py checks both paths' samples equal and reports their ratio; a
+    bad count is a usage error naming the flag."""
+    import importlib.util
+    import json as J
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_tokenize.py"
+    sp = importlib.util.spec_from_file_location("bench_tokenize", path)
+    m = importlib.util.module_from_spec(sp)
+    sp.loader.exec_module(m)
+    spec = str(Path(__file__).resolve().parents[1] / "specs" / "smollm2-sharegpt.yaml")
+    assert m.main([spec, "--conversations", "12", "--repeats", "1", "--json"]) == 0
+    res = J.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["conversations"] == 12 and res["tokens"] > 0 and res["ratio"] > 0
+    with pytest.raises(SystemExit):
+        m.main([spec, "--conversations", "0"])
+    assert "--conversations" in capsys.readouterr().err
