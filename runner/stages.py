@@ -300,6 +300,11 @@ class _StagesRules(Strict):
                 "stages.extract: set, but stages.train.features = 'online' runs the target in the "
                 "train stage, so nothing would read the extracted features. Remove stages.extract "
                 "(in a variant: `stages.extract: null`), or use features: offline.")
+        if self.train is not None and self.train.features == "offline" and self.extract is None:
+            raise ValueError(
+                "stages.train.features: 'offline' (the default) trains on the extract stage's "
+                "features on disk, but stages.extract is not set. Add a stages.extract block, or "
+                "set stages.train.features: online (the target runs inside the train stage).")
         return self
 
 

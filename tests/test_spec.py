@@ -585,3 +585,13 @@ def test_bench_sweep_axes_are_never_empty_or_zero(bench, field):
     d = spec_dict()
     d["stages"] = {**d.get("stages", {}), "bench": bench}
     one(field, problems(d))
+
+
+def test_offline_train_needs_an_extract_stage():
+    """features: offline (the default) reads extract's artifact: a spec without stages.extract
+    fails at validation naming both fixes; online without extract, and offline with it, pass."""
+    probs = problems(spec_dict(stages={"train": {}, "export": {}}))
+    msg = next(m for f, m in probs if "stages.extract is not set" in m)
+    assert "features: online" in msg and "stages.extract block" in msg
+    load_spec(data=spec_dict(stages={"train": {"features": "online"}, "export": {}}))
+    load_spec(data=spec_dict(stages={"extract": {}, "train": {}, "export": {}}))
