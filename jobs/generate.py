@@ -258,8 +258,18 @@ class Generator:
             done_tokens += self._prefill_chunk(chunk, T, mode)
         return done_tokens
 
+    def _h2d(self, x) -> torch.Tensor:
+        """A host list or CPU tensor on the Generator's device. On CUDA through pinned memory and a
+        non-blocking copy: a plain copy from pageable memory synchronises the stream, so the host
+        would wait for every decode step already launched before it could enqueue the prefill,
+        and the GPU would then idle while the host prepares the next one."""
+        t = x if isinstance(x, torch.Tensor) else torch.tensor(x)
+        if self.device.type != "cuda":
+            return t.to(self.device)
+        return t.pin_memory().to(self.device, non_blocking=True)
+
     def _prefill_chunk(self, chunk, T: int, mode: str) -> int:
-        dev, S = self.device, self.S
+        S = self.S
         n = len(chunk)
         ids = torch.zeros(n, T, dtype=torch.long)
         start = torch.tensor([s for _, _, s in chunk])
@@ -267,17 +277,17 @@ class Generator:
         for k, (_, r, s) in enumerate(chunk):
             ids[k, :len(r.ids) - s] = torch.tensor(r.ids[s:])
         pos = (start[:, None] + torch.arange(T)[None]).clamp(max=S)  # padding -> the spare slot S
-        rows = torch.tensor([row for row, _, _ in chunk], device=dev)
+        total = [len(r.ids) for _, r, _ in chunk]
         top = int((start + lens).max())
         kv_len = min(S, -(-top // 64) * 64)
-        seed = torch.tensor([r.seed & M31 for _, r, _ in chunk], device=dev)
-        logits, _ = self.target(ids.to(dev), pos.to(dev), rows=rows, select=(lens - 1).to(dev),
-                                kv_len=kv_len, attn=sdpa_prefill)
+        rows = self._h2d([row for row, _, _ in chunk])
+        seed = self._h2d([r.seed & M31 for _, r, _ in chunk])
+        limit = self._h2d([min(r.max_new, S - t) for (_, r, _), t in zip(chunk, total)])
+        logits, _ = self.target(self._h2d(ids), self._h2d(pos), rows=rows,
+                                select=self._h2d(lens - 1), kv_len=kv_len, attn=sdpa_prefill)
         first = pick(logits[:, 0], mode, self.temperature, self.top_p, seed,
                      torch.zeros_like(seed), self.vhash)  # [n]
-        total = torch.tensor([len(r.ids) for _, r, _ in chunk], device=dev)
-        limit = torch.tensor([r.max_new for _, r, _ in chunk], device=dev).clamp(max=S - total)
-        self.cur[rows], self.pos[rows], self.n_gen[rows] = first, total, 1
+        self.cur[rows], self.pos[rows], self.n_gen[rows] = first, self._h2d(total), 1
         self.limit[rows], self.seed[rows] = limit, seed
         self.out[rows, 0] = first
         self.done[rows] = (first[:, None] == self.stop_ids[None]).any(-1) | (limit <= 1)

@@ -212,3 +212,24 @@ def test_sdpa_prefill_equals_grouped_query_sdpa():
     out = sdpa_prefill(q, k2, v, mask)
     torch.testing.assert_close(out[:, :3], want[:, :3])
     assert not torch.allclose(out[:, 3:], want[:, 3:])
+
+
+@pytest.mark.gpu
+def test_prefill_enqueues_without_a_stream_sync():
+    """A refill prefill must not synchronise the stream (a pageable host-to-device copy does):
+    the host has to enqueue it behind the decode steps it launched and go on with its own work.
+    torch.cuda.set_sync_debug_mode("error") raises on any synchronising call inside _prefill."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    target = from_hf_model(tiny_hf_llama(vocab=64, layers=2)).cuda()
+    gen = Generator(target, rows=4, max_seq=128, max_new=40, kv_bucket=16)
+    entries = [(row, Request(row, p, 8, seed=row)) for row, p in enumerate(PROMPTS[:4])]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        n = gen._prefill([(row, r, 0) for row, r in entries], "sample")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert n == sum(len(r.ids) for _, r in entries)
+    want = {r.key: _hf_greedy(tiny_hf_llama(vocab=64, layers=2), r.ids, 1) for _, r in entries}
+    assert gen.out[:4, 0].tolist() == [want[row][0] for row, _ in entries]
