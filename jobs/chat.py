@@ -257,10 +257,13 @@ def tokenize_dataset(tokenizer, convs: list[list[dict]], template: str,
         samples.append((ids, mask))
     bad, bad_msgs = len(refused), [f"conversation {i}: {m}" for i, m in refused[:3]]
     if convs and not samples:
-        why = (f"the chat template refused all {bad} ({bad_msgs[0]})" if bad == len(convs) else
-               f"every sample's loss mask is all zero with chat template {cv.name!r} "
-               f"(data.max_length = {max_length}): no assistant tokens were found")
-        raise StageError(f"{why}. Set target.chat_template to the target's template, or raise "
+        if bad == len(convs):
+            raise StageError(f"the chat template refused all {bad} conversations ({bad_msgs[0]}). "
+                             "Check the data's turns (roles, string contents) against what the "
+                             "target's template accepts, or use other data.")
+        raise StageError(f"every sample's loss mask is all zero with chat template {cv.name!r} "
+                         f"(data.max_length = {max_length}): no assistant tokens were found. Set "
+                         "target.chat_template to the target's template, or raise "
                          "data.max_length.")
     report = {"template": cv.name, "tokenized": len(convs), "truncated": truncated,
               "mask_all_zero": zero, "mask_all_zero_examples": zero_idx[:10],

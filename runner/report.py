@@ -304,14 +304,15 @@ def plot_configs(rows: list[dict], spec_name: str, path: Path) -> Path | None:
     for i, r in enumerate(rows):
         note = [f"{r['speedup']:.2f}x" if _ok(r.get("speedup")) else "",
                 f"be {r['break_even_tau']:.2f}" if _ok(r.get("break_even_tau")) else ""]
-        a2.annotate("\n".join(n for n in note if n), (i, tok[i]), fontsize=7, ha="center",
+        top = max(tok[i], r["base_tok_s"] if _ok(r.get("base_tok_s")) else 0.0)
+        a2.annotate("\n".join(n for n in note if n), (i, top), fontsize=7, ha="center",
                     textcoords="offset points", xytext=(0, 3))
     base = [(i, r["base_tok_s"]) for i, r in enumerate(rows) if _ok(r.get("base_tok_s"))]
     if base:  # each bar's own same-run baseline: runs differ (machine, load), so no average
         a2.hlines([b for _, b in base], [i - 0.45 for i, _ in base], [i + 0.45 for i, _ in base],
                   colors="black", linestyles="--", lw=1,
                   label="baseline of the same run, target only")
-        a2.legend(fontsize=7, loc="lower right")
+        a2.set_title("dashed: each bar's same-run baseline (target only)", fontsize=8)
     for ax in (a1, a2):
         ax.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=7)
         ax.grid(True, axis="y", alpha=0.3)

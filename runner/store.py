@@ -78,7 +78,7 @@ def stage_row(*, run_id: str, variant: str, stage: str, cache_key: str, reason: 
 
 def _unwritable(db: Path, e: OSError) -> str:
     return (f"cannot write results next to {db}: {e.strerror or e} ({e.filename or db}). Set "
-            "results.path (or --results) to a file in a writable folder.")
+            "results.path (or `runner query --results`) to a file in a writable folder.")
 
 
 class Store:
@@ -151,7 +151,7 @@ class Store:
             except duckdb.Error as e:
                 why = str(e).splitlines()[0].rstrip("!.")
                 raise StoreError(f"cannot open results file {self.db_path}: {why}. Point "
-                                 "results.path (or --results) at a DuckDB file or a new path.")
+                                 "results.path (or `runner query --results`) at a DuckDB file or a new path.")
             try:
                 self._create(con)
                 done = {r[0] for r in con.execute("SELECT file FROM _ingested").fetchall()}

@@ -47,15 +47,17 @@ def one_at_a_time(tok, convs, cv, max_length):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__[__doc__.index("    python"):])
+                                 epilog="examples:\n" + __doc__[__doc__.index("    python"):])
     ap.add_argument("spec", help="a spec whose data and target to use")
-    ap.add_argument("--conversations", type=int, default=2000, help="conversations to tokenise")
-    ap.add_argument("--repeats", type=int, default=3, help="timed repeats per path (median)")
+    ap.add_argument("--conversations", type=int, default=2000, help="conversations to tokenise (default 2000; fewer if the data holds fewer)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed repeats per path, median (default 3)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     ap.add_argument("--out", type=Path, help="folder for bench_tokenize.json")
     a = ap.parse_args(argv)
     if a.conversations < 1 or a.repeats < 1:
         ap.error("--conversations and --repeats must be >= 1")
+    if a.out is not None and a.out.exists() and not a.out.is_dir():
+        ap.error(f"--out {a.out}: a file is in the way; pass a folder (it is created if missing)")
     from jobs.chat import chat_convention, tokenize_dataset
     from jobs.data import load_conversations
     from jobs.target import load_tokenizer
@@ -65,18 +67,27 @@ def main(argv=None) -> int:
         spec = load_spec(a.spec, [f"data.max_samples={a.conversations}", "data.holdout=0"])
         tok = load_tokenizer(spec.target)
         convs, _, _ = load_conversations(spec.data)
-    except RunnerError as e:
+        cv, L = chat_convention(tok, spec.target.chat_template), spec.data.max_length
+        if a.out is not None:
+            a.out.mkdir(parents=True, exist_ok=True)
+    except (RunnerError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    cv, L = chat_convention(tok, spec.target.chat_template), spec.data.max_length
+    if len(convs) < a.conversations:
+        print(f"note: the data holds {len(convs)} usable conversations, not {a.conversations}",
+              file=sys.stderr)
     times = {"one_at_a_time": [], "batched": []}
     for _ in range(a.repeats):
         t = time.perf_counter()
+        try:  # first: a dataset it refuses (no supervised token left) fails before any timing
+            got, rep = tokenize_dataset(tok, convs, spec.target.chat_template, L)
+        except RunnerError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        times["batched"].append(time.perf_counter() - t)
+        t = time.perf_counter()
         ref = one_at_a_time(tok, convs, cv, L)
         times["one_at_a_time"].append(time.perf_counter() - t)
-        t = time.perf_counter()
-        got, rep = tokenize_dataset(tok, convs, spec.target.chat_template, L)
-        times["batched"].append(time.perf_counter() - t)
         if got != ref:
             print("error: batched samples differ from the one-at-a-time path", file=sys.stderr)
             return 1
@@ -85,8 +96,8 @@ def main(argv=None) -> int:
            "ms_per_conversation": ms, "ratio": ms["one_at_a_time"] / ms["batched"],
            "repeats": a.repeats}
     if a.out:
-        a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "bench_tokenize.json").write_text(json.dumps(res, indent=1))
+        from runner.files import atomic_write
+        atomic_write(a.out / "bench_tokenize.json", json.dumps(res, indent=1))
     if a.json:
         print(json.dumps(res))
     else:

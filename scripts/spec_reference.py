@@ -66,7 +66,8 @@ expected and why):
   bound, runner/drafts/rules.py); required when `eagle_topk > 1`; at least one config.
 - `stages.train.features: online` runs the target in the train stage, so `stages.extract` must
   be absent (a variant: `stages.extract: null`); train then needs only `regenerate` (if present)
-  and its cache key covers the target, the data and the aux ids.
+  and its cache key covers the target, the data and the aux ids. `features: offline` (the
+  default) reads the extract stage's features, so `stages.extract` must then be present.
 - `drafter.max_position_embeddings` covers the serving context (`stages.bench.context_length`,
   default `target.max_position_embeddings`).
 - Target geometry (`num_hidden_layers`, `hidden_size`, `vocab_size`, `max_position_embeddings`)
