@@ -194,7 +194,7 @@ def test_both_backends_record_the_same_rows_and_train_samples(smollm2_path, tmp_
     monkeypatch.setenv("PYTHONPATH", f"{fake}:{os.environ.get('PYTHONPATH', '')}")
     data = {"name": "both", "target": {"path": str(target), "device": "cpu", "dtype": "float32"},
             "drafter": {"draft_vocab_size": 2048, "aux_layer_ids": [0, 1, 2]},
-            "stages": {"train": {"num_samples": 999},
+            "stages": {"extract": {}, "train": {"num_samples": 999},
                        "bench": {"prompt_sets": ["mtbench"], "num_prompts": 1,
                                  "max_new_tokens": [4], "configs": [{"num_steps": 1}],
                                  "sglang": {"python": sys.executable, "port": port,

@@ -41,7 +41,7 @@ def _hf_target(tmp: Path, **over) -> Path:
 
 def _spec(tmp: Path, **over) -> dict:
     return {"name": "c", "target": {"path": str(_hf_target(tmp))},
-            "drafter": {"draft_vocab_size": 4096}, "stages": {"train": {}}, **over}
+            "drafter": {"draft_vocab_size": 4096}, "stages": {"extract": {}, "train": {}}, **over}
 
 
 # -- the draft geometry against the target's defaults -------------------------------------------

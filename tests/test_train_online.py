@@ -170,8 +170,12 @@ def test_plan_has_no_extract_stage_and_the_key_covers_the_data(target, tmp_path)
         make_spec(target, stages={"extract": {}, "train": {**TRAIN, "features": "online"}})
 
 
-def test_online_without_extract_input_offline_is_refused(target, tmp_path):
-    spec = make_spec(target, stages={"train": TRAIN})
+def test_offline_without_extract_is_refused(target, tmp_path):
+    """Offline without stages.extract fails at validation; a context without the extract input
+    (not one the executor builds) fails in the stage, naming features: online."""
+    with pytest.raises(SpecError, match="stages.extract is not set"):
+        make_spec(target, stages={"train": TRAIN})
+    spec = make_spec(target, stages={"extract": {}, "train": TRAIN})
     with pytest.raises(StageError, match="features: online"):
         train(ctx_for(spec, "train", tmp_path / "t"))
 
