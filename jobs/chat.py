@@ -5,7 +5,7 @@ the target generates in an assistant turn).
     detect_template(tokenizer, template="auto") -> name ("chatml" | "qwen" | "llama3" | "kimi" |
                                                          "custom")
     tokenize_conversation(tokenizer, conv, template, max_length) -> (input_ids, loss_mask)
-    token_mask(offsets, spans) -> loss_mask
+    token_mask(offsets, spans) -> loss_mask   (token_mask_reference: the same, one token at a time)
     tokenize_dataset(tokenizer, convs, template, max_length) -> (samples, report)
 
 One mechanism for every template: the text is `tokenizer.apply_chat_template(conv)`; an assistant
@@ -180,6 +180,17 @@ def token_mask(offsets, spans: list[tuple[int, int]]) -> list[int]:
     inside = j < len(sp)
     jj = np.minimum(j, len(sp) - 1)
     return (inside & (sp[jj, 0] <= a) & (b > a)).astype(np.int8).tolist()
+
+
+def token_mask_reference(offsets, spans: list[tuple[int, int]]) -> list[int]:
+    """token_mask one token at a time (the form it had before it was vectorised): the reference
+    tests/test_data.py holds it to and scripts/bench_tokenize.py times it against."""
+    mask, j = [], 0
+    for (a, b) in offsets:
+        while j < len(spans) and spans[j][1] <= a:
+            j += 1
+        mask.append(int(j < len(spans) and spans[j][0] <= a < spans[j][1] and b > a))
+    return mask
 
 
 def tokenize_conversation(tokenizer, conv: list[dict], template,

@@ -28,16 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def one_at_a_time(tok, convs, cv, max_length):
     """The path before batching: per conversation, render, one tokenizer call, a per-token mask
     loop; samples [(input_ids, loss_mask)] with all-zero masks dropped."""
-    from jobs.chat import assistant_char_spans, render
+    from jobs.chat import assistant_char_spans, render, token_mask_reference
     out = []
     for conv in convs:
         text = render(tok, conv)
         enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        spans, mask, j = assistant_char_spans(text, cv), [], 0
-        for (a, b) in enc["offset_mapping"]:
-            while j < len(spans) and spans[j][1] <= a:
-                j += 1
-            mask.append(int(j < len(spans) and spans[j][0] <= a < spans[j][1] and b > a))
+        mask = token_mask_reference(enc["offset_mapping"], assistant_char_spans(text, cv))
         ids, mask = enc["input_ids"][:max_length], mask[:max_length]
         if any(mask):
             out.append((ids, mask))
@@ -49,8 +45,10 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="examples:\n" + __doc__[__doc__.index("    python"):])
     ap.add_argument("spec", help="a spec whose data and target to use")
-    ap.add_argument("--conversations", type=int, default=2000, help="conversations to tokenise (default 2000; fewer if the data holds fewer)")
-    ap.add_argument("--repeats", type=int, default=3, help="timed repeats per path, median (default 3)")
+    ap.add_argument("--conversations", type=int, default=2000,
+                    help="conversations to tokenise (default 2000; fewer if the data holds fewer)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="timed repeats per path, median (default 3)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     ap.add_argument("--out", type=Path, help="folder for bench_tokenize.json")
     a = ap.parse_args(argv)

@@ -329,16 +329,6 @@ def test_truncation_and_all_zero_masks(smollm2_tokenizer, sharegpt_path):
         tokenize_dataset(tok, train, "chatml", 16)
 
 
-def _loop_mask(offsets, spans):
-    """The per-token reference of jobs/chat.py token_mask (its first, scalar form)."""
-    mask, j = [], 0
-    for (a, b) in offsets:
-        while j < len(spans) and spans[j][1] <= a:
-            j += 1
-        mask.append(int(j < len(spans) and spans[j][0] <= a < spans[j][1] and b > a))
-    return mask
-
-
 def test_batched_tokenising_equals_one_at_a_time(smollm2_tokenizer, sharegpt_path, monkeypatch):
     """tokenize_dataset encodes ENCODE_BATCH texts per tokenizer call: on real ShareGPT
     conversations (3 chunks, the last partial) its samples are exactly tokenize_conversation's,
@@ -355,9 +345,9 @@ def test_batched_tokenising_equals_one_at_a_time(smollm2_tokenizer, sharegpt_pat
         text = C.render(tok, conv)
         off = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
         spans = C.assistant_char_spans(text, cv)
-        assert C.token_mask(off, spans) == _loop_mask(off, spans)
+        assert C.token_mask(off, spans) == C.token_mask_reference(off, spans)
     assert C.token_mask([(0, 1), (1, 1), (2, 5)], [(1, 3)]) == [0, 0, 1] == \
-        _loop_mask([(0, 1), (1, 1), (2, 5)], [(1, 3)])
+        C.token_mask_reference([(0, 1), (1, 1), (2, 5)], [(1, 3)])
     assert C.token_mask([], [(0, 1)]) == [] and C.token_mask([(0, 2)], []) == [0]
 
 
