@@ -204,10 +204,8 @@ def tokenize_conversation(tokenizer, conv: list[dict], template,
     unsupervised. Raises StageError when the tokenizer has no chat template; the template's own
     errors (a conversation it refuses) propagate (tokenize_dataset counts them)."""
     cv = template if isinstance(template, Convention) else chat_convention(tokenizer, template)
-    text = render(tokenizer, conv)
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    mask = token_mask(enc["offset_mapping"], assistant_char_spans(text, cv))
-    return enc["input_ids"][:max_length], mask[:max_length]
+    ((_, ids, mask),) = _encode(tokenizer, [(0, render(tokenizer, conv))], cv)
+    return ids[:max_length], mask[:max_length]
 
 
 ENCODE_BATCH = 512  # texts per tokenizer call (a fast tokenizer encodes a batch on all cores)
@@ -226,9 +224,8 @@ def _rendered(tokenizer, convs: list[list[dict]], refused: list[tuple[int, str]]
 
 def _encode_batches(tokenizer, texts, cv: Convention):
     """Yield (conversation index, input_ids [T], loss_mask [T]) for an iterable of (index, chat
-    text), ENCODE_BATCH texts per tokenizer call: the ids and masks tokenize_conversation gives
-    one text at a time (tests/test_chat.py), several times faster where a fast tokenizer has
-    many cores to encode a batch on."""
+    text), ENCODE_BATCH texts per tokenizer call: the ids and masks of one text at a time
+    (tests/test_data.py), several times faster where a fast tokenizer has many cores."""
     chunk = []
     for item in texts:
         chunk.append(item)
@@ -239,6 +236,7 @@ def _encode_batches(tokenizer, texts, cv: Convention):
 
 
 def _encode(tokenizer, chunk: list[tuple[int, str]], cv: Convention):
+    """One tokenizer call over the chunk's texts: (index, input_ids, loss_mask) per text."""
     if not chunk:
         return
     enc = tokenizer([t for _, t in chunk], add_special_tokens=False, return_offsets_mapping=True)

@@ -310,8 +310,7 @@ def plot_configs(rows: list[dict], spec_name: str, path: Path) -> Path | None:
     base = [(i, r["base_tok_s"]) for i, r in enumerate(rows) if _ok(r.get("base_tok_s"))]
     if base:  # each bar's own same-run baseline: runs differ (machine, load), so no average
         a2.hlines([b for _, b in base], [i - 0.45 for i, _ in base], [i + 0.45 for i, _ in base],
-                  colors="black", linestyles="--", lw=1,
-                  label="baseline of the same run, target only")
+                  colors="black", linestyles="--", lw=1)
         a2.set_title("dashed: each bar's same-run baseline (target only)", fontsize=8)
     for ax in (a1, a2):
         ax.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=7)
