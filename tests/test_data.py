@@ -415,7 +415,7 @@ def test_jsonl_edge_files(tmp_path, capsys):
         load_conversations(Data(source="jsonl", path=str(p)))
 
 
-def test_bench_tokenize_script(sharegpt_path, smollm2_path, capsys):
+def test_bench_tokenize_script(sharegpt_path, smollm2_path, capsys, tmp_path):
     """scripts/bench_tokenize.py checks both paths' samples equal and reports their ratio; a
     bad count is a usage error naming the flag."""
     import importlib.util
@@ -432,3 +432,11 @@ def test_bench_tokenize_script(sharegpt_path, smollm2_path, capsys):
     with pytest.raises(SystemExit):
         m.main([spec, "--conversations", "0"])
     assert "--conversations" in capsys.readouterr().err
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(SystemExit):  # refused before any timing, not a traceback at the end
+        m.main([spec, "--conversations", "4", "--out", str(afile)])
+    assert "a file is in the way" in capsys.readouterr().err
+    assert m.main([spec, "--conversations", "4", "--repeats", "1",
+                   "--out", str(tmp_path / "o")]) == 0
+    assert (tmp_path / "o" / "bench_tokenize.json").exists()
