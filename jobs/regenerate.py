@@ -12,7 +12,8 @@ generation prompt. The turns between answers stay as they are, as context: user 
 turns (the first or later ones), tool results and assistant tool calls (`context_steps`); a
 conversation the template refuses is dropped (`template_error`). A conversation keeps its
 cache row across turns (its next turn is prefilled on top of the cached prefix as soon as its
-answer finished), so the turns of many conversations interleave.
+answer finished; the next turns of the rows finished at one host sync are rendered and
+tokenised in one batched tokenizer call), so the turns of many conversations interleave.
 Synthetic conversations (`synthetic_prompts: N`, jobs/synthetic.py): the target writes N user
 turns from the template's user-turn prefix (sampled at synthetic_temperature/top_p), degenerate
 and duplicate ones are dropped (counted by reason), and the rest are answered like real turns.
@@ -190,7 +191,7 @@ def warm_up(gen: Generator, tok, params) -> float:
     if params.synthetic_prompts:
         modes.append((params.synthetic_temperature, params.synthetic_top_p))
     for temperature, top_p in modes:
-        gen.run([Request("warm-up", ids, min(8, gen.M))], lambda r: None, temperature, top_p)
+        gen.run([Request("warm-up", ids, min(8, gen.M))], lambda rs: None, temperature, top_p)
     return time.perf_counter() - t0
 
 
@@ -217,9 +218,9 @@ def synthesize(gen: Generator, tok, params, guard, progress=True,
                         seed_of(params.seed, "syn-candidate", i)) for i in
                 itertools.takewhile(lambda _: not budget.over(), range(first, first + n)))
 
-        def done(r):
-            cands.append((r.key, tok.decode(r.tokens, skip_special_tokens=True).strip(),
-                          r.finish == "stop"))
+        def done(results):  # one call per host sync: one batched decode
+            texts = tok.batch_decode([r.tokens for r in results], skip_special_tokens=True)
+            cands.extend((r.key, t.strip(), r.finish == "stop") for r, t in zip(results, texts))
         st = gen.run(reqs, done, params.synthetic_temperature, params.synthetic_top_p, stop, bar)
         tokens, secs = tokens + st["new_tokens"], secs + st["seconds"]
         wait, row_steps = wait + st["wait_s"], row_steps + st["steps"] * gen.R
@@ -315,12 +316,11 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
                 if (r := request(j, ids)) is not None:
                     yield r
 
-    def done(r):
-        job: Conv = r.key
-        text = tok.decode(r.tokens, skip_special_tokens=True).strip()
+    def record_answer(job: Conv, r, text: str) -> bool:
+        """Record the answer `text` of job's current turn; True when the job goes on."""
         if not text:
             writer.add(job.stopped("empty_reply"))
-            return None
+            return False
         job.messages = job.messages + job.steps[len(job.finish)] + [
             {"role": "assistant", "content": text}]
         job.finish.append(r.finish)
@@ -329,11 +329,25 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
             writer.add(job.record())
             finished[0] += 1
             bar.set_postfix(conversations=finished[0], refresh=False)
-            return None
+            return False
         if budget.over():
             writer.add(job.record(cut="time_budget"))
-            return None
-        return request(job)
+            return False
+        return True
+
+    def done(results):  # the rows of one host sync: one batched decode and one tokenizer call
+        texts = tok.batch_decode([r.tokens for r in results], skip_special_tokens=True)
+        go = [k for k, (r, t) in enumerate(zip(results, texts)) if record_answer(r.key, r, t.strip())]
+        nxt = [None] * len(results)
+        try:
+            batch = render_batch(tok, [results[k].key.messages +
+                                       results[k].key.steps[len(results[k].key.finish)]
+                                       for k in go])
+        except refused:  # one by one: request() drops the refused ones
+            batch = [None] * len(go)
+        for k, ids in zip(go, batch):
+            nxt[k] = request(results[k].key, ids)
+        return nxt
 
     st = gen.run(first_turns(), done, params.temperature, params.top_p,
                  [tok.eos_token_id] if tok.eos_token_id is not None else [], bar)

@@ -244,9 +244,24 @@ class TrainRun:
         return (self.eval_ids, "eval") if self.eval_ids else (self.train_ids, "trainset")
 
 
+def target_head_init(head: dict, used: torch.Tensor, device: torch.device
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The drafter's lm_head and final norm under stages.train.init_head: target. head: the
+    target's {lm_head [V, H], norm [H], ...} (source.head()); used [Vd]: the draft vocab's target
+    ids (V.used_ids(d2t), target_id = i + d2t[i]). Returns (lm_head [Vd, H] = head["lm_head"]
+    [used], norm [H] = head["norm"]), float32 copies on `device`. The drafter applies its norm
+    right before lm_head (`lm_head(norm(out))`) as the target does, so both start as the target's
+    own head restricted to the draft vocab. Convention: vLLM speculators Eagle3DraftModel: draft
+    lm_head = verifier lm_head[t2d]."""
+    W = head["lm_head"]
+    rows = W[used.to(W.device)].to(device=device, dtype=torch.float32, copy=True)
+    return rows, head["norm"].to(device=device, dtype=torch.float32, copy=True)
+
+
 def setup(ctx: StageContext, impl: Any = "spec") -> TrainRun:
     """Open the sample source (jobs/train_data.py), build (or load) the draft vocab, initialise
-    the drafter (seeded by stages.train.seed), AdamW and its schedule. impl: the fast step's
+    the drafter (seeded by stages.train.seed; its lm_head and final norm from the target's with
+    stages.train.init_head: target), AdamW and its schedule. impl: the fast step's
     paths ("spec" = stages.train.kernels through jobs/ttt_fast.py Impl.named; "best" =
     Impl.best(device)) or None (the reference objective).
     Raises StageError for unusable inputs."""
@@ -289,6 +304,11 @@ def setup(ctx: StageContext, impl: Any = "spec") -> TrainRun:
     elif impl == "best":
         impl = F.Impl.best(device)
     used = V.used_ids(d2t).to(device)
+    if p.init_head == "target":  # before the optimizer; resume() loads a checkpoint over it
+        lm_head, norm = target_head_init(head, used, device)
+        with torch.no_grad():
+            model.lm_head.weight.copy_(lm_head)
+            model.norm.weight.copy_(norm)
     if impl is not None:
         head = F.split_head(head, used)
     opt = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)

@@ -96,6 +96,12 @@ class TrainStage(Strict):
     lr: float = Field(1e-4, gt=0, description="Peak AdamW learning rate.")
     warmup_steps: int = Field(20, ge=0, description="Linear warmup, then cosine decay to 0.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    init_head: Literal["target", "random"] = Field("random", description=(
+        "How the drafter's lm_head and final norm start: random = nn.Linear's default init and "
+        "a unit norm; target = copies of the target's lm_head rows of the draft vocab and its "
+        "final norm (as vLLM speculators does). On the demo target and data (206 samples, 52 "
+        "steps) target started at 1.8x the eval loss and ended behind random (eval acc_0 0.142 "
+        "against 0.158)."))
     grad_clip: float = Field(0.5, gt=0, description="Max global grad norm.")
     eval_every: int = Field(50, ge=1, description="Steps between evaluations (logged to DuckDB).")
     eval_samples: int = Field(8, ge=0, description="Held-out extracted samples for evaluation.")

@@ -113,10 +113,10 @@ def compare(a, hf, tok, target) -> dict:
     gen = Generator(target, rows=a.rows, max_seq=max(map(len, ids)) + a.new + 1, max_new=a.new,
                     cuda_graph=a.cuda_graph, sync_every=a.sync_every, kernels=a.kernels)
     warm = [Request(("w", i), ids[i], caps[i]) for i in range(min(len(ids), a.rows))]
-    gen.run(warm, lambda r: None)  # compile + CUDA-graph capture outside the timed pass
+    gen.run(warm, lambda rs: None)  # compile + CUDA-graph capture outside the timed pass
     done = []  # no stop ids: each answer is exactly as long as HF's for that prompt
     st = gen.run([Request(i, x, c) for i, (x, c) in enumerate(zip(ids, caps))],
-                 lambda r: done.append(len(r.tokens)))
+                 lambda rs: done.extend(len(r.tokens) for r in rs))
     n_hf, n_eng = sum(caps), sum(done)
     hf_tps, eng_tps = n_hf / hf_s, n_eng / st["seconds"]
     return {"prompts": len(prompts), "hf_batch": a.hf_batch, "rows": a.rows, "new": a.new,
@@ -142,10 +142,10 @@ def step(a, hf, target) -> dict:
     for mode, (temp, top_p) in {m: modes[m] for m in a.modes.split(",")}.items():
         t0 = time.perf_counter()  # warm-up: compile + one CUDA graph per kv_len bucket
         gen.run([Request(("w", i), ids[i], a.new, i) for i in range(min(64, len(ids)))],
-                lambda r: None, temp, top_p)
+                lambda rs: None, temp, top_p)
         sync(dev)
         warm = time.perf_counter() - t0
-        st = gen.run([Request(i, x, a.new, i) for i, x in enumerate(ids)], lambda r: None,
+        st = gen.run([Request(i, x, a.new, i) for i, x in enumerate(ids)], lambda rs: None,
                      temp, top_p)
         res[mode] = {"warm_s": warm, "seconds": st["seconds"], "tokens": st["new_tokens"],
                      "tok_s": st["new_tokens"] / st["seconds"], "steps": st["steps"],
@@ -158,7 +158,7 @@ def step(a, hf, target) -> dict:
         reqs = [Request(("p", i), ids[i], min(32, a.new), i) for i in range(min(a.rows, a.prompts))]
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             t0 = time.perf_counter()
-            st = gen.run(reqs, lambda r: None)
+            st = gen.run(reqs, lambda rs: None)
             wall = time.perf_counter() - t0
         ev = prof.key_averages()
         cuda = lambda e: getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0)  # noqa: E731

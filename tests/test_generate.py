@@ -25,7 +25,7 @@ def _hf_greedy(hf, ids, n):
 
 def _run(gen, reqs, **kw):
     got = {}
-    st = gen.run(reqs, lambda r: got.__setitem__(r.key, r), **kw)
+    st = gen.run(reqs, lambda rs: got.update((r.key, r) for r in rs), **kw)
     return got, st
 
 
@@ -138,8 +138,8 @@ def test_stops_caps_and_continuations(tiny):
         return None
     gen = Generator(target, rows=1, max_seq=64, max_new=8)
     res = {}
-    st = gen.run([Request("t1", PROMPTS[1], 8)], lambda r: (res.__setitem__(r.key, r),
-                                                             follow(r))[1])
+    st = gen.run([Request("t1", PROMPTS[1], 8)],
+                 lambda rs: [(res.__setitem__(r.key, r), follow(r))[1] for r in rs])
     assert st["reused_tokens"] == len(PROMPTS[1]) + 7  # all but the last generated token
     fresh, _ = _run(Generator(target, rows=1, max_seq=64, max_new=8),
                     [Request("x", PROMPTS[1] + first["t"] + [4, 5], 6)])
@@ -150,9 +150,9 @@ def test_bad_requests_are_refused(tiny):
     _, target = tiny
     gen = Generator(target, rows=1, max_seq=16, max_new=4)
     with pytest.raises(ValueError, match="prompt of 16 tokens"):
-        gen.run([Request("long", [1] * 16, 4)], lambda r: None)
+        gen.run([Request("long", [1] * 16, 4)], lambda rs: None)
     with pytest.raises(ValueError, match="max_new 5"):
-        gen.run([Request("wide", [1], 5)], lambda r: None)
+        gen.run([Request("wide", [1], 5)], lambda rs: None)
     with pytest.raises(ValueError, match="kernels"):
         Generator(target, rows=1, max_seq=16, max_new=4, kernels="flash")
 
@@ -233,3 +233,17 @@ def test_prefill_enqueues_without_a_stream_sync():
     assert n == sum(len(r.ids) for _, r in entries)
     want = {r.key: _hf_greedy(tiny_hf_llama(vocab=64, layers=2), r.ids, 1) for _, r in entries}
     assert gen.out[:4, 0].tolist() == [want[row][0] for row, _ in entries]
+
+
+def test_on_done_gets_the_rows_of_a_sync_in_one_call_and_one_follow_up_each(tiny):
+    """The rows finished at one host sync reach on_done together (the regenerate stage decodes and
+    tokenises their next turns in one batched call), and a follow-up list of another length is
+    refused."""
+    _, target = tiny
+    calls = []
+    gen = Generator(target, rows=4, max_seq=64, max_new=4, sync_every=8)
+    gen.run([Request(k, p, 4) for k, p in enumerate(PROMPTS[:4])],
+            lambda rs: calls.append([r.key for r in rs]))
+    assert sorted(calls[0]) == [0, 1, 2, 3]  # all four finish within the first 8 steps
+    with pytest.raises(ValueError, match="one \\(a Request or None\\) per result"):
+        gen.run([Request(k, p, 4) for k, p in enumerate(PROMPTS[:2])], lambda rs: [None])

@@ -587,6 +587,16 @@ def test_bench_sweep_axes_are_never_empty_or_zero(bench, field):
     one(field, problems(d))
 
 
+def test_train_init_head_is_target_or_random():
+    assert load_spec(data=spec_dict(stages={"extract": {}, "train": {}})) \
+        .stages.train.init_head == "random"
+    assert load_spec(data=spec_dict(stages={"extract": {}, "train": {"init_head": "target"}})) \
+        .stages.train.init_head == "target"
+    msg = one("stages.train.init_head",
+              problems(spec_dict(stages={"extract": {}, "train": {"init_head": "zeros"}})))
+    assert "target" in msg and "random" in msg, msg
+
+
 def test_offline_train_needs_an_extract_stage():
     """features: offline (the default) reads extract's artifact: a spec without stages.extract
     fails at validation naming both fixes; online without extract, and offline with it, pass."""

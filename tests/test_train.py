@@ -219,6 +219,48 @@ def test_train_stage_outputs(extract_dir, tmp_path):
     assert rows == [(f"eval_acc_{j}", s) for s in (2, 4) for j in range(3)]
 
 
+@pytest.fixture(scope="module")
+def extract_norm_dir(tmp_path_factory):
+    """A tiny extract whose target's final norm is not all ones (an HF init's), so that copying
+    it is visible."""
+    def edit(model):
+        g = torch.Generator().manual_seed(3)
+        model.model.norm.weight.copy_(0.5 + torch.rand(model.model.norm.weight.shape, generator=g))
+    return tiny_extract(tmp_path_factory.mktemp("extract_norm") / "x", n_samples=8, edit=edit)
+
+
+def test_init_head_target_copies_the_targets_draft_vocab_rows_and_norm(extract_norm_dir, tmp_path):
+    """init_head: target = vLLM speculators' init: the drafter's lm_head row i is
+    the target's lm_head row of target id i + d2t[i], its norm the target's final norm, at step
+    0; init_head: random (the default) leaves nn.Linear's init and a unit norm. Both consume the same RNG
+    draws, and each has its own fingerprint (a checkpoint of one never resumes the other)."""
+    from jobs.train import setup
+    runs = {}
+    for init in ("target", "random"):
+        ctx = train_ctx(train_spec(init_head=init), extract_norm_dir, tmp_path / init,
+                        tmp_path / "r.duckdb")
+        runs[init] = setup(ctx, impl=None)
+    assert train_spec().stages.train.init_head == "random"
+    head = runs["target"].source.head()
+    assert not torch.allclose(head["norm"], torch.ones_like(head["norm"]))
+    for init, run in runs.items():
+        m = run.learner.model
+        used = V.used_ids(m.d2t)
+        assert torch.equal(used, m.t2d.nonzero().flatten())
+        rows = head["lm_head"][used].float()
+        assert m.lm_head.weight.dtype == m.norm.weight.dtype == torch.float32
+        if init == "target":
+            assert torch.equal(m.lm_head.weight, rows)
+            assert torch.equal(m.norm.weight, head["norm"].float())
+            assert m.lm_head.weight.data_ptr() != head["lm_head"].data_ptr()  # a copy
+        else:
+            assert not torch.allclose(m.lm_head.weight, rows)
+            assert torch.equal(m.norm.weight, torch.ones_like(m.norm.weight))
+    t, r = runs["target"].learner.model, runs["random"].learner.model
+    assert torch.equal(t.fc.weight, r.fc.weight)  # same seed, same draws: only the head differs
+    assert runs["target"].fp != runs["random"].fp
+
+
 def test_training_reduces_loss(extract_dir, tmp_path):
     spec = train_spec(max_steps=30, eval_every=10, eval_samples=0, num_samples=2, lr=1e-2,
                       warmup_steps=2, epochs=100.0)

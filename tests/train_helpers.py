@@ -11,10 +11,11 @@ import torch
 
 def tiny_extract(root: Path, n_samples=6, lengths=(12, 30), vocab=96, hidden=32, layers=4,
                  aux_ids=(0, 1, 2), seed=0, shard_samples=4, token_range=None,
-                 head_scale=8.0) -> Path:
+                 head_scale=8.0, edit=None) -> Path:
     """Write an extract artifact for random conversations-like samples: the first third of each
     sample is prompt (loss_mask 0), the rest assistant (1). head_scale sharpens the target's
-    next-token distribution (a random tiny target is otherwise nearly uniform). Returns root."""
+    next-token distribution (a random tiny target is otherwise nearly uniform); edit(model), when
+    given, may change the target's weights before extraction. Returns root."""
     from engine_helpers import tiny_hf_llama
     from jobs.extract import extract_samples, write_target_parts
     from jobs.features import FORMAT, MANIFEST
@@ -23,6 +24,8 @@ def tiny_extract(root: Path, n_samples=6, lengths=(12, 30), vocab=96, hidden=32,
     model = tiny_hf_llama(vocab=vocab, hidden=hidden, layers=layers, heads=4, kv=2, seed=seed)
     with torch.no_grad():
         model.lm_head.weight.mul_(head_scale)
+        if edit is not None:
+            edit(model)
     g = torch.Generator().manual_seed(seed)
     lo, hi = token_range or (3, vocab)
     samples = []
