@@ -287,10 +287,15 @@ class Generator:
                                 select=self._h2d(lens - 1), kv_len=kv_len, attn=sdpa_prefill)
         first = pick(logits[:, 0], mode, self.temperature, self.top_p, seed,
                      torch.zeros_like(seed), self.vhash)  # [n]
-        self.cur[rows], self.pos[rows], self.n_gen[rows] = first, self._h2d(total), 1
-        self.limit[rows], self.seed[rows] = limit, seed
-        self.out[rows, 0] = first
-        self.done[rows] = (first[:, None] == self.stop_ids[None]).any(-1) | (limit <= 1)
+        # the rows' state through index_copy_/index_fill_ (device indices and values: no host
+        # round trip; the indexed assignments before, `self.pos[rows] = ...`, synchronised the
+        # stream on the H200 under set_sync_debug_mode, at which one was not found)
+        for buf, val in ((self.cur, first), (self.pos, self._h2d(total)), (self.limit, limit),
+                         (self.seed, seed), (self.out[:, 0], first)):
+            buf.index_copy_(0, rows, val)
+        self.n_gen.index_fill_(0, rows, 1)
+        self.done.index_copy_(0, rows, (first[:, None] == self.stop_ids[None]).any(-1) |
+                              (limit <= 1))
         return int(lens.sum())
 
     # -- the loop --
