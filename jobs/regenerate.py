@@ -29,7 +29,7 @@ losses; the extract stage reads them with regen_store.read_conversations.
 
 A time budget (`max_minutes`, over synthesis and answering together; it starts after the decode
 step is compiled, `warmup_seconds`): synthesis gets the share of it that its prompts cost
-(synthesis_share: the estimated tokens of writing them over those of writing them and answering
+(synthesis_share: the estimated time of writing them over that of writing them and answering
 every turn, real and synthetic; at most half), so it never writes prompts the answers cannot
 reach; once the budget has passed, no new generation request starts; a conversation in flight
 keeps the turns answered (the rest cut, `cut_time_budget`) and one never started ends as a
@@ -141,20 +141,23 @@ def make_generator(target, params, max_length: int, compile_backend=None) -> Gen
 
 
 # Estimates for synthesis_share (the 2026-12-02 H200 scale run, BENCHMARKS.md: answers averaged
-# 199 of 256 tokens, synthetic candidates 56 of 128, and 79% of candidates were kept)
-ANSWER_FILL, CANDIDATE_FILL, KEEP_RATE = 0.8, 0.45, 0.8
+# 199 of 256 tokens, synthetic candidates 56 of 128, and 79% of candidates were kept; the second
+# 2026-12-03 run: synthesis wrote 117k tok/s, the answers 42.7k, so an answer token costs ~2.7x
+# the time of a prompt token: long rows read more KV per step, and every turn needs a prefill)
+ANSWER_FILL, CANDIDATE_FILL, KEEP_RATE, ANSWER_COST = 0.8, 0.45, 0.8, 2.7
 
 
 def synthesis_share(n_prompts: int, real_turns: int, params) -> float:
-    """The fraction of a time budget that synthesis gets: its estimated tokens
-    (n_prompts / KEEP_RATE candidates of CANDIDATE_FILL * synthetic_max_tokens) over those plus
-    the answers' ((real_turns + n_prompts) * ANSWER_FILL * max_new_tokens), within [0.02, 0.5].
-    Generation runs at about the same tokens/s whatever it writes, so time follows tokens: the
-    synthetic prompts written are about the share of all the work that the budget reaches, and
-    the answers reach them. (Before: a fixed half, and on the H200 87,900 candidates were written
-    for the 6,344 answered.)"""
+    """The fraction of a time budget that synthesis gets: its estimated time
+    (n_prompts / KEEP_RATE candidates of CANDIDATE_FILL * synthetic_max_tokens tokens) over that
+    plus the answers' (ANSWER_COST x (real_turns + n_prompts) * ANSWER_FILL * max_new_tokens
+    tokens: a token of an answer costs ANSWER_COST prompt tokens of time), within [0.02, 0.5]. So
+    the synthetic prompts written are about the share of all the work that the budget reaches,
+    and the answers reach them. (A fixed half first: on the H200 87,900 candidates were written
+    for the 6,344 answered; then a token-count share (ANSWER_COST 1): 111k candidates written, 64k
+    of the prompts never answered.)"""
     s = n_prompts / KEEP_RATE * CANDIDATE_FILL * params.synthetic_max_tokens
-    a = (real_turns + n_prompts) * ANSWER_FILL * params.max_new_tokens
+    a = ANSWER_COST * (real_turns + n_prompts) * ANSWER_FILL * params.max_new_tokens
     return min(0.5, max(0.02, s / max(s + a, 1.0)))
 
 
