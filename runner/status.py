@@ -128,5 +128,6 @@ def status(db: Path, as_json: bool = False, spec_name: str | None = None) -> int
                          default=str, indent=1))
     else:
         print(f"run {run['run_id']}: {st}")
-        print(_table(STAGE_COLS, table))
+        # "reason" is why a stage ran (plan's word for it), not an error: say so in the header
+        print(_table(["ran because" if c == "reason" else c for c in STAGE_COLS], table))
     return 0

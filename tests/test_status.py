@@ -77,6 +77,7 @@ def test_a_killed_run_is_dead_not_running_forever(tmp_path, capsys):
     assert main(["status", "--results", str(db)]) == 0
     out = capsys.readouterr().out
     assert "run r1: dead" in out and f"dead (pid {dead} is gone)" in out
+    assert "ran because" in out.splitlines()[1]  # why a stage ran, not a failure reason
     # a live pid on this host is running; another host's pid is not guessed at
     _stage(store, "r1", "export", "running", "2026-01-01 00:00:03", os.getpid())
     by = {s["stage"]: s["status"] for s in _status(db, capsys)["stages"]}
