@@ -76,6 +76,10 @@ def test_pick_at_temperature_zero_is_the_argmax():
     assert torch.equal(got, z.argmax(-1))
     assert not torch.equal(pick(z, "sample", torch.ones(1), torch.ones(1), seed, step, vh),
                            z.argmax(-1))
+    # the eager Generator's greedy mode (no noise computed) picks the same tokens
+    assert torch.equal(pick(z, "greedy", torch.zeros(1), torch.ones(1), seed, step, vh), got)
+    with pytest.raises(ValueError, match="expected 'greedy', 'sample' or 'top_p'"):
+        pick(z, "beam", torch.zeros(1), torch.ones(1), seed, step, vh)
 
 
 def test_sampling_is_per_sequence_not_per_batch(tiny):
@@ -112,8 +116,6 @@ def test_pick_samples_the_softmax_and_respects_top_p():
     assert set(nuc.tolist()) == {0, 1}
     assert abs((nuc == 0).float().mean() - p[0] / (p[0] + p[1])) < 0.015
     assert pick(z[None], "sample", torch.zeros(1), T, seed[:1], step[:1], vh).tolist() == [0]
-    with pytest.raises(ValueError, match="mode 'greedy'"):
-        pick(z[None], "greedy", T, T, seed[:1], step[:1], vh)
 
 
 def test_stops_caps_and_continuations(tiny):
