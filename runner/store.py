@@ -224,6 +224,12 @@ class Store:
                 cur = con.execute(sql)
                 cols = [d[0] for d in cur.description] if cur.description else []
                 return cols, cur.fetchall()
+            except duckdb.CatalogException as e:  # an unknown table: say which ones exist
+                names = [r[0] for r in con.execute(
+                    "SELECT table_name FROM information_schema.tables ORDER BY 1").fetchall()
+                         if not r[0].startswith("_")]  # _ingested: the store's own
+                raise StoreError(f"{str(e).splitlines()[0]} Tables and views here: "
+                                 f"{', '.join(names) or 'none'}.")
             except duckdb.Error as e:
                 raise StoreError(str(e).splitlines()[0])
             except RuntimeError as e:  # DuckDB turns Ctrl-C during a query into this

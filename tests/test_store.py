@@ -160,6 +160,13 @@ def test_query_is_read_only(filled_db, sql):
     assert rows == [(4,)]
 
 
+def test_query_of_an_unknown_table_lists_the_tables(filled_db):
+    r = runner("query", "SELECT * FROM bench_sumary", "--results", str(filled_db))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("error:") and "bench_sumary" in r.stderr
+    assert "Tables and views here:" in r.stderr and "bench_summary" in r.stderr
+
+
 def test_query_output_shapes(filled_db):
     sql = "SELECT name, value, unit FROM metrics WHERE step IS NULL ORDER BY name"
     r = runner("query", sql, "--results", str(filled_db), "--json")
