@@ -323,9 +323,10 @@ class Generator:
         Generator's, more than MAX_STOP stop ids, or on_done returning a list of another length."""
         if len(stop_ids) > MAX_STOP:
             raise ValueError(f"stop_ids: at most {MAX_STOP}, got {list(stop_ids)}")
-        mode = "top_p" if temperature > 0 and top_p < 1 else "sample"  # greedy: "sample" at T 0
-        if temperature <= 0 and not self.compiled:  # no graph to share: skip the noise
-            mode = "greedy"
+        if temperature > 0:
+            mode = "top_p" if top_p < 1 else "sample"
+        else:  # compiled: the graph greedy shares with sampling; eager: the bare argmax
+            mode = "sample" if self.compiled else "greedy"
         self.stop_ids.fill_(-1)
         self.stop_ids[:len(stop_ids)] = torch.tensor(list(stop_ids), dtype=torch.long)
         self.temperature.fill_(max(temperature, 0.0))

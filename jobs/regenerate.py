@@ -119,6 +119,11 @@ class Conv:
     finish: list = field(default_factory=list)
     answer_tokens: list = field(default_factory=list)
 
+    def prompt(self) -> list:
+        """The messages of the next turn's prompt: the finished steps (with the target's
+        answers), then the context of the next answer."""
+        return self.messages + self.steps[len(self.finish)]
+
     def record(self, cut=None, dropped=None) -> dict:
         return {"id": self.id, "source": self.source, "index": self.index,
                 "messages": self.messages, "finish": self.finish,
@@ -289,11 +294,17 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
     finished = [0]
     refused = template_errors()
 
+    def rendered(js: list) -> list:  # the jobs' next prompts in one tokenizer call
+        try:
+            return render_batch(tok, [j.prompt() for j in js])
+        except refused:  # one by one: request() drops the refused ones
+            return [None] * len(js)
+
     def request(job: Conv, ids=None):
         turn = len(job.finish)
         if ids is None:
             try:
-                ids = render(tok, job.messages + job.steps[turn])
+                ids = render(tok, job.prompt())
             except refused:  # e.g. Llama 3.1 and two tool calls in one turn
                 writer.add(job.stopped("template_error"))
                 return None
@@ -308,11 +319,7 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
             if budget.over():
                 return
             chunk = jobs[i:i + 256]
-            try:
-                batch = render_batch(tok, [j.messages + j.steps[0] for j in chunk])
-            except refused:  # one by one: request() drops the refused ones
-                batch = [None] * len(chunk)
-            for j, ids in zip(chunk, batch):
+            for j, ids in zip(chunk, rendered(chunk)):
                 if budget.over():
                     return
                 started += 1
@@ -324,8 +331,7 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
         if not text:
             writer.add(job.stopped("empty_reply"))
             return False
-        job.messages = job.messages + job.steps[len(job.finish)] + [
-            {"role": "assistant", "content": text}]
+        job.messages = job.prompt() + [{"role": "assistant", "content": text}]
         job.finish.append(r.finish)
         job.answer_tokens.append(len(r.tokens))
         if len(job.finish) == len(job.steps):
@@ -340,15 +346,10 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
 
     def done(results):  # the rows of one host sync: one batched decode and one tokenizer call
         texts = tok.batch_decode([r.tokens for r in results], skip_special_tokens=True)
-        go = [k for k, (r, t) in enumerate(zip(results, texts)) if record_answer(r.key, r, t.strip())]
+        go = [k for k, (r, t) in enumerate(zip(results, texts))
+              if record_answer(r.key, r, t.strip())]
         nxt = [None] * len(results)
-        try:
-            batch = render_batch(tok, [results[k].key.messages +
-                                       results[k].key.steps[len(results[k].key.finish)]
-                                       for k in go])
-        except refused:  # one by one: request() drops the refused ones
-            batch = [None] * len(go)
-        for k, ids in zip(go, batch):
+        for k, ids in zip(go, rendered([results[k].key for k in go])):
             nxt[k] = request(results[k].key, ids)
         return nxt
 
