@@ -3,7 +3,7 @@ the same run, over the sweep declared in stages.bench (configs x cuda_graph x ma
 prompt_sets). Rows: table `bench` per (config, prompt), `bench_summary` per configuration.
 
 Rows, summaries, metric definitions, the speed model and train_samples are the same for every
-backend: jobs/bench_results.py.
+backend: runner/bench_rows.py.
 
 Two roles of the baseline: its speed is the plain 1-row greedy decode (what a user gets without
 speculation), and "lossless" compares the speculative tokens with the baseline decoded through the
@@ -29,10 +29,10 @@ import statistics
 import time
 from pathlib import Path
 
-from jobs.bench_results import (config_fields, explain, first_divergence, prompt_row,
+from eagle3_runner.runner.bench_rows import (config_fields, explain, first_divergence, prompt_row,
                                 save_results, summary_row, train_samples)
-from runner.errors import StageError
-from runner.stage import StageContext
+from eagle3_runner.runner.errors import StageError
+from eagle3_runner.runner.stage import StageContext
 
 SGLANG_EXTRA = "pip install 'eagle3-runner[sglang]'"
 
@@ -44,7 +44,7 @@ def check_backend(spec) -> None:
     b = spec.stages.bench
     if b is None or b.backend == "embedded":
         return
-    from jobs.sglang_backend import sglang_available
+    from eagle3_runner.target.sglang import sglang_available
     ok, why = sglang_available(b.sglang.python)
     if not ok:
         raise StageError(f"stages.bench.backend = sglang: sglang is not importable by "
@@ -90,7 +90,7 @@ def divergence(target, ids, spec: list[int], base: list[int]) -> dict | None:
     diverge_margin = top1 - top2 logit (float32, >= 0), diverge_runner_up = spec[k] is the
     target's 2nd-ranked token (None when spec ends at k)."""
     import torch
-    from jobs.engine_steps import prefill
+    from eagle3_runner.engine.steps import prefill
     k = first_divergence(spec, base)
     if k is None:
         return None
@@ -118,9 +118,9 @@ def baseline_pass(engine, prompts: list, max_new: int, p, stop: tuple, desc: str
 
 def load_engine_parts(spec, export_dir: Path):
     """(our Llama target, drafter loaded FROM the exported dir, tokenizer, device)."""
-    from jobs.draft_model import load_exported
-    from jobs.llama import from_hf_model
-    from jobs.target import load_target
+    from eagle3_runner.models.draft_model import load_exported
+    from eagle3_runner.models.llama import from_hf_model
+    from eagle3_runner.target.load import load_target
     hf, tok, _ = load_target(spec)
     p = next(hf.parameters())
     target = from_hf_model(hf, spec.aux_ids)
@@ -140,13 +140,13 @@ def run(ctx: StageContext) -> dict:
     export_dir = Path(ctx.inputs["export"])
     check_backend(spec)
     if p.backend == "sglang":
-        from jobs.sglang_backend import run_bench
+        from eagle3_runner.target.sglang import run_bench
         return run_bench(ctx, export_dir)
     import torch
     from tqdm import tqdm
 
-    from jobs.engine import Engine, default_width, engine_kernels, slots_needed
-    from jobs.prompts import load_prompt_set, render
+    from eagle3_runner.engine.speculative import Engine, default_width, engine_kernels, slots_needed
+    from eagle3_runner.data.prompts import load_prompt_set, render
 
     target, drafter, tok, device = load_engine_parts(spec, export_dir)
     stop = tuple(i for i in [tok.eos_token_id] if i is not None)

@@ -27,15 +27,15 @@ from pathlib import Path
 
 import torch
 
-from jobs.draft_model import DraftConfig
-from runner.drafts.families import target_family
-from runner.drafts.layout import (AUX_IDS_KEY, config_aux_ids, expected_shapes, speculators_name,
+from eagle3_runner.models.draft_model import DraftConfig
+from eagle3_runner.runner.drafts.families import target_family
+from eagle3_runner.runner.drafts.layout import (AUX_IDS_KEY, config_aux_ids, expected_shapes, speculators_name,
                                   target_rope, to_hf_indices)
-from runner.drafts.rules import export_aux_problem
-from runner.errors import StageError
-from runner.files import atomic_path, atomic_write, sha256_file
-from runner.inspect import inspect_draft
-from runner.stage import StageContext
+from eagle3_runner.runner.drafts.rules import export_aux_problem
+from eagle3_runner.runner.errors import StageError
+from eagle3_runner.runner.files import atomic_path, atomic_write, sha256_file
+from eagle3_runner.runner.inspect import inspect_draft
+from eagle3_runner.runner.stage import StageContext
 
 PROVENANCE_FORMAT = "eagle3-runner-provenance/1"
 

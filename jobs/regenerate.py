@@ -3,7 +3,7 @@ answer prompts the target writes itself.
 
 EAGLE-3's recipe: a drafter trained on what the target itself says is accepted more often than
 one trained on another model's answers. Generation runs on the embedded engine
-(jobs/generate.py: our Llama, static KV cache, continuous batching, a CUDA-graphed decode step).
+(engine/generate.py: our Llama, static KV cache, continuous batching, a CUDA-graphed decode step).
 
 Real conversations (jobs.data's training split; the holdout is never touched): every assistant
 answer (or the first `max_turns`) is rewritten in order, each prompt being the conversation so
@@ -14,17 +14,17 @@ conversation the template refuses is dropped (`template_error`). A conversation 
 cache row across turns (its next turn is prefilled on top of the cached prefix as soon as its
 answer finished; the next turns of the rows finished at one host sync are rendered and
 tokenised in one batched tokenizer call), so the turns of many conversations interleave.
-Synthetic conversations (`synthetic_prompts: N`, jobs/synthetic.py): the target writes N user
+Synthetic conversations (`synthetic_prompts: N`, data/synthetic.py): the target writes N user
 turns from the template's user-turn prefix (sampled at synthetic_temperature/top_p), degenerate
 and duplicate ones are dropped (counted by reason), and the rest are answered like real turns.
-No contamination (jobs/contamination.py): a conversation with a user turn of a bench set
+No contamination (data/contamination.py): a conversation with a user turn of a bench set
 (MT-bench, HumanEval, the data.holdout first turns) is dropped before generation, a synthetic
 prompt likewise.
 
 Answers are greedy at temperature 0, else sampled (temperature/top-p), seeded per conversation
 and turn. A conversation stops at the turn whose prompt alone reaches data.max_length (dropped
 when that is its first turn), or where the target answers with nothing; counted. Output
-(jobs/regen_store.py): gzip JSONL shards, atomic, resumed after a kill without duplicates or
+(data/regen_store.py): gzip JSONL shards, atomic, resumed after a kill without duplicates or
 losses; the extract stage reads them with regen_store.read_conversations.
 
 A time budget (`max_minutes`, over synthesis and answering together; it starts after the decode
@@ -53,18 +53,18 @@ from typing import Callable, Optional
 
 import torch
 
-from jobs.generate import M31, Generator, Request
-from jobs.regen_store import SYNTHETIC, ShardWriter, read_gz_jsonl, read_records, write_gz_jsonl
-from runner.errors import StageError
-from runner.files import atomic_write
-from runner.stage import StageContext
+from eagle3_runner.engine.generate import M31, Generator, Request
+from eagle3_runner.data.regen_store import SYNTHETIC, ShardWriter, read_gz_jsonl, read_records, write_gz_jsonl
+from eagle3_runner.runner.errors import StageError
+from eagle3_runner.runner.files import atomic_write
+from eagle3_runner.runner.stage import StageContext
 
 
 @torch.inference_mode()
 def generate_batch(model, tok, prompts: list[list[dict]], max_new_tokens: int,
                    temperature: float, top_p: float, counts: list | None = None
                    ) -> tuple[list[str], int]:
-    """HF generate (the stage's path before jobs/generate.py; scripts/bench_generate.py
+    """HF generate (the stage's path before engine/generate.py; scripts/bench/bench_generate.py
     measures against it). One reply per prompt conversation. Returns (texts, generated token
     count); `counts`, when given, gets each reply's token count appended."""
     texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
@@ -192,7 +192,7 @@ def warm_up(gen: Generator, tok, params) -> float:
     top-p has its own; on the H200 with torch 2.11 a bench engine of SmolLM2 took 55-165 s to
     build and warm, and the 2026-12-02 scale run's regeneration, both compiles inside its 3.5-minute
     budget, averaged 8.8k tok/s). Returns the seconds it took."""
-    from jobs.prompts import render
+    from eagle3_runner.data.prompts import render
     t0 = time.perf_counter()
     ids = render(tok, [{"role": "user", "content": "Hello!"}])
     modes = [(params.temperature, params.top_p)]
@@ -212,7 +212,7 @@ def synthesize(gen: Generator, tok, params, guard, progress=True,
     wait_s, row_steps (decode steps x rows: the token slots the steps ran)})."""
     budget = budget or Budget(None)
     from tqdm import tqdm
-    from jobs.synthetic import select, user_turn_prefix
+    from eagle3_runner.data.synthetic import select, user_turn_prefix
     prefix, stop = user_turn_prefix(tok)
     want, cands, tokens, secs = params.synthetic_prompts, [], 0, 0.0
     wait, row_steps = 0.0, 0
@@ -280,8 +280,8 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
     order seeded by params.seed, and none starts once it is over (see the module docstring).
     Returns the Generator's stats."""
     from tqdm import tqdm
-    from jobs.chat import template_errors
-    from jobs.prompts import render, render_batch
+    from eagle3_runner.data.chat import template_errors
+    from eagle3_runner.data.prompts import render, render_batch
     budget = budget or Budget(None)
     if budget.end is None:
         jobs = sorted(jobs, key=lambda j: (-len(j.steps),
@@ -458,10 +458,10 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
 
 def run(ctx: StageContext) -> dict:
     """Regenerate the spec's training conversations (+ synthetic ones) into ctx.out_dir/shards."""
-    from jobs.contamination import bench_guard
-    from jobs.data import load_conversations, show_data_report
-    from jobs.llama import from_hf_model
-    from jobs.target import load_target
+    from eagle3_runner.data.contamination import bench_guard
+    from eagle3_runner.data.conversations import load_conversations, show_data_report
+    from eagle3_runner.models.llama import from_hf_model
+    from eagle3_runner.target.load import load_target
     spec, p, out = ctx.spec, ctx.params, Path(ctx.out_dir)
     train, _holdout, data_report = load_conversations(spec.data)
     show_data_report(ctx, data_report)  # what the data lost, before any compute

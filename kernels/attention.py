@@ -24,7 +24,7 @@ Splits depend on (B, nkv, S) only, and key blocks sit at absolute slots (block i
 i % splits), so a query row meets the same blocks, in the same order, whatever W is and wherever
 the prefix ends (blocks it may not attend are exact no-ops): with the fixed 16-row tiles of every
 kernel, a row at position p gets the same bits from a 1-row decode at p and from row j of a
-W-row verify at p - j (the engine's losslessness, jobs/engine.py `width`).
+W-row verify at p - j (the engine's losslessness, engine/speculative.py `width`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.mask import dense_mask
+from eagle3_runner.kernels.mask import dense_mask
 
 BLOCK_M = 16  # query rows per program: fixed, so a row's numerics never depend on W
 NEG = tl.constexpr(-1.0e30)  # finite "minus infinity" for running maxima: exp2(NEG - NEG) != NaN

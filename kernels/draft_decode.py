@@ -1,34 +1,34 @@
 """The drafter's cached step (jobs/draft_model.Eagle3Draft.cached_step + logits) as fused Triton
-kernels, behind the one `kernels` switch (kernels/__init__.py).
+kernels, behind the one `kernels` switch (kernels/switch.py).
 
     draft_forward(drafter, k_cache, v_cache, ids [B, T], input_pos [T] or [B, T], prefix_len [B],
                   tree_mask [T, T] or None, hidden=[B, T, H] | aux=[B, T, 3 Ht], rope=(cos, sin),
                   topk=1, kernels="auto") -> DraftOut
 
-One EAGLE-3 step (jobs/draft_model.py): h = fc(aux) (step 0, `aux`) or the previous step's
+One EAGLE-3 step (models/draft_model.py): h = fc(aux) (step 0, `aux`) or the previous step's
 pre-norm output (`hidden`); x = [input_layernorm(embed(ids)), hidden_norm(h)] (2H wide); q/k/v,
 RoPE at input_pos, k/v written at slots prefix_len[b] + t; attention under the contract of
 kernels/attention.py; h' = h + o_proj; out = h' + mlp(post_attention_layernorm(h')); logits =
 lm_head(norm(out)) over the draft vocabulary; ids = its top-k mapped to TARGET ids through d2t
-(offsets, clamped to the target vocabulary as jobs/engine_steps.py does).
+(offsets, clamped to the target vocabulary as engine/steps.py does).
 
 Fused schedule: [fc split-K] -> norm_qkv_rope over both segments (the embedding gather and the
 fc partials' sum happen inside it) -> attention -> o_proj split-K -> norm_gate_up -> down_proj
 -> norm_head_topk (2 launches): 7 launches per chain step, 8 for step 0.
 `rope`: the drafter's RoPE table (rope_table), built once per engine. The engine's chain steps
-(jobs/engine_steps.py draft_extend, draft_step, draft_chain_greedy, draft_round_greedy) call
+(engine/steps.py draft_extend, draft_step, draft_chain_greedy, draft_round_greedy) call
 draft_forward, so one implementation serves both sides of the switch.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 
-from jobs.draft_model import Eagle3Draft, rope_cos_sin
-from kernels import resolve_kernels
-from kernels.llama_decode import even_splits
+from eagle3_runner.models.draft_model import Eagle3Draft, rope_cos_sin
+from eagle3_runner.kernels.switch import resolve_kernels
+from eagle3_runner.kernels.llama_decode import even_splits
 
 
 class DraftOut(NamedTuple):
@@ -66,8 +66,8 @@ def draft_forward(drafter: Eagle3Draft, k_cache, v_cache, ids, input_pos, prefix
 
 def _forward_torch(d: Eagle3Draft, kc, vc, ids, input_pos, prefix_len, tree_mask, hidden, aux,
                    topk) -> DraftOut:
-    from kernels.mask import dense_mask
-    from kernels.head import head_topk_ref
+    from eagle3_runner.kernels.mask import dense_mask
+    from eagle3_runner.kernels.head import head_topk_ref
     B, T = ids.shape
     if B != 1:
         raise ValueError("draft_forward: the torch path (Eagle3Draft.cached_step) takes B == 1")
@@ -82,9 +82,9 @@ def _forward_torch(d: Eagle3Draft, kc, vc, ids, input_pos, prefix_len, tree_mask
 
 def _forward_triton(d: Eagle3Draft, kc, vc, ids, input_pos, prefix_len, tree_mask, hidden, aux,
                     rope, topk) -> DraftOut:
-    from kernels.attention import attention_partials, attention_splits
-    from kernels.head import norm_head_topk
-    from kernels.linear import Rows, linear_splitk, norm_gate_up, norm_qkv_rope
+    from eagle3_runner.kernels.attention import attention_partials, attention_splits
+    from eagle3_runner.kernels.head import norm_head_topk
+    from eagle3_runner.kernels.linear import Rows, linear_splitk, norm_gate_up, norm_qkv_rope
     c, ml = d.config, d.midlayer
     B, T = ids.shape
     M, H, nh, hd = B * T, c.hidden_size, c.num_attention_heads, c.head_dim

@@ -6,7 +6,7 @@ their log-probabilities [M, k]. Two launches: the head kernel (one program per B
 columns and 16 rows: the rows' logits, the block's top k and its logsumexp partial), then one
 program per row merging the blocks. Ties go to the lower token id (torch.argmax's first maximum).
 An optional `d2t` maps draft ids to target ids (SGLang offsets: target = i + d2t[i]), clamped to
-[0, vocab) as jobs/engine_steps.py does.
+[0, vocab) as engine/steps.py does.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.linear import BM, Rows, norm_chunk, rms_ref, rows_ref
+from eagle3_runner.kernels.linear import BM, Rows, norm_chunk, rms_ref, rows_ref
 
 
 @triton.jit

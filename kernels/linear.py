@@ -32,9 +32,9 @@ import torch
 import triton
 import triton.language as tl
 
-from jobs.draft_model import RMSNorm, apply_rope
-from jobs.llama import write_cache
-from kernels.attention import BLOCK_M, combine_splits
+from eagle3_runner.models.draft_model import RMSNorm, apply_rope
+from eagle3_runner.models.llama import write_cache
+from eagle3_runner.kernels.attention import BLOCK_M, combine_splits
 
 BM = BLOCK_M  # rows per program (see the module docstring)
 
@@ -71,7 +71,7 @@ class Rows:
 
 
 def rms_ref(x: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
-    """The models' own RMSNorm (jobs/draft_model.py) as a function of its weight g."""
+    """The models' own RMSNorm (models/draft_model.py) as a function of its weight g."""
     return RMSNorm.forward(SimpleNamespace(weight=g, eps=eps), x)
 
 
@@ -232,7 +232,7 @@ def norm_qkv_rope(a: Rows, a_g, wq, wk, wv, cos, sin, pos, q, k_cache, v_cache, 
 
 def norm_qkv_rope_ref(a: Rows, a_g, wq, wk, wv, cos, sin, pos, q, k_cache, v_cache, prefix_len,
                       eps: float, b: Optional[Rows] = None, b_g=None, **_) -> None:
-    """Reference of norm_qkv_rope (same arguments and effects), as jobs/llama.py computes it."""
+    """Reference of norm_qkv_rope (same arguments and effects), as models/llama.py computes it."""
     B, W, nh, hd = q.shape
     x = rms_ref(rows_ref(a, wq.dtype), a_g, eps)
     if b is not None:
@@ -290,7 +290,7 @@ def norm_gate_up(a: Rows, g, w_gate, w_up, eps: float, M: int, block_n: int = 16
 
 
 def norm_gate_up_ref(a: Rows, g, w_gate, w_up, eps: float, M: int, **_) -> torch.Tensor:
-    """Reference of norm_gate_up (jobs/draft_model.py MLP's first half)."""
+    """Reference of norm_gate_up (models/draft_model.py MLP's first half)."""
     x = rms_ref(rows_ref(a, w_gate.dtype), g, eps)
     return torch.nn.functional.silu(x @ w_gate.T) * (x @ w_up.T)
 

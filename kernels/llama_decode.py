@@ -1,5 +1,5 @@
 """The target's decode / verify forward (jobs/llama.Llama) as fused Triton kernels, behind the
-one `kernels` switch (kernels/__init__.py).
+one `kernels` switch (kernels/switch.py).
 
     target_forward(target, ids [B, W], input_pos [W] or [B, W], prefix_len [B], tree_mask [W, W]
                    or None, last_only=False, topk=1, kernels="auto") -> Out
@@ -21,7 +21,7 @@ Fused schedule, per layer (5 launches instead of ~10 under inductor; ~150 per to
 then norm_head_topk (final norm + lm_head + top-k partials, and the merge): 2 launches.
 The embedding gather happens inside layer 0's step 1. Every launch size depends on (B, W, the
 cache size) only, never on prefix_len's values: one CUDA graph per shape, and the same rows give
-the same bits (what the engine's losslessness needs: jobs/engine.py `width`).
+the same bits (what the engine's losslessness needs: engine/speculative.py `width`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from jobs.llama import Llama
-from kernels import resolve_kernels
+from eagle3_runner.models.llama import Llama
+from eagle3_runner.kernels.switch import resolve_kernels
 
 
 class Out(NamedTuple):
@@ -64,8 +64,8 @@ def target_forward(target: Llama, ids, input_pos, prefix_len, tree_mask=None,
 def forward_torch(target: Llama, ids, input_pos, prefix_len, tree_mask=None,
                   last_only: bool = False, topk: int = 1) -> Out:
     """The reference: Llama.forward with slots = prefix_len + arange(W) and the dense mask."""
-    from kernels.mask import dense_mask
-    from kernels.head import head_topk_ref
+    from eagle3_runner.kernels.mask import dense_mask
+    from eagle3_runner.kernels.head import head_topk_ref
     B, W = ids.shape
     slots = prefix_len.long()[:, None] + torch.arange(W, device=ids.device)  # [B, W]
     pos = input_pos if input_pos.dim() == 2 else input_pos[None].expand(B, W)
@@ -80,9 +80,9 @@ def forward_triton(target: Llama, ids, input_pos, prefix_len, tree_mask=None,
                    last_only: bool = False, topk: int = 1) -> Out:
     """The fused schedule of the module docstring (the caches must be [B, nkv, S, hd] with
     B == ids.shape[0])."""
-    from kernels.attention import attention_partials, attention_splits
-    from kernels.head import norm_head_topk
-    from kernels.linear import Rows, linear_splitk, norm_gate_up, norm_qkv_rope
+    from eagle3_runner.kernels.attention import attention_partials, attention_splits
+    from eagle3_runner.kernels.head import norm_head_topk
+    from eagle3_runner.kernels.linear import Rows, linear_splitk, norm_gate_up, norm_qkv_rope
     c = target.config
     B, W = ids.shape
     M, H, nh, nkv, hd = B * W, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim

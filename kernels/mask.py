@@ -1,12 +1,12 @@
 """The attention mask of new query rows over a static KV cache, as a dense boolean tensor: the
 decode-attention contract (kernels/attention.py) for SDPA. No Triton: the torch paths (the
-models' own forward, jobs/tree.py's drafter tree steps) use it on machines without Triton.
+models' own forward, engine/tree.py's drafter tree steps) use it on machines without Triton.
 
     dense_mask(prefix_len [B] int, tree_mask [Q, R] bool or None, W, S) -> [B, 1, Q, S] bool
 
 Query row q of batch row b attends every slot < prefix_len[b], plus slot prefix_len[b] + r iff
 tree_mask[q, r] (r < R). None = causal over W rows (Q = R = W, row w attends new slots <= w:
-decode and chain verify, jobs/llama.py's default mask). The verify and the fused kernels use
+decode and chain verify, models/llama.py's default mask). The verify and the fused kernels use
 square masks (Q = R = W, the tree's own rows); the drafter's tree steps use Q = eagle_topk
 frontier rows over the R = (num_steps - 1) * eagle_topk tree slots after the root.
 """

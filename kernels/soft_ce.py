@@ -39,7 +39,7 @@ def _rows_fn(impl: str):
     if impl == "torch":
         return soft_ce_rows
     if impl == "triton":
-        from kernels.soft_ce_triton import soft_ce_rows_triton
+        from eagle3_runner.kernels.soft_ce_triton import soft_ce_rows_triton
         return soft_ce_rows_triton
     raise ValueError(f"soft CE impl {impl!r}: choose 'torch' or 'triton'")
 

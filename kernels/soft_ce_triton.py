@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._triton import check_device
+from eagle3_runner.kernels._triton import check_device
 
 
 @triton.jit

@@ -10,7 +10,8 @@ A packed row is described by `Segments`: start[b, i] / end[b, i] = the first pos
 the last position of the sample that position i belongs to (samples are contiguous).
 
 Paths (`attend(impl)` returns `f(q, ks, vs, seg) -> o`):
-- "torch": `ttt_attention`, the reference: the T x T float32 score matrix per step (today's math).
+- "torch": `ttt_attention` of models/draft_model.py, the reference: the T x T float32 score matrix
+  per step (the drafter's own attention; the kernels sit above the model they speed up).
 - "flex":  torch flex_attention over the concatenated keys [K_0; K_1; ...; K_j] with a BlockMask
   (what SpecForge does); fast only inside torch.compile on CUDA. Its CPU path has no backward.
 - "triton": kernels/ttt_attention_triton.py, a flash kernel (forward + backward) that walks the
@@ -19,10 +20,11 @@ Paths (`attend(impl)` returns `f(q, ks, vs, seg) -> o`):
 
 from __future__ import annotations
 
-import math
 from typing import Callable, NamedTuple
 
 import torch
+
+from eagle3_runner.models.draft_model import ttt_attention  # the reference: the model's own
 
 
 class Segments(NamedTuple):
@@ -43,29 +45,6 @@ def dense_mask(seg: Segments) -> torch.Tensor:
     p = torch.arange(T, device=seg.start.device)
     return ((p[None, None, :] <= p[None, :, None])
             & (p[None, None, :] >= seg.start[:, :, None]))[:, None]
-
-
-def expand_kv(k: torch.Tensor, n_rep: int) -> torch.Tensor:
-    return k if n_rep == 1 else k.repeat_interleave(n_rep, dim=1)
-
-
-def ttt_attention(q, ks: list, vs: list, causal_mask: torch.Tensor) -> torch.Tensor:
-    """TTT attention, the reference. q [B, nh, T, hd]; ks/vs: per-step keys/values
-    [B, nkv, T, hd] (step 0 first, the current step last); causal_mask [B or 1, 1, T, T] bool
-    (True = attend; `dense_mask` for packed rows). Step-0 keys are attended through the mask,
-    later steps' keys only on the diagonal. -> [B, nh, T, hd]"""
-    n_rep = q.shape[1] // ks[0].shape[1]
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    k0, v0 = expand_kv(ks[0], n_rep), expand_kv(vs[0], n_rep)
-    s0 = (q @ k0.transpose(-1, -2)).float() * scale  # [B, nh, T, T]
-    s0 = s0.masked_fill(~causal_mask, float("-inf"))
-    diag = [((q * expand_kv(k, n_rep)).sum(-1).float() * scale)[..., None] for k in ks[1:]]
-    p = torch.softmax(torch.cat([s0, *diag], dim=-1), dim=-1).to(q.dtype)
-    T = q.shape[2]
-    o = p[..., :T] @ v0
-    for j, v in enumerate(vs[1:]):
-        o = o + p[..., T + j, None] * expand_kv(v, n_rep)
-    return o
 
 
 def flex_block_mask(seg: Segments, steps: int):
@@ -100,6 +79,6 @@ def attend(impl: str) -> Callable:
     if impl == "flex":
         return ttt_attention_flex
     if impl == "triton":
-        from kernels.ttt_attention_triton import ttt_attention_triton
+        from eagle3_runner.kernels.ttt_attention_triton import ttt_attention_triton
         return ttt_attention_triton
     raise ValueError(f"attention impl {impl!r}: choose 'torch', 'flex' or 'triton'")

@@ -1,6 +1,6 @@
-"""`python -m runner ...` (same as the `runner` script)."""
+"""`python -m eagle3_runner.runner ...` (same as the `runner` script)."""
 import sys
 
-from runner.cli import main
+from eagle3_runner.runner.cli import main
 
 sys.exit(main())

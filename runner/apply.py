@@ -9,12 +9,12 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from runner.executors import get_executor
-from runner.job import StageJob, StageOutcome, job_row
-from runner.plan import Plan, source_entry, write_state
-from runner.spec.load import variant_spec
-from runner.spec.schema import Spec
-from runner.store import Store, host, now, stage_row
+from eagle3_runner.runner.executors import get_executor
+from eagle3_runner.runner.job import StageJob, StageOutcome, job_row
+from eagle3_runner.runner.plan import Plan, source_entry, write_state
+from eagle3_runner.runner.spec.load import variant_spec
+from eagle3_runner.runner.spec.schema import Spec
+from eagle3_runner.runner.store import Store, host, now, stage_row
 
 
 def new_run_id(spec: Spec) -> str:

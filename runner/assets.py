@@ -14,8 +14,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.errors import FetchError
-from runner.files import atomic_path, cache_dir, sha256_file
+from eagle3_runner.runner.errors import FetchError
+from eagle3_runner.runner.files import atomic_path, cache_dir, sha256_file
 
 
 @dataclass(frozen=True)

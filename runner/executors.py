@@ -5,9 +5,9 @@ stage behaves the same under either."""
 
 from __future__ import annotations
 
-from runner.local import LocalExecutor
-from runner.slurm.executor import SlurmExecutor
-from runner.spec.schema import Spec
+from eagle3_runner.runner.local import LocalExecutor
+from eagle3_runner.runner.slurm.executor import SlurmExecutor
+from eagle3_runner.runner.spec.schema import Spec
 
 
 def get_executor(spec: Spec):

@@ -6,7 +6,10 @@ the magic bytes of compressed data files.
 that is renamed over the destination only when the writer finished without an exception, so a
 reader sees the old file or the whole new one, and a crash leaves no half-written file under the
 final name. Temporary names start with `.tmp-`, which the artifact manifest never hashes
-(runner/stage.py). No torch here.
+(runner/stage.py). What is renamed into place gets the modes a plain `open` would have given it
+under the process's umask (`umask_modes`): writers that go through mkstemp (safetensors, torch,
+transformers' save_pretrained) leave 0600, which an SGLang server running as another user on a
+shared filesystem cannot read. No torch here.
 """
 
 from __future__ import annotations
@@ -19,10 +22,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from runner.errors import EnvVarError
+from eagle3_runner.runner.errors import EnvVarError
 
 # compressed data files are recognised by these first bytes, whatever their names
-# (jobs/records.py reads them, runner/disk.py estimates their size)
+# (data/records.py reads them, runner/disk.py estimates their size)
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
@@ -36,9 +39,33 @@ def atomic_path(path: str | Path, tmp: str | Path | None = None) -> Iterator[Pat
     tmp = Path(tmp) if tmp is not None else path.with_name(f".tmp-{path.name}-{os.getpid()}")
     try:
         yield tmp
+        umask_modes(tmp)
         os.replace(tmp, path)
     finally:
         _remove(tmp)
+
+
+def umask() -> int:
+    """The process's umask (Linux: /proc/self/status; elsewhere set and restored at once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def umask_modes(path: str | Path) -> None:
+    """Give a file, or a folder and everything in it, the modes `open`/`mkdir` give under the
+    umask (0666 / 0777 minus the umask, e.g. 0644 / 0755), whatever its writer chose. Links are
+    left alone. Raises OSError."""
+    path, mask = Path(path), umask()
+    for p in [path, *(path.rglob("*") if path.is_dir() and not path.is_symlink() else ())]:
+        if not p.is_symlink():
+            os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
 
 
 def _remove(p: Path) -> None:

@@ -29,16 +29,16 @@ import re
 import sys
 from pathlib import Path
 
-from runner import disk
-from runner.chat import KNOWN, template_family
-from runner.drafts.families import target_family
-from runner.drafts.layout import AUX_COUNT, to_hf_indices
-from runner.drafts.rules import chain_draft_tokens, default_aux_ids
-from runner.drafts.server import auto_speculative_params
-from runner.errors import InitError, TargetConfigError
-from runner.files import atomic_write, expand_path
-from runner.spec.geometry import draft_geometry
-from runner.target_config import chat_template_source, read_target_config
+from eagle3_runner.runner import disk
+from eagle3_runner.runner.chat import KNOWN, template_family
+from eagle3_runner.runner.drafts.families import target_family
+from eagle3_runner.runner.drafts.layout import AUX_COUNT, to_hf_indices
+from eagle3_runner.runner.drafts.rules import chain_draft_tokens, default_aux_ids
+from eagle3_runner.runner.drafts.server import auto_speculative_params
+from eagle3_runner.runner.errors import InitError, TargetConfigError
+from eagle3_runner.runner.files import atomic_write, expand_path
+from eagle3_runner.runner.spec.geometry import draft_geometry
+from eagle3_runner.runner.target_config import chat_template_source, read_target_config
 
 LARGE_FEATURES = 200e9  # bytes of offline features above which the spec trains online
 SHARD_BYTES = 2**30  # aim for ~1 GiB shards (stages.extract.shard_samples)
@@ -229,8 +229,8 @@ def build(target: str, data: str | None = None, name: str | None = None) -> tupl
 def _load(data: dict, check_target: bool = True):
     """The Spec of what init writes; it must validate (a failure here is a bug in init: it
     says so)."""
-    from runner.errors import SpecError
-    from runner.spec.load import load_spec
+    from eagle3_runner.runner.errors import SpecError
+    from eagle3_runner.runner.spec.load import load_spec
     try:
         return load_spec(data=data, check_target=check_target)
     except SpecError as e:

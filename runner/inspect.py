@@ -20,14 +20,14 @@ import json
 import sys
 from pathlib import Path
 
-from runner.drafts.layout import config_view
-from runner.drafts.rules import RuleSet, default_version, rules_for
-from runner.drafts.safetensors import scan_draft
-from runner.drafts.server import server_findings
-from runner.errors import TargetConfigError
-from runner.inspect_checks import Finding, Findings, check_config, typed_target
-from runner.inspect_tensors import check_tensors
-from runner.target_config import read_target_config
+from eagle3_runner.runner.drafts.layout import config_view
+from eagle3_runner.runner.drafts.rules import RuleSet, default_version, rules_for
+from eagle3_runner.runner.drafts.safetensors import scan_draft
+from eagle3_runner.runner.drafts.server import server_findings
+from eagle3_runner.runner.errors import TargetConfigError
+from eagle3_runner.runner.inspect_checks import Finding, Findings, check_config, typed_target
+from eagle3_runner.runner.inspect_tensors import check_tensors
+from eagle3_runner.runner.target_config import read_target_config
 
 MAX_JSON = 16 << 20  # config.json / provenance.json larger than this are not read
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from runner.drafts.families import family_evidence
-from runner.drafts.forward import config_flag_findings, engine_unsupported
-from runner.drafts.layout import (ARCH, AUX_IDS_KEY, config_aux_ids, config_view, from_hf_indices,
+from eagle3_runner.runner.drafts.families import family_evidence
+from eagle3_runner.runner.drafts.forward import config_flag_findings, engine_unsupported
+from eagle3_runner.runner.drafts.layout import (ARCH, AUX_IDS_KEY, config_aux_ids, config_view, from_hf_indices,
                                   target_rope, to_hf_indices)
-from runner.drafts.rules import (RuleSet, by_rows, config_aux_findings, default_aux_ids,
+from eagle3_runner.runner.drafts.rules import (RuleSet, by_rows, config_aux_findings, default_aux_ids,
                                  versions_label)
 
 

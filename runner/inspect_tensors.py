@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from runner.drafts.forward import draft_params, flag_on, optional_params, own_embedding, resolve
-from runner.drafts.layout import (EMBED, FC_NORM, FC_NORM_LEGACY, INPUT_NORM, LAYER0, MODEL_PREFIX,
+from eagle3_runner.runner.drafts.forward import draft_params, flag_on, optional_params, own_embedding, resolve
+from eagle3_runner.runner.drafts.layout import (EMBED, FC_NORM, FC_NORM_LEGACY, INPUT_NORM, LAYER0, MODEL_PREFIX,
                                   TRAINING_PREFIXES, is_second_layer, sglang_name)
-from runner.drafts.rules import RULES, RuleSet, by_rows
-from runner.drafts.safetensors import (DTYPES, FLOAT_DTYPES, INDEX, INT_DTYPES, DraftScan,
+from eagle3_runner.runner.drafts.rules import RULES, RuleSet, by_rows
+from eagle3_runner.runner.drafts.safetensors import (DTYPES, FLOAT_DTYPES, INDEX, INT_DTYPES, DraftScan,
                                        nonfinite, tensor_values)
-from runner.errors import InspectError
-from runner.inspect_checks import Findings
+from eagle3_runner.runner.errors import InspectError
+from eagle3_runner.runner.inspect_checks import Findings
 
 MAX_VALUES = 256 << 20  # d2t / t2d larger than this are not read
 WEIGHT_BUDGET = 512 << 20  # bytes of weights read per draft for the non-finite check

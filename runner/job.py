@@ -17,12 +17,12 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runner.errors import StageError
-from runner.spec.schema import Spec
-from runner.stage import StageContext, finalize, read_manifest
-from runner.stages import stage_kind, stage_module, stage_nproc  # noqa: F401 (re-export)
-from runner.store import Store, now, stage_row
-from runner.verify import verify_artifact
+from eagle3_runner.runner.errors import StageError
+from eagle3_runner.runner.spec.schema import Spec
+from eagle3_runner.runner.stage import StageContext, finalize, read_manifest
+from eagle3_runner.runner.stages import stage_kind, stage_module, stage_nproc  # noqa: F401 (re-export)
+from eagle3_runner.runner.store import Store, now, stage_row
+from eagle3_runner.runner.verify import verify_artifact
 
 
 @dataclass

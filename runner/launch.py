@@ -1,11 +1,11 @@
 """Run one stage with N ranks on this node (data parallel: extract, train).
 
-    python -m runner.launch --nproc N [--result OUT.json] JOBFILE
+    python -m eagle3_runner.runner.launch --nproc N [--result OUT.json] JOBFILE
 
 JOBFILE is a StageJob as JSON (runner/job.py). Three ways to get the ranks:
 - plain (the local executor): this process spawns N ranks (torch.multiprocessing, 'spawn') that
   meet through a FileStore in a temp dir (no ports);
-- torchrun --nproc-per-node N -m runner.launch JOBFILE: RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* set;
+- torchrun --nproc-per-node N -m eagle3_runner.runner.launch JOBFILE: RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* set;
 - srun / Slurm tasks (runner/slurm/task.py StageTask calls `run_rank` in each task).
 Each rank runs `run_stage(job, rank, world)`: every rank runs the stage; rank 0 alone finalizes the
 artifact and records the `stages` row. Rank r uses GPU r (LOCAL_RANK), or, when the stage holds a
@@ -27,12 +27,12 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from runner.errors import StageError
-from runner.files import atomic_write
-from runner.job import StageJob, error_text, job_row, run_stage
-from runner.placement import layout_problem, replica_gpus, splits
-from runner.spec.schema import Spec
-from runner.store import Store
+from eagle3_runner.runner.errors import StageError
+from eagle3_runner.runner.files import atomic_write
+from eagle3_runner.runner.job import StageJob, error_text, job_row, run_stage
+from eagle3_runner.runner.placement import layout_problem, replica_gpus, splits
+from eagle3_runner.runner.spec.schema import Spec
+from eagle3_runner.runner.store import Store
 
 TIMEOUT_MIN = float(os.environ.get("EAGLE3_DIST_TIMEOUT_MIN", "60"))  # barrier / collective limit
 
@@ -161,7 +161,7 @@ def slurm_env() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m runner.launch", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m eagle3_runner.runner.launch", description=__doc__.split("\n")[0])
     ap.add_argument("--nproc", type=int, default=1, help="local ranks to spawn (ignored under "
                     "torchrun/srun, which start the ranks themselves)")
     ap.add_argument("--result", type=Path, help="write rank 0's outcome here (JSON)")

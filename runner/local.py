@@ -1,7 +1,7 @@
 """The `local` executor: stage jobs one after another on this machine, in plan order.
 
 A data-parallel stage (a registry row with data_parallel, e.g. extract and train) with
-executor.nproc_per_node > 1 runs in a child process, `python -m runner.launch`, that spawns the
+executor.nproc_per_node > 1 runs in a child process, `python -m eagle3_runner.runner.launch`, that spawns the
 ranks (runner/launch.py), so this process never initialises CUDA or a process group.
 """
 
@@ -15,24 +15,24 @@ import tempfile
 import time
 from pathlib import Path
 
-from runner.errors import StageError
-from runner.job import StageJob, StageOutcome, error_text, run_stage, stage_nproc
-from runner.spec.schema import Spec
+from eagle3_runner.runner.errors import StageError
+from eagle3_runner.runner.job import StageJob, StageOutcome, error_text, run_stage, stage_nproc
+from eagle3_runner.runner.spec.schema import Spec
 
 
 def launch_local(job: StageJob, nproc: int) -> dict:
-    """Run `job` with nproc ranks through `python -m runner.launch` (a child process, so this
+    """Run `job` with nproc ranks through `python -m eagle3_runner.runner.launch` (a child process, so this
     one never initialises CUDA or a process group). Returns rank 0's metrics; raises StageError
     (the stage's own message) or RuntimeError with the failing rank's error."""
     with tempfile.TemporaryDirectory(prefix="eagle3-job-") as d:
         jf, rf = Path(d) / "job.json", Path(d) / "result.json"
         jf.write_text(json.dumps(job.__dict__, default=str))
-        r = subprocess.run([sys.executable, "-m", "runner.launch", "--nproc", str(nproc),
+        r = subprocess.run([sys.executable, "-m", "eagle3_runner.runner.launch", "--nproc", str(nproc),
                             "--result", str(rf), str(jf)])
         res = json.loads(rf.read_text()) if rf.exists() else {}
     if r.returncode == 0 and res.get("status") == "done":
         return res["metrics"]
-    msg = res.get("error") or f"runner.launch exited with status {r.returncode}"
+    msg = res.get("error") or f"eagle3_runner.runner.launch exited with status {r.returncode}"
     if res.get("rank", 0) > 0:
         msg = f"rank {res['rank']}: {msg}"
     raise (StageError if res.get("stage_error") else RuntimeError)(msg)

@@ -1,5 +1,5 @@
 """Where the target lives: the ranks' GPU groups, and whether the target fits them (`runner plan`
-section `memory`, and the loader's max_memory in jobs/target.py). No torch.
+section `memory`, and the loader's max_memory in target/load.py). No torch.
 
 Layout. A stage that runs the target (extract; train with features: online; regenerate, one GPU
 always) gets `ranks` = its nproc_per_node processes on a node of G GPUs:
@@ -31,9 +31,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from runner.errors import PlanError
-from runner.stages import stage_nproc
-from runner.target_size import DTYPE_BITS, FUSED_ATTENTION, activation_bytes, weight_bytes
+from eagle3_runner.runner.errors import PlanError
+from eagle3_runner.runner.stages import stage_nproc
+from eagle3_runner.runner.target_size import DTYPE_BITS, FUSED_ATTENTION, activation_bytes, weight_bytes
 
 USABLE = 0.95  # of a GPU's memory, for tensors (CUDA context and allocator slack take the rest)
 GIB = 2 ** 30

@@ -18,18 +18,19 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from runner import disk, placement
-from runner.errors import PlanError, RunnerError
-from runner.files import atomic_write, cache_dir, expand_path, sha256_file
-from runner.spec.load import variant_spec
-from runner.spec.schema import Spec
-from runner.stage import artifact_identity, read_manifest
-from runner.target_config import read_target_config
-from runner.stages import (STAGE_ORDER, enabled_stages, stage_files, stage_kind, stage_needs,
+from eagle3_runner.runner import disk
+from eagle3_runner.runner import placement
+from eagle3_runner.runner.errors import PlanError, RunnerError
+from eagle3_runner.runner.files import atomic_write, cache_dir, expand_path, sha256_file
+from eagle3_runner.runner.spec.load import variant_spec
+from eagle3_runner.runner.spec.schema import Spec
+from eagle3_runner.runner.stage import artifact_identity, read_manifest
+from eagle3_runner.runner.target_config import read_target_config
+from eagle3_runner.runner.stages import (STAGE_ORDER, enabled_stages, stage_files, stage_kind, stage_needs,
                            stage_slice)
 
-ROOT = Path(__file__).resolve().parent.parent
-PROJECT_PACKAGES = ("jobs", "kernels", "runner")  # their modules are hashed into the code key
+ROOT = Path(__file__).resolve().parent.parent  # the repository root = the package eagle3_runner
+PACKAGE = "eagle3_runner"  # every project module is PACKAGE.<folder>...; their sources are hashed
 
 
 @dataclass(frozen=True)
@@ -79,9 +80,10 @@ def _h(obj) -> str:
 def module_file(name: str) -> Path | None:
     """The source of project module `name` under ROOT (`a/b.py` or `a/b/__init__.py`), or None
     when `name` is not a project module (torch, a function imported from a module, ...)."""
-    if name.split(".")[0] not in PROJECT_PACKAGES:
-        return None
     parts = name.split(".")
+    if parts[0] != PACKAGE or len(parts) < 3:
+        return None  # not ours, or the package / a folder (no code of its own)
+    parts = parts[1:]
     f = ROOT.joinpath(*parts).with_suffix(".py")
     if f.is_file():
         return f
@@ -101,7 +103,7 @@ def module_imports(path: Path) -> list[tuple[str, bool]]:
             return [a.name for a in node.names]
         base = node.module or ""
         if node.level:  # relative: resolve against this file's package
-            pkg = path.with_suffix("").relative_to(ROOT).parts[:-1]
+            pkg = (PACKAGE,) + path.with_suffix("").relative_to(ROOT).parts[:-1]
             base = ".".join(pkg[:len(pkg) - node.level + 1] + ((base,) if base else ()))
         return [base] + [f"{base}.{a.name}" for a in node.names]
 
@@ -126,10 +128,10 @@ def module_imports(path: Path) -> list[tuple[str, bool]]:
 @lru_cache(maxsize=None)
 def code_hash(stage: str) -> str:
     """sha256 over the source of the stage's module (jobs/<stage>.py) and every project module
-    (jobs/, kernels/, runner/) it imports, transitively, lazy imports included. Code outside the
+    (any folder of the package) it imports, transitively, lazy imports included. Code outside the
     project (torch, transformers) is not hashed."""
     seen: set[Path] = set()
-    todo = [module_file(stage_kind(stage).module) or ROOT / "jobs" / f"{stage}.py"]
+    todo = [module_file(stage_kind(stage).module)]
     while todo:
         p = todo.pop()
         if p in seen or not p.exists():
@@ -385,8 +387,8 @@ def _run_problems(spec: Spec, p: PlannedStage, by_slot: dict) -> list[str]:
     for f in stage_files(spec, p.stage):
         declared = spec.target.path if f == "target" else spec.data.path
         if declared is None and f == "data" and spec.data.source == "sharegpt":
-            from runner.assets import asset_path
-            from runner.errors import FetchError
+            from eagle3_runner.runner.assets import asset_path
+            from eagle3_runner.runner.errors import FetchError
             try:
                 asset_path("sharegpt")
             except FetchError as e:

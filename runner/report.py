@@ -34,10 +34,10 @@ import math
 import sys
 from pathlib import Path
 
-from runner.errors import ReportError
-from runner.files import atomic_path, expand_path
-from runner.spec.schema import Spec
-from runner.store import Store
+from eagle3_runner.runner.errors import ReportError
+from eagle3_runner.runner.files import atomic_path, expand_path
+from eagle3_runner.runner.spec.schema import Spec
+from eagle3_runner.runner.store import Store
 
 # fields that distinguish two bench_summary rows of one run (besides num_steps)
 CONFIG_FIELDS = ("variant", "prompt_set", "backend", "num_steps", "eagle_topk", "num_draft_tokens",

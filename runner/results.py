@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from runner.errors import StoreError
-from runner.store import Store
+from eagle3_runner.runner.errors import StoreError
+from eagle3_runner.runner.store import Store
 
 
 def _table(cols, rows) -> str:

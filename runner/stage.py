@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runner.files import atomic_write, sha256_file
-from runner.store import Store, now
-from runner.verify import SAMPLE_MIN, remember, sampled_sha256
+from eagle3_runner.runner.files import atomic_write, sha256_file, umask_modes
+from eagle3_runner.runner.store import Store, now
+from eagle3_runner.runner.verify import SAMPLE_MIN, remember, sampled_sha256
 
 if TYPE_CHECKING:  # annotations only: a stage's code hash need not cover the schema
-    from runner.spec.schema import Spec
+    from eagle3_runner.runner.spec.schema import Spec
 
 MANIFEST = "artifact.json"
 
@@ -105,6 +105,7 @@ def finalize(ctx: StageContext, key: str, parts: dict, final: Path, metrics: dic
                             for k, v in (metrics or {}).items()},
                 "finished_at": now()}
     atomic_write(out / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True, default=str))
+    umask_modes(out)  # readable like any other file (runner/files.py)
     final = Path(final)
     if final.exists():  # a stale or concurrent copy: replace it whole
         trash = final.with_name(f".trash-{final.name}-{os.getpid()}")

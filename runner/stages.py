@@ -21,10 +21,10 @@ from typing import Annotated, Any, Callable, Literal, Optional
 
 from pydantic import Field, create_model, model_validator
 
-from runner.drafts.rules import chain_draft_tokens, spec_draft_tokens_problem
-from runner.errors import PlanError
-from runner.spec.base import Strict
-from runner.spec.server import extra_args_problems, host_problem
+from eagle3_runner.runner.drafts.rules import chain_draft_tokens, spec_draft_tokens_problem
+from eagle3_runner.runner.errors import PlanError
+from eagle3_runner.runner.spec.base import Strict
+from eagle3_runner.runner.spec.server import extra_args_problems, host_problem
 
 # ----------------------------------------------------------------------------------------------
 # the stages' spec blocks
@@ -111,7 +111,7 @@ class TrainStage(Strict):
         "The training step: auto = triton on CUDA, torch on CPU; triton = the fast step with "
         "Triton TTT attention and the fused soft CE (kernels/); flex = flex_attention instead of "
         "the Triton attention; torch = the fast step (packing, draft-vocab logits) on PyTorch "
-        "references; reference = the plain K-step objective (jobs/ttt.py), the slow baseline."))
+        "references; reference = the plain K-step objective (trainer/objective.py), the slow baseline."))
     features: Literal["offline", "online"] = Field("offline", description=(
         "Where the aux hidden states come from. offline = the extract stage's features on disk "
         "((3 aux + 1 last) x hidden x dtype bytes per token: `runner plan` estimates them); "
@@ -222,7 +222,7 @@ class StageKind:
 
     @property
     def module(self) -> str:
-        return f"jobs.{self.name}"
+        return f"eagle3_runner.jobs.{self.name}"
 
 
 def _online(spec) -> bool:

@@ -16,9 +16,9 @@ import json
 import os
 from pathlib import Path
 
-from runner.errors import StoreError
-from runner.results import _table
-from runner.store import Store, host
+from eagle3_runner.runner.errors import StoreError
+from eagle3_runner.runner.results import _table
+from eagle3_runner.runner.store import Store, host
 
 SLURM_LIVE = {"RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED",
               "RESIZING", "REQUEUE_HOLD", "REQUEUE_FED", "STAGE_OUT", "SIGNALING"}
@@ -43,7 +43,7 @@ def pid_alive(pid) -> bool:
 
 def _slurm_states(ids: list[str]) -> dict[str, str]:
     try:
-        from runner.slurm.probes import live_states
+        from eagle3_runner.runner.slurm.probes import live_states
         return live_states(ids) if ids else {}
     except Exception:  # noqa: BLE001 - no Slurm here: states from the store only
         return {}

@@ -23,8 +23,8 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from runner.errors import StoreError
-from runner.files import atomic_write
+from eagle3_runner.runner.errors import StoreError
+from eagle3_runner.runner.files import atomic_write
 
 SCHEMA = {
     "runs": """run_id VARCHAR, spec_name VARCHAR, spec_hash VARCHAR, code_version VARCHAR,

@@ -16,7 +16,7 @@ import struct
 from functools import lru_cache, wraps
 from pathlib import Path
 
-from runner.errors import TargetConfigError
+from eagle3_runner.runner.errors import TargetConfigError
 
 
 def read_target_config(path: Path) -> dict:

@@ -26,8 +26,8 @@ import json
 import os
 from pathlib import Path
 
-from runner.errors import StageError
-from runner.files import atomic_write, sha256_file
+from eagle3_runner.runner.errors import StageError
+from eagle3_runner.runner.files import atomic_write, sha256_file
 
 SAMPLE_MIN = 64 << 20  # files above this get a sampled digest in artifact.json
 SAMPLE_BLOCKS, BLOCK = 64, 1 << 20

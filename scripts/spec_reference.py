@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 from pydantic import BaseModel  # noqa: E402
 from pydantic_core import PydanticUndefined  # noqa: E402
 
-from runner.files import atomic_write  # noqa: E402
-from runner.spec import schema as S  # noqa: E402
+from eagle3_runner.runner.files import atomic_write  # noqa: E402
+from eagle3_runner.runner.spec import schema as S  # noqa: E402
 
 OUT = ROOT / "docs" / "spec-reference.md"
 

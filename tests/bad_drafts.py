@@ -156,7 +156,7 @@ if __name__ == "__main__":
     import tempfile
     import time
 
-    from runner.inspect import inspect_draft
+    from eagle3_runner.runner.inspect import inspect_draft
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 50
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(n):

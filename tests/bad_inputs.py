@@ -23,10 +23,10 @@ from typing import Any, Callable
 import yaml
 from pydantic import BaseModel
 
-from runner.errors import RunnerError, SpecError
-from runner.plan import build_plan
-from runner.spec.load import load_spec
-from runner.spec.schema import Spec
+from eagle3_runner.runner.errors import RunnerError, SpecError
+from eagle3_runner.runner.plan import build_plan
+from eagle3_runner.runner.spec.load import load_spec
+from eagle3_runner.runner.spec.schema import Spec
 
 MISSING = object()
 

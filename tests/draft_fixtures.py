@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runner.drafts.layout import expected_shapes
+from eagle3_runner.runner.drafts.layout import expected_shapes
 
 ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "I32": 4, "BOOL": 1, "U8": 1}
 NP = {"F32": np.float32, "I64": np.int64, "I32": np.int32, "BOOL": np.bool_, "U8": np.uint8,

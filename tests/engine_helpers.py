@@ -28,7 +28,7 @@ def export_drafter(out: Path, target_cfg, aux_ids, draft_vocab=None, seed=1, d2t
     d2t: offsets over a draft vocab = the first `draft_vocab` target ids (default all).
     edit(model) may change weights before saving."""
     from safetensors.torch import save_file
-    from jobs.draft_model import DraftConfig, Eagle3Draft
+    from eagle3_runner.models.draft_model import DraftConfig, Eagle3Draft
     V, H = target_cfg.vocab_size, target_cfg.hidden_size
     Vd = draft_vocab or V
     c = DraftConfig(hidden_size=H, num_attention_heads=target_cfg.num_attention_heads,

@@ -31,20 +31,20 @@ def conversations(n: int = 30) -> list:
 
 
 def params(**kw):
-    from runner.stages import RegenerateStage
+    from eagle3_runner.runner.stages import RegenerateStage
     return RegenerateStage(**{"max_new_tokens": 5, "batch_size": 3, "shard_conversations": 4,
                               "synthetic_prompts": 5, "synthetic_max_tokens": 4, "seed": 0, **kw})
 
 
 def run(out: Path, kill_after: int | None = None, clock=None, **kw) -> dict:
     import torch
-    import jobs.synthetic as syn
+    import eagle3_runner.data.synthetic as syn
     from engine_helpers import tiny_hf_llama
-    from jobs.llama import from_hf_model
-    from jobs.regen_store import ShardWriter
-    from jobs.regenerate import regenerate
-    from jobs.target import load_tokenizer
-    from runner.assets import asset_path
+    from eagle3_runner.models.llama import from_hf_model
+    from eagle3_runner.data.regen_store import ShardWriter
+    from eagle3_runner.jobs.regenerate import regenerate
+    from eagle3_runner.target.load import load_tokenizer
+    from eagle3_runner.runner.assets import asset_path
     threads, degenerate = torch.get_num_threads(), syn.degenerate
     torch.set_num_threads(1)
     # a random target writes no sensible user turns: keep every non-empty one (the filters

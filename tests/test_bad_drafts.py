@@ -14,9 +14,9 @@ import pytest
 
 from bad_drafts import make_case
 from draft_fixtures import TINY, make_draft
-from runner.convert import convert
-from runner.errors import ConvertError
-from runner.inspect import inspect_draft
+from eagle3_runner.runner.convert import convert
+from eagle3_runner.runner.errors import ConvertError
+from eagle3_runner.runner.inspect import inspect_draft
 
 ROOT = Path(__file__).resolve().parent.parent
 N = 400
@@ -112,7 +112,7 @@ def _offsets_past_end(d: Path) -> None:
 
 
 def test_offsets_past_the_end_and_truncated_tensor_refused_not_hung(tmp_path, bounded, capsys):
-    from runner.cli import main
+    from eagle3_runner.runner.cli import main
     t = tmp_path / "target"
     past = make_draft(tmp_path, TINY, dense=True, name="past")
     _offsets_past_end(past)

@@ -57,13 +57,13 @@ def test_bad_spec_files_through_the_cli_exit_1_without_a_traceback(tag, tmp_path
         assert all(line.startswith("error: ") for line in r.stderr.splitlines()), r.stderr
 
 
-# The data part calls the data reader's public function (jobs/data.py load_conversations): a bad
+# The data part calls the data reader's public function (data/conversations.py load_conversations): a bad
 # file is refused with one clear line (too many unusable records: data.max_bad_fraction), or every
 # record is used or counted as dropped by reason; undecodable bytes are never replaced.
 def test_every_bad_data_file_gets_a_clear_error_or_every_drop_counted(tmp_path):
-    from jobs.data import load_conversations
-    from runner.errors import RunnerError
-    from runner.spec.schema import Data
+    from eagle3_runner.data.conversations import load_conversations
+    from eagle3_runner.runner.errors import RunnerError
+    from eagle3_runner.runner.spec.schema import Data
     failures = []
     for case in data_cases():
         f = tmp_path / f"{case.id}.jsonl"

@@ -13,10 +13,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from engine_helpers import export_drafter  # noqa: E402
 
-from jobs.bench import check_backend  # noqa: E402
-from jobs.bench_results import (NEAR_TIE, config_fields, explain, flags_for,  # noqa: E402
+from eagle3_runner.jobs.bench import check_backend  # noqa: E402
+from eagle3_runner.runner.bench_rows import (NEAR_TIE, config_fields, explain, flags_for,  # noqa: E402
                                 prompt_row, summary_row)
-from runner.errors import StageError  # noqa: E402
+from eagle3_runner.runner.errors import StageError  # noqa: E402
 
 
 def test_explain_reproduces_the_seed_case_in_numbers():
@@ -34,7 +34,7 @@ def test_explain_reproduces_the_seed_case_in_numbers():
 
 
 def _spec(smollm2_path, **bench):
-    from runner.spec.load import load_spec
+    from eagle3_runner.runner.spec.load import load_spec
     data = {"name": "bench-test", "target": {"path": str(smollm2_path), "device": "cpu",
                                              "dtype": "float32"},
             "drafter": {"draft_vocab_size": 2048},
@@ -53,9 +53,9 @@ def test_embedded_accepts_trees_and_sglang_needs_sglang(smollm2_path):
 
 @pytest.mark.slow
 def test_bench_stage_on_smollm2_stores_all_metrics(smollm2, smollm2_path, tmp_path):
-    from jobs import bench
-    from runner.stage import StageContext
-    from runner.store import Store
+    from eagle3_runner.jobs import bench
+    from eagle3_runner.runner.stage import StageContext
+    from eagle3_runner.runner.store import Store
     hf, _, _ = smollm2
     tree = {"num_steps": 2, "eagle_topk": 2, "num_draft_tokens": 4}
     spec = _spec(smollm2_path, configs=[{"num_steps": 2}, tree])
@@ -100,8 +100,8 @@ def test_bench_stage_on_smollm2_stores_all_metrics(smollm2, smollm2_path, tmp_pa
 def test_bench_cache_fits_warm_up_longer_than_max_new(smollm2, smollm2_path, tmp_path):
     """Regression: max_new_tokens shorter than the warm-up's 2K+4 tokens (here 4 < 18 at K=7)
     ran out of cache slots ("needs 95 cache slots; the engine has max_seq = 94")."""
-    from jobs import bench
-    from runner.stage import StageContext
+    from eagle3_runner.jobs import bench
+    from eagle3_runner.runner.stage import StageContext
     hf, _, _ = smollm2
     spec = _spec(smollm2_path, num_prompts=1, max_new_tokens=[4], configs=[{"num_steps": 7}])
     export = export_drafter(tmp_path / "export", hf.config, spec.aux_ids, draft_vocab=2048)
@@ -118,9 +118,10 @@ def test_bench_times_the_plain_decode_and_checks_tokens_against_the_wide_one(
     """With a width (bf16 on the GPU; forced here on float32), the speed baseline is the plain
     1-row decode and "lossless" compares against the W-row decode: timing the W-row pass made
     every H200 speedup ~24% too high (8 rows: 2.53 ms/token, 1 row: 2.05 ms)."""
-    from jobs import bench, engine
-    from runner.stage import StageContext
-    from runner.store import Store
+    from eagle3_runner.jobs import bench
+    from eagle3_runner.engine import speculative as engine
+    from eagle3_runner.runner.stage import StageContext
+    from eagle3_runner.runner.store import Store
     hf, _, _ = smollm2
     spec = _spec(smollm2_path, num_prompts=1, max_new_tokens=[10])
     export = export_drafter(tmp_path / "export", hf.config, spec.aux_ids, draft_vocab=2048)
@@ -167,7 +168,7 @@ def _tiny_target(folder: Path, smollm2_path) -> Path:
     """An HF folder: a random 4-layer Llama with SmolLM2's vocabulary and tokenizer."""
     import shutil
     from engine_helpers import tiny_hf_llama
-    from jobs.target import hf_folder
+    from eagle3_runner.target.load import hf_folder
     tiny_hf_llama(vocab=49152, hidden=32, layers=4, heads=4, kv=2).save_pretrained(str(folder))
     for f in hf_folder(smollm2_path).iterdir():
         if f.name.startswith(("tokenizer", "chat_template")):
@@ -181,11 +182,11 @@ def test_both_backends_record_the_same_rows_and_train_samples(smollm2_path, tmp_
     embedded backend and for SGLang alike, never the spec's stages.train.num_samples; and every
     column either backend writes is in the results schema."""
     import socket
-    from jobs import bench
-    from jobs.sglang_backend import run_bench
-    from runner.spec.load import load_spec
-    from runner.stage import StageContext
-    from runner.store import SCHEMA, Store
+    from eagle3_runner.jobs import bench
+    from eagle3_runner.target.sglang import run_bench
+    from eagle3_runner.runner.spec.load import load_spec
+    from eagle3_runner.runner.stage import StageContext
+    from eagle3_runner.runner.store import SCHEMA, Store
     target = _tiny_target(tmp_path / "target", smollm2_path)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -233,8 +234,8 @@ def test_divergence_is_the_first_differing_token_and_the_targets_own_margin():
     the runner-up flag holds for the 2nd-ranked token only."""
     import torch
     from engine_helpers import tiny_hf_llama
-    from jobs.bench import divergence
-    from jobs.llama import from_hf_model
+    from eagle3_runner.jobs.bench import divergence
+    from eagle3_runner.models.llama import from_hf_model
     hf = tiny_hf_llama()
     target = from_hf_model(hf)
     target.setup_cache(1, 64)
@@ -281,7 +282,7 @@ def test_a_lossless_row_has_null_divergence_and_lands_in_an_old_results_file(tmp
     """A lossless row carries NULL divergence columns; a results file made
     before those columns gains them at ingest, old rows reading NULL."""
     import duckdb
-    from runner.store import Store
+    from eagle3_runner.runner.store import Store
     rows = _rows([None, 0.25])
     assert [rows[0][c] for c in ("diverge_at", "diverge_margin", "diverge_runner_up")] == \
         [None, None, None] and rows[0]["lossless"] is True and rows[0]["flags"] == ""
@@ -339,10 +340,11 @@ def test_the_embedded_bench_records_where_a_prompt_diverged(smollm2_path, tmp_pa
                                                            monkeypatch):
     """A speculative engine whose token 1 is wrong (forced): every row records diverge_at 1 and
     the target's margin there, the summary counts 0 lossless prompts and explains why."""
-    from jobs import bench, engine
-    from runner.spec.load import load_spec
-    from runner.stage import StageContext
-    from runner.store import Store
+    from eagle3_runner.jobs import bench
+    from eagle3_runner.engine import speculative as engine
+    from eagle3_runner.runner.spec.load import load_spec
+    from eagle3_runner.runner.stage import StageContext
+    from eagle3_runner.runner.store import Store
     from transformers import AutoConfig
     target = _tiny_target(tmp_path / "target", smollm2_path)
     real = engine.Engine.generate

@@ -1,4 +1,4 @@
-"""scripts/bench_engine.py, the hf_static row: one StaticCache for all prompts, so generate's
+"""scripts/bench/bench_engine.py, the hf_static row: one StaticCache for all prompts, so generate's
 auto-compiled decode forward is built once (in the warm-up) and the timed pass compiles nothing.
 
 A tiny random Llama (float32) with 2 prompts of different lengths. On CPU HF compiles only when
@@ -17,7 +17,7 @@ N = 8  # new tokens per prompt
 
 @pytest.fixture(scope="module")
 def be():
-    spec = importlib.util.spec_from_file_location("bench_engine", ROOT / "scripts" / "bench_engine.py")
+    spec = importlib.util.spec_from_file_location("bench_engine", ROOT / "scripts" / "bench" / "bench_engine.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -1,4 +1,4 @@
-"""scripts/bench_extract.py end to end on a tiny random Llama (CPU, float32): both modes run the
+"""scripts/bench/bench_extract.py end to end on a tiny random Llama (CPU, float32): both modes run the
 stage's own extract_samples and write their tables; the numbers themselves are the benchmark's
 business (BENCHMARKS.md), here only their shape and the bytes per token."""
 
@@ -16,7 +16,7 @@ H = 64
 @pytest.fixture()
 def be(monkeypatch):
     spec = importlib.util.spec_from_file_location("bench_extract",
-                                                  ROOT / "scripts" / "bench_extract.py")
+                                                  ROOT / "scripts" / "bench" / "bench_extract.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -1,11 +1,11 @@
-"""scripts/bench_generate.py at tiny sizes on CPU: both modes run and report what BENCHMARKS.md
+"""scripts/bench/bench_generate.py at tiny sizes on CPU: both modes run and report what BENCHMARKS.md
 needs (tok/s of each path, the ratio, the e2e time and output size)."""
 
 import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "bench"))
 
 
 def test_bench_generate_tiny_cpu(tmp_path, sharegpt_path, smollm2_path):

@@ -1,4 +1,4 @@
-"""scripts/bench_train.py at tiny sizes on the CPU: the reference step, the fast step and online
+"""scripts/bench/bench_train.py at tiny sizes on the CPU: the reference step, the fast step and online
 training measured in one run, on the same weights and batch (so the same first-step loss for the
 first two), tables written; a row past its time box is reported, not lost."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "bench"))
 import bench_train as bt  # noqa: E402
 
 TINY = ["--device", "cpu", "--geometry", "tiny", "--base", "2,24,64", "--ks", "2", "--seqs", "24",

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from chat_helpers import FAMILIES, load_tokenizer, make_target, template_text
-from jobs.chat import chat_convention, derive_convention, tokenize_conversation, tokenize_dataset
-from jobs.data import clean_records
-from runner.chat import template_family
-from runner.errors import StageError
+from eagle3_runner.data.chat import chat_convention, derive_convention, tokenize_conversation, tokenize_dataset
+from eagle3_runner.data.conversations import clean_records
+from eagle3_runner.runner.chat import template_family
+from eagle3_runner.runner.errors import StageError
 
 END = {"llama3.1-8b": "<|eot_id|>", "qwen3-8b": "<|im_end|>", "qwen2.5-7b": "<|im_end|>",
        "chatml-smollm2": "<|im_end|>"}
@@ -142,7 +142,7 @@ def test_templates_that_cannot_be_probed(tmp_path):
 
 
 def test_smollm2_template_file_is_the_published_one(smollm2_path):
-    from runner.target_config import read_gguf_metadata
+    from eagle3_runner.runner.target_config import read_gguf_metadata
     assert read_gguf_metadata(smollm2_path)["tokenizer.chat_template"] == \
         template_text("chatml-smollm2")
 

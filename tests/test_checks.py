@@ -14,10 +14,10 @@ import pytest
 import yaml
 from test_plan import fake_stages, make_spec, reasons  # noqa: F401 - fixture
 
-from runner.apply import apply
-from runner.errors import PlanError, SpecError
-from runner.plan import build_plan
-from runner.spec.load import load_spec
+from eagle3_runner.runner.apply import apply
+from eagle3_runner.runner.errors import PlanError, SpecError
+from eagle3_runner.runner.plan import build_plan
+from eagle3_runner.runner.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -187,7 +187,7 @@ def test_num_samples_above_the_extract_is_refused(tmp_path, fake_stages):
         test_plan._fake_run(ctx)
         return {"samples": 20}
 
-    fake_stages.setattr(sys.modules["jobs.extract"], "run", extract)
+    fake_stages.setattr(sys.modules["eagle3_runner.jobs.extract"], "run", extract)
     # first apply: the extract is not there at plan time; train refuses before it runs
     spec = make_spec(tmp_path, ["stages.train.num_samples=50", "stages.train.eval_samples=4"])
     _, outcomes = apply(spec, build_plan(spec), quiet=True)
@@ -254,9 +254,9 @@ def test_relative_paths_resolve_against_the_spec_file_from_any_cwd(tmp_path):
 
 
 def test_every_flag_the_runner_gives_sglang_is_guarded():
-    """runner/spec/server.py GUARDED_FLAGS must list what jobs/sglang_backend.py server_argv sets."""
-    from jobs.sglang_backend import server_argv
-    from runner.spec.server import GUARDED_FLAGS
+    """runner/spec/server.py GUARDED_FLAGS must list what target/sglang.py server_argv sets."""
+    from eagle3_runner.target.sglang import server_argv
+    from eagle3_runner.runner.spec.server import GUARDED_FLAGS
     argv = server_argv("python3", "/m", 30000, "127.0.0.1", 1, "/d", 3, 1, 4, True, 8, 4096)
     argv += server_argv("python3", "/m", 30000, cuda_graph=False)
     assert {a for a in argv if a.startswith("--")} <= set(GUARDED_FLAGS)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runner.cli import build_parser, main
+from eagle3_runner.runner.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted((ROOT / "specs").glob("*.yaml"))
@@ -22,7 +22,7 @@ def subcommands() -> list[str]:
 
 
 def runner(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "runner.cli", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "eagle3_runner.runner.cli", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -113,7 +113,7 @@ def test_status_and_results_without_db_are_clean(tmp_path):
 
 
 def test_ctrl_c_while_starting_is_not_a_traceback(monkeypatch, capsys):
-    import runner.cli as cli
+    import eagle3_runner.runner.cli as cli
 
     def interrupted():
         raise KeyboardInterrupt

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from draft_fixtures import TINY, make_draft
-from runner.cli import main as cli_main
-from runner.convert import convert
-from runner.errors import ConvertError
-from runner.drafts.safetensors import draft_tensors, tensor_values
-from runner.inspect import inspect_draft
+from eagle3_runner.runner.cli import main as cli_main
+from eagle3_runner.runner.convert import convert
+from eagle3_runner.runner.errors import ConvertError
+from eagle3_runner.runner.drafts.safetensors import draft_tensors, tensor_values
+from eagle3_runner.runner.inspect import inspect_draft
 
 V, VD = TINY["V"], TINY["Vd"]
 SPREAD = np.concatenate([np.arange(100), 100 + 8 * np.arange(VD - 100)])  # i + used[i] >= V at the top

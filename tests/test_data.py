@@ -11,11 +11,11 @@ import types
 
 import pytest
 
-from jobs.data import (clean_records, detect_template, load_conversations, read_records,
+from eagle3_runner.data.conversations import (clean_records, detect_template, load_conversations, read_records,
                        show_data_report, tokenize_conversation, tokenize_dataset)
-from runner.chat import KNOWN
-from runner.errors import StageError
-from runner.spec.schema import Data
+from eagle3_runner.runner.chat import KNOWN
+from eagle3_runner.runner.errors import StageError
+from eagle3_runner.runner.spec.schema import Data
 
 
 def mask_spans(mask):
@@ -333,7 +333,7 @@ def test_batched_tokenising_equals_one_at_a_time(smollm2_tokenizer, sharegpt_pat
     """tokenize_dataset encodes ENCODE_BATCH texts per tokenizer call: on real ShareGPT
     conversations (3 chunks, the last partial) its samples are exactly tokenize_conversation's,
     and the vectorised mask equals the per-token loop on every conversation."""
-    import jobs.chat as C
+    import eagle3_runner.data.chat as C
     tok = smollm2_tokenizer
     train, _, _ = load_conversations(Data(max_samples=40, holdout=0, seed=0))
     monkeypatch.setattr(C, "ENCODE_BATCH", 16)
@@ -416,12 +416,12 @@ def test_jsonl_edge_files(tmp_path, capsys):
 
 
 def test_bench_tokenize_script(sharegpt_path, smollm2_path, capsys, tmp_path):
-    """scripts/bench_tokenize.py checks both paths' samples equal and reports their ratio; a
+    """scripts/bench/bench_tokenize.py checks both paths' samples equal and reports their ratio; a
     bad count is a usage error naming the flag."""
     import importlib.util
     import json as J
     from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_tokenize.py"
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "bench_tokenize.py"
     sp = importlib.util.spec_from_file_location("bench_tokenize", path)
     m = importlib.util.module_from_spec(sp)
     sp.loader.exec_module(m)

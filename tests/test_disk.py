@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from runner import disk
-from runner.spec.load import load_spec
+from eagle3_runner.runner import disk
+from eagle3_runner.runner.spec.load import load_spec
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
@@ -45,7 +45,7 @@ def _write(path, answers_chars):
 def test_estimate_counts_tokens_records_and_caps(tmp_path):
     _write(tmp_path / "d.jsonl", [80, 400])  # 10+5 + 20+5 = 40; 10+5 + 100+5 -> 64 (max_length)
     spec = _spec(tmp_path, tmp_path / "d.jsonl")
-    assert disk.bytes_per_token(spec) == 4617  # SmolLM2 in bf16, as jobs/features.py states
+    assert disk.bytes_per_token(spec) == 4617  # SmolLM2 in bf16, as target/features.py states
     e = disk.estimate(spec)
     assert (e["samples"], e["tokens"], e["bytes"]) == (2, 40 + 64, 104 * 4617)
     assert "estimate: 2 of 2 records read, 4 characters per token" == e["method"]
@@ -76,7 +76,7 @@ def test_plan_says_when_extract_will_not_fit_and_suggests_online(tmp_path):
     assert d["extract"][0]["samples"] > 10**7 and "features: online" in d["advice"]
     online = _spec(tmp_path, path, max_samples=100,
                    stages={"train": {"features": "online"}})
-    from runner.plan import build_plan
+    from eagle3_runner.runner.plan import build_plan
     p = build_plan(online)
     assert [s.stage for s in p.stages] == ["train"] and p.disk["fits"]
     assert p.disk["online"][0]["tokens"] == 100 * 64
@@ -85,7 +85,7 @@ def test_plan_says_when_extract_will_not_fit_and_suggests_online(tmp_path):
 
 
 def test_estimate_reads_gzip_and_zstd_data(tmp_path):
-    """A compressed data file (recognised by its magic bytes, as jobs/records.py reads it) is
+    """A compressed data file (recognised by its magic bytes, as data/records.py reads it) is
     estimated from its decompressed head: the same figures as the plain file when read whole;
     its text size from the head's compression ratio when not."""
     import gzip

@@ -1,7 +1,7 @@
 """Data parallel on one node, on the CPU: 2 gloo ranks against 1 rank (runner/launch.py,
-jobs/dist.py, the data-parallel paths of jobs/train.py and jobs/extract.py, the Slurm mapping).
+runner/dist.py, the data-parallel paths of jobs/train.py and jobs/extract.py, the Slurm mapping).
 
-2-rank runs go through the real launcher (`python -m runner.launch`, as the local executor calls
+2-rank runs go through the real launcher (`python -m eagle3_runner.runner.launch`, as the local executor calls
 it) or, where a run must be interrupted, through torch.multiprocessing with a test worker. The
 Slurm tests at the end need the local cluster (scripts/slurm-up.sh) and skip without it.
 """
@@ -19,11 +19,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from jobs.train import train
-from runner.job import StageJob, run_stage
-from runner.local import launch_local
-from runner.spec.load import load_spec
-from runner.stage import StageContext
+from eagle3_runner.trainer.recipe import train
+from eagle3_runner.runner.job import StageJob, run_stage
+from eagle3_runner.runner.local import launch_local
+from eagle3_runner.runner.spec.load import load_spec
+from eagle3_runner.runner.stage import StageContext
 from test_slurm import _controller_answers  # the same "is a cluster up?" probe
 from train_helpers import tiny_extract, train_ctx, train_spec
 
@@ -52,7 +52,7 @@ def stage_job(spec, stage: str, inputs: dict, partial: Path, artifact: Path, db:
 
 def _worker(local_rank: int, world: int, store: str, fn, args) -> None:
     """A spawned rank: join the group (FileStore) and call fn(rank, world, *args)."""
-    from runner.launch import init_rank
+    from eagle3_runner.runner.launch import init_rank
     import torch.distributed as dist
     init_rank(local_rank, world, local_rank, f"file://{store}")
     try:
@@ -69,7 +69,7 @@ def spawn(fn, world: int, *args) -> None:
 
 
 def _train_until(rank, world, spec_json, extract_dir, out, db, stop_at):
-    from runner.spec.schema import Spec
+    from eagle3_runner.runner.spec.schema import Spec
     ctx = train_ctx(Spec.model_validate_json(spec_json), extract_dir, out, db)
     ctx.rank, ctx.world_size = rank, world
     assert train(ctx, stop_at=stop_at) is None
@@ -111,7 +111,7 @@ def test_two_ranks_train_the_same_weights_as_one(one_rank, tmp_path):
     """DDP over 2 gloo ranks, each with half of the global batch (and rank 1 with none in the
     odd step), through the local executor and the launcher: the same drafter as 1 rank up to
     float summation order; one artifact, one `stages` row, metrics once."""
-    from runner.local import LocalExecutor
+    from eagle3_runner.runner.local import LocalExecutor
     base, ex, a1 = one_rank
     spec = with_executor(base, kind="local", nproc_per_node=2)
     db = tmp_path / "r.duckdb"
@@ -130,7 +130,7 @@ def test_two_ranks_train_the_same_weights_as_one(one_rank, tmp_path):
         assert x["acc_step"] == pytest.approx(y["acc_step"], abs=1e-6)
     assert m2["train_steps"] == 4
     assert m2["final_loss"] == pytest.approx(h1["summary"]["final_loss"], rel=1e-4)
-    from runner.store import Store
+    from eagle3_runner.runner.store import Store
     st = Store(db)
     assert st.query("SELECT status FROM stages")[1] == [("done",)]
     rows = st.query("SELECT step FROM metrics WHERE name = 'eval_acc_0' ORDER BY step")[1]
@@ -180,8 +180,8 @@ def test_resume_across_rank_counts(one_rank, tmp_path):
 def test_stage_error_on_two_ranks_comes_back_once(one_rank, tmp_path):
     """A StageError raised in the ranks reaches the local executor as the stage's own message,
     with one failed `stages` row and no artifact."""
-    from runner.local import LocalExecutor
-    from runner.store import Store
+    from eagle3_runner.runner.local import LocalExecutor
+    from eagle3_runner.runner.store import Store
     base, ex, _ = one_rank
     spec = with_executor(train_spec(**{**TRAIN, "eval_samples": 7}), kind="local",
                          nproc_per_node=2)
@@ -194,11 +194,11 @@ def test_stage_error_on_two_ranks_comes_back_once(one_rank, tmp_path):
 
 
 def test_rank_without_process_group_is_refused(one_rank, tmp_path):
-    from runner.errors import StageError
+    from eagle3_runner.runner.errors import StageError
     spec, ex, _ = one_rank
     ctx = train_ctx(spec, ex, tmp_path / "o", tmp_path / "r.duckdb")
     ctx.rank, ctx.world_size = 1, 2
-    with pytest.raises(StageError, match="runner.launch"):
+    with pytest.raises(StageError, match="eagle3_runner.runner.launch"):
         train(ctx)
 
 
@@ -207,7 +207,7 @@ def test_rank_without_process_group_is_refused(one_rank, tmp_path):
 
 
 def test_assign_shards_is_balanced_and_complete():
-    from jobs.extract import assign_shards
+    from eagle3_runner.jobs.extract import assign_shards
     toks = [50, 10, 40, 30, 30, 5]
     a = assign_shards(toks, 2)
     assert sorted(a[0] + a[1]) == list(range(6)) and a == assign_shards(toks, 2)
@@ -231,19 +231,19 @@ def test_sharded_extraction_equals_one_rank_and_resumes(smollm2, smollm2_path, t
     """2 ranks (each loading the real target) write the single-rank shards, one features.json
     listing all of them in order; a partial dir from a 1-rank run (2 complete shards, a
     truncated one, a stale temp file) is resumed: complete shards kept, the rest recomputed."""
-    from runner.assets import asset_path
-    from runner.errors import FetchError
+    from eagle3_runner.runner.assets import asset_path
+    from eagle3_runner.runner.errors import FetchError
     try:
         asset_path("sharegpt")
     except FetchError as e:
         pytest.skip(str(e))
-    import jobs.extract as ex
-    import jobs.shards as shards
-    from jobs.features import open_features
+    import eagle3_runner.jobs.extract as ex
+    import eagle3_runner.target.shards as shards
+    from eagle3_runner.target.features import open_features
     spec = _extract_spec(smollm2_path, tmp_path)
     one = tmp_path / "one"
     one.mkdir()
-    monkeypatch.setattr("jobs.target.load_target", lambda *a, **k: smollm2)
+    monkeypatch.setattr("eagle3_runner.target.load.load_target", lambda *a, **k: smollm2)
     ex.run(StageContext(spec=spec, stage="extract", variant="base", run_id="t", inputs={},
                         out_dir=one, db_path=tmp_path / "r.duckdb"))
     monkeypatch.undo()
@@ -253,7 +253,7 @@ def test_sharded_extraction_equals_one_rank_and_resumes(smollm2, smollm2_path, t
     # a partial dir as a killed 1-rank run left it
     part = tmp_path / ".partial"
     part.mkdir()
-    from jobs.extract import assign_shards
+    from eagle3_runner.jobs.extract import assign_shards
     mine = assign_shards([s["num_tokens"] for s in m1["shards"]], 2)
     keep = [mine[0][0], mine[1][0]]  # one complete shard of each rank
     assert len(mine[1]) >= 2
@@ -297,9 +297,9 @@ def test_sharded_extraction_equals_one_rank_and_resumes(smollm2, smollm2_path, t
 
 
 def test_drafter_v2_train_is_one_job_with_8_tasks():
-    from runner.job import stage_nproc
-    from runner.slurm.executor import group_jobs
-    from runner.slurm.sbatch import sbatch_params, sbatch_script
+    from eagle3_runner.runner.job import stage_nproc
+    from eagle3_runner.runner.slurm.executor import group_jobs
+    from eagle3_runner.runner.slurm.sbatch import sbatch_params, sbatch_script
     spec = load_spec(ROOT / "specs" / "drafter-v2.yaml")
     s = sbatch_script(spec, "train")
     assert "#SBATCH --ntasks-per-node=8\n" in s and "#SBATCH --nodes=1\n" in s
@@ -321,7 +321,7 @@ def test_drafter_v2_train_is_one_job_with_8_tasks():
 
 
 def test_nproc_validation():
-    from runner.errors import SpecError
+    from eagle3_runner.runner.errors import SpecError
     with pytest.raises(SpecError, match="nproc_per_node = 16.*gpus_per_node = 8"):
         load_spec(ROOT / "specs" / "drafter-v2.yaml", overrides=["executor.nproc_per_node=16"])
     with pytest.raises(SpecError, match="only extract and train"):
@@ -345,7 +345,7 @@ def slurm_path():
 def test_train_stage_as_two_srun_tasks_of_one_slurm_job(one_rank, tmp_path, slurm_path):
     """The tiny train stage submitted with nproc_per_node 2: one Slurm job, two tasks that join
     one gloo group through the SLURM_* variables; rank 0 finalizes; same weights as 1 rank."""
-    from runner.slurm.executor import SlurmExecutor
+    from eagle3_runner.runner.slurm.executor import SlurmExecutor
     base, ex, a1 = one_rank
     spec = with_executor(base, kind="slurm", cpus_per_task=1, mem_gb=1, timeout_min=10,
                          nproc_per_node=2, log_dir=str(tmp_path / "slurm"))
@@ -358,5 +358,5 @@ def test_train_stage_as_two_srun_tasks_of_one_slurm_job(one_rank, tmp_path, slur
     assert_close(weights(a1), weights(tmp_path / "a"))
     logs = sorted(p.name for p in (tmp_path / "slurm").rglob("*_log.err"))
     assert logs == [f"{out.job_id}_0_log.err", f"{out.job_id}_1_log.err"]  # 2 tasks, 1 job
-    from runner.store import Store
+    from eagle3_runner.runner.store import Store
     assert Store(db).query("SELECT status, job_id FROM stages")[1] == [("done", out.job_id)]

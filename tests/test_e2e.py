@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.assets import ASSETS
+from eagle3_runner.runner.assets import ASSETS
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -13,9 +12,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from engine_helpers import export_drafter, tiny_hf_llama  # noqa: E402
 
-from jobs.draft_model import load_exported  # noqa: E402
-from jobs.engine import Engine, accept_greedy  # noqa: E402
-from jobs.llama import from_hf_model  # noqa: E402
+from eagle3_runner.models.draft_model import load_exported  # noqa: E402
+from eagle3_runner.engine.speculative import Engine, accept_greedy  # noqa: E402
+from eagle3_runner.models.llama import from_hf_model  # noqa: E402
 
 AUX = (0, 1, 2)
 
@@ -153,7 +152,7 @@ def _chi2(obs: torch.Tensor, p: torch.Tensor) -> float:
 def test_accept_sample_rule_preserves_target_distribution():
     """One round, K = 2, fixed p/q over V = 5: the first output token ~ p1, and the second
     (when d_1 was accepted) ~ p2. A rule that just accepted drafts would give q instead."""
-    from jobs.engine import accept_sample
+    from eagle3_runner.engine.speculative import accept_sample
     g = torch.Generator().manual_seed(0)
     V, N = 5, 6000
     p = torch.softmax(torch.randn(3, V, generator=g) * 1.5, -1)

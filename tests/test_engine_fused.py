@@ -17,11 +17,11 @@ from engine_helpers import export_drafter, tiny_hf_llama  # noqa: E402
 from kernel_helpers import DEV, gpu_test, needs_triton, patch_interpreter_bf16_dot  # noqa: E402
 from test_engine_tree import _sharpen, tree_oracle  # noqa: E402
 
-import kernels.draft_decode as KD  # noqa: E402
-import kernels.llama_decode as KL  # noqa: E402
-from jobs.draft_model import load_exported  # noqa: E402
-from jobs.engine import Engine, default_width, engine_kernels  # noqa: E402
-from jobs.llama import from_hf_model  # noqa: E402
+import eagle3_runner.kernels.draft_decode as KD  # noqa: E402
+import eagle3_runner.kernels.llama_decode as KL  # noqa: E402
+from eagle3_runner.models.draft_model import load_exported  # noqa: E402
+from eagle3_runner.engine.speculative import Engine, default_width, engine_kernels  # noqa: E402
+from eagle3_runner.models.llama import from_hf_model  # noqa: E402
 
 AUX = (0, 1)
 SHAPES = [(3, 1, None), (3, 2, 6)]  # a chain and a tree: num_steps / eagle_topk / draft tokens

@@ -1,4 +1,4 @@
-"""Tree drafting in the embedded engine (jobs/tree.py): the same tree as SGLang, the drafter's
+"""Tree drafting in the embedded engine (engine/tree.py): the same tree as SGLang, the drafter's
 tree attention, greedy losslessness (tiny and SmolLM2), tree sampling, static compiled steps."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from engine_helpers import export_drafter, tiny_hf_llama  # noqa: E402
 from test_engine import _chi2, _chi2_crit  # noqa: E402
 
-from jobs.draft_model import load_exported  # noqa: E402
-from jobs.engine import Engine  # noqa: E402
-from jobs.engine_steps import draft_extend, draft_step  # noqa: E402
-from jobs.llama import from_hf_model  # noqa: E402
-from jobs.tree import draft_tree  # noqa: E402
-from runner.drafts.rules import check_draft_tokens  # noqa: E402
+from eagle3_runner.models.draft_model import load_exported  # noqa: E402
+from eagle3_runner.engine.speculative import Engine  # noqa: E402
+from eagle3_runner.engine.steps import draft_extend, draft_step  # noqa: E402
+from eagle3_runner.models.llama import from_hf_model  # noqa: E402
+from eagle3_runner.engine.tree import draft_tree  # noqa: E402
+from eagle3_runner.runner.drafts.rules import check_draft_tokens  # noqa: E402
 
 AUX = (0, 1, 2)
 SHAPES = [(3, 4, 16), (5, 4, 8), (2, 2, 4)]  # num_steps / eagle_topk / num_draft_tokens
@@ -34,7 +34,7 @@ def _threads():
 
 
 # ----------------------------------------------------------------------------------------------
-# SGLang's selection rule, re-written from sglang 0.5.23 (independently of jobs/tree.py)
+# SGLang's selection rule, re-written from sglang 0.5.23 (independently of engine/tree.py)
 
 
 def sglang_tree(root_logits, child_logits, K, k, N):

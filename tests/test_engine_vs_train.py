@@ -1,6 +1,6 @@
 """The engine drafts exactly what training's TTT predicts under teacher forcing.
 
-The embedded engine (jobs/engine.py, jobs/engine_steps.py) and the trainer (jobs/train.py
+The embedded engine (engine/speculative.py, engine/steps.py) and the trainer (jobs/train.py
 make_batch + ttt_loss over Eagle3Draft.ttt_step) implement the same recurrence two ways: a static
 KV cache with rollback vs a teacher-forced unroll over a whole sequence. Here every round's
 step-0 root logits (position r = the token before the one the round verifies first) must equal
@@ -23,11 +23,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from engine_helpers import export_drafter, tiny_hf_llama  # noqa: E402
 
-import jobs.engine as E  # noqa: E402
-import jobs.engine_steps as ES  # noqa: E402
-from jobs import ttt as TR  # noqa: E402
-from jobs.draft_model import load_exported  # noqa: E402
-from jobs.llama import from_hf_model  # noqa: E402
+import eagle3_runner.engine.speculative as E  # noqa: E402
+import eagle3_runner.engine.steps as ES  # noqa: E402
+from eagle3_runner.trainer import objective as TR  # noqa: E402
+from eagle3_runner.models.draft_model import load_exported  # noqa: E402
+from eagle3_runner.models.llama import from_hf_model  # noqa: E402
 
 AUX = (0, 1, 2)
 VOCAB = 64

@@ -10,14 +10,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from draft_fixtures import used_ids
-from jobs.draft_model import DraftConfig, Eagle3Draft, load_exported
-from jobs.export import run
-from runner.convert import convert
-from runner.drafts.safetensors import draft_tensors, tensor_values
-from runner.inspect import inspect_draft
-from runner.spec.load import load_spec
-from runner.errors import StageError
-from runner.stage import StageContext
+from eagle3_runner.models.draft_model import DraftConfig, Eagle3Draft, load_exported
+from eagle3_runner.jobs.export import run
+from eagle3_runner.runner.convert import convert
+from eagle3_runner.runner.drafts.safetensors import draft_tensors, tensor_values
+from eagle3_runner.runner.inspect import inspect_draft
+from eagle3_runner.runner.spec.load import load_spec
+from eagle3_runner.runner.errors import StageError
+from eagle3_runner.runner.stage import StageContext
 
 torch.set_num_threads(2)
 
@@ -167,7 +167,7 @@ def test_missing_train_file_is_a_stage_error(tmp_path):
 
 def test_smollm2_geometry_export_inspects_clean_against_the_gguf(tmp_path, smollm2_path):
     """SmolLM2 (L=30, H=576, 9 heads, 3 kv, V=49152): target read from the real GGUF header."""
-    from runner.target_config import read_target_config
+    from eagle3_runner.runner.target_config import read_target_config
     tcfg = read_target_config(smollm2_path)
     ctx, _ = make_inputs(tmp_path, tcfg, draft_vocab=1024, aux=(1, 14, 26), speculators=False)
     run(ctx)

@@ -8,18 +8,18 @@ import json
 import pytest
 import torch
 
-import jobs.extract as ex
-from jobs.capture import check_aux_ids
-import jobs.shards as shards
-from jobs.features import MANIFEST, open_features
-from runner.errors import StageError
-from runner.stage import StageContext
+import eagle3_runner.jobs.extract as ex
+from eagle3_runner.target.capture import check_aux_ids
+import eagle3_runner.target.shards as shards
+from eagle3_runner.target.features import MANIFEST, open_features
+from eagle3_runner.runner.errors import StageError
+from eagle3_runner.runner.stage import StageContext
 
 AUX = [1, 14, 26]  # SGLang ids = HF hidden_states [2, 15, 27]
 
 
 def make_spec(smollm2_path, tmp_path, **extract):
-    from runner.spec.load import load_spec
+    from eagle3_runner.runner.spec.load import load_spec
     return load_spec(data={
         "name": "t", "work_dir": str(tmp_path / "work"),
         "target": {"path": str(smollm2_path), "device": "cpu", "chat_template": "auto"},
@@ -34,7 +34,7 @@ def run_extract(spec, out, model=None):
     (the loader itself is exercised by the smollm2 fixture) to keep the suite fast on 2 cores."""
     if model is not None:
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr("jobs.target.load_target", lambda *a, **k: model)
+            mp.setattr("eagle3_runner.target.load.load_target", lambda *a, **k: model)
             return run_extract(spec, out)
     ctx = StageContext(spec=spec, stage="extract", variant="base", run_id="test", inputs={},
                        out_dir=out, db_path=out.parent / "r.duckdb")
@@ -44,8 +44,8 @@ def run_extract(spec, out, model=None):
 
 @pytest.fixture(scope="module")
 def extracted(smollm2, smollm2_path, tmp_path_factory):
-    from runner.assets import asset_path
-    from runner.errors import FetchError
+    from eagle3_runner.runner.assets import asset_path
+    from eagle3_runner.runner.errors import FetchError
     try:
         asset_path("sharegpt")
     except FetchError as e:
@@ -104,7 +104,7 @@ def test_shard_writer_is_valid_safetensors(tmp_path):
                "a": torch.randn(5, 2), "i": torch.arange(3, dtype=torch.int64),
                "e": torch.zeros(0, 4)}
     sha = ex.write_shard(tmp_path / "x.safetensors", tensors)
-    from runner.files import sha256_file
+    from eagle3_runner.runner.files import sha256_file
     assert sha == sha256_file(tmp_path / "x.safetensors")
     back = load_file(str(tmp_path / "x.safetensors"))
     assert set(back) == set(tensors)
@@ -130,7 +130,7 @@ def test_stage_writes_documented_format(extracted, smollm2):
     assert len(m["shards"]) == metrics["shards"] >= 2
     for s in m["shards"]:
         assert ctx.file_hashes[s["file"]] == s["sha256"]
-        from runner.files import sha256_file
+        from eagle3_runner.runner.files import sha256_file
         assert sha256_file(out / s["file"]) == s["sha256"]
     assert m["data_report"]["records_read"] > 17000
     assert not list(out.glob(".tmp-*")) and not list(out.glob(".*.sha256"))
@@ -242,7 +242,7 @@ def test_shards_are_length_sorted_and_samples_keep_dataset_order(tiny, tmp_path)
     dataset indices; Features serves sample i = the i-th input sample, for the new format and
     for format 1 (no sample_ids, dataset order); a manifest whose ids are not a permutation is
     refused."""
-    from jobs.features import Features, sample_index
+    from eagle3_runner.target.features import Features, sample_index
     model, samples = tiny
     out = tmp_path / "sorted"
     res = tiny_extract(tiny, out)
@@ -359,8 +359,8 @@ def test_shards_are_fsynced_once_at_the_end(tiny, tmp_path, monkeypatch):
 
 
 def test_target_loader_caches_gguf_as_hf_folder(smollm2, smollm2_path, tmp_path):
-    from jobs.target import converted_dir, load_tokenizer, resolve_dtype, target_config
-    from runner.spec.schema import Target
+    from eagle3_runner.target.load import converted_dir, load_tokenizer, resolve_dtype, target_config
+    from eagle3_runner.runner.spec.schema import Target
     folder = converted_dir(smollm2_path)
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in cfg
@@ -378,9 +378,9 @@ def test_target_loader_caches_gguf_as_hf_folder(smollm2, smollm2_path, tmp_path)
 def test_regenerate_then_extract_reads_it(smollm2, tmp_path):
     """Every assistant turn becomes the target's own greedy reply, each turn conditioned on its
     OWN earlier answers (user turns kept); extract consumes the shards."""
-    from jobs.regen_store import read_records
-    from jobs.regenerate import run as regen_run
-    from runner.spec.load import load_spec
+    from eagle3_runner.data.regen_store import read_records
+    from eagle3_runner.jobs.regenerate import run as regen_run
+    from eagle3_runner.runner.spec.load import load_spec
     model, tok, _ = smollm2
     data = tmp_path / "chat.jsonl"
     convs = [[{"from": "human", "value": "What is 2+2?"}, {"from": "gpt", "value": "five"},
@@ -401,7 +401,7 @@ def test_regenerate_then_extract_reads_it(smollm2, tmp_path):
     ctx = StageContext(spec=spec, stage="regenerate", variant="base", run_id="t", inputs={},
                        out_dir=rdir, db_path=tmp_path / "r.duckdb")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("jobs.target.load_target", lambda *a, **k: smollm2)
+        mp.setattr("eagle3_runner.target.load.load_target", lambda *a, **k: smollm2)
         m = regen_run(ctx)
     got = [r["messages"] for r in read_records(rdir)]
     assert m["conversations"] == 2 and m["turns"] == 3 and m["conversations_real"] == 2
@@ -422,11 +422,11 @@ def test_regenerate_then_extract_reads_it(smollm2, tmp_path):
                         db_path=tmp_path / "r.duckdb")
     ectx.out_dir.mkdir()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("jobs.target.load_target", lambda *a, **k: smollm2)
+        mp.setattr("eagle3_runner.target.load.load_target", lambda *a, **k: smollm2)
         em = ex.run(ectx)
     assert em["samples"] == 2
     # the drop report of both stages lands in the metrics (dropped/<reason>, bad_fraction)
-    from runner.store import Store
+    from eagle3_runner.runner.store import Store
     st = Store(tmp_path / "r.duckdb")
     rows = {(r[0], r[1]) for r in st.query("SELECT stage, name FROM metrics")[1]}
     assert {("regenerate", "bad_fraction"), ("extract", "bad_fraction"),
@@ -440,10 +440,10 @@ def test_regenerate_then_extract_reads_it(smollm2, tmp_path):
 def test_regenerate_max_turns_keeps_first_turns(smollm2, tmp_path):
     """max_turns 1: one regenerated exchange per conversation, later user turns dropped and
     counted (first-turn regeneration is EAGLE-3's cheap variant of the recipe)."""
-    from jobs.llama import from_hf_model
-    from jobs.regen_store import read_records
-    from jobs.regenerate import regenerate
-    from runner.stages import RegenerateStage
+    from eagle3_runner.models.llama import from_hf_model
+    from eagle3_runner.data.regen_store import read_records
+    from eagle3_runner.jobs.regenerate import regenerate
+    from eagle3_runner.runner.stages import RegenerateStage
     model, tok, _ = smollm2
     convs = [[{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "5"},
               {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "7"}],
@@ -463,7 +463,7 @@ def test_regenerate_pads_without_a_pad_token(smollm2):
     regeneration must still pad (with EOS, masked out), give each prompt the reply it gets alone,
     and leave the tokenizer as it was."""
     import copy
-    from jobs.regenerate import generate_batch
+    from eagle3_runner.jobs.regenerate import generate_batch
     model, tok, _ = smollm2
     tok = copy.deepcopy(tok)
     tok.pad_token = None

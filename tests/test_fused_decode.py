@@ -14,12 +14,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from kernel_helpers import DEV, F32, gpu_test, needs_triton, patch_interpreter_bf16_dot  # noqa: E402
 
-from jobs.draft_model import DraftConfig, Eagle3Draft  # noqa: E402
-from jobs.llama import Llama, LlamaConfig  # noqa: E402
-from kernels import resolve_kernels  # noqa: E402
-import kernels.head  # noqa: E402,F401  (jit-decorated now, while TRITON_INTERPRET is set)
-from kernels.draft_decode import draft_forward, rope_table  # noqa: E402
-from kernels.llama_decode import forward_torch, forward_triton, target_forward  # noqa: E402
+from eagle3_runner.models.draft_model import DraftConfig, Eagle3Draft  # noqa: E402
+from eagle3_runner.models.llama import Llama, LlamaConfig  # noqa: E402
+from eagle3_runner.kernels.switch import resolve_kernels  # noqa: E402
+import eagle3_runner.kernels.head  # noqa: E402,F401  (jit-decorated now, while TRITON_INTERPRET is set)
+from eagle3_runner.kernels.draft_decode import draft_forward, rope_table  # noqa: E402
+from eagle3_runner.kernels.llama_decode import forward_torch, forward_triton, target_forward  # noqa: E402
 
 TREE = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
 
@@ -110,7 +110,7 @@ def _greedy_vs_verify(m: Llama, W: int, P: int, dev, rows: int, S: int) -> None:
 @needs_triton
 @pytest.mark.parametrize("rows,P,S", [(3, 5, 24), (1, 62, 256)], ids=["W_rows", "1_row_splits"])
 def test_greedy_decode_equals_a_w_row_verify_bit_for_bit(rows, P, S):
-    """The lossless rule (jobs/engine.py `width`) at a tiny geometry: decode over W rows (a
+    """The lossless rule (engine/speculative.py `width`) at a tiny geometry: decode over W rows (a
     shared width), and over 1 row with 4 attention splits and the verify's keys crossing a
     key-block boundary (slot 64): a row's bits do not depend on the row count, which is what
     lets default_width return None on the fused path (the engine's 1-row baseline)."""
@@ -228,7 +228,7 @@ def test_gpu_fused_forward_under_cuda_graphs_matches_eager():
     f = torch.compile(step, mode="reduce-overhead", fullgraph=True, dynamic=False)
     slots = torch.arange(256, device="cuda")
     m.setup_cache(1, 256)
-    for t in m.caches():  # as jobs/engine.py does: CUDA graphs write the caches in place
+    for t in m.caches():  # as engine/speculative.py does: CUDA graphs write the caches in place
         torch._dynamo.mark_static_address(t)
     for n in (10, 37, 100, 11):
         ids = torch.randint(0, 49152, (1, W), device="cuda")
@@ -242,7 +242,7 @@ def test_gpu_fused_forward_under_cuda_graphs_matches_eager():
 def test_gpu_decode_attention_batched_generation_contract():
     """B = 1024 rows at W = 1, each its own length (the batched regeneration engine's call), and
     W = 64 tree-free verify: against SDPA over the dense mask."""
-    from kernels.attention import decode_attention, decode_attention_ref
+    from eagle3_runner.kernels.attention import decode_attention, decode_attention_ref
     for B, W in ((1024, 1), (2, 64)):
         S = 512
         q = torch.randn(B, 9, W, 64, device="cuda", dtype=torch.bfloat16)
@@ -318,7 +318,7 @@ def test_draft_round_torch_and_triton_equal_the_cached_step_recurrence():
     """jobs.engine_steps.draft_round_greedy (the engine's one implementation) with kernels
     "torch" and "triton" drafts the tokens of the cached_step recurrence written out (float32:
     the triton side through the interpreter only, TF32 on CUDA), root m = 1 of K + 1 = 3 rows."""
-    from jobs.engine_steps import draft_round_greedy
+    from eagle3_runner.engine.steps import draft_round_greedy
     d, K, S = _draft(torch.float32), 2, 32
     g = torch.Generator().manual_seed(5)
     aux = torch.randn(1, K + 1, 192, generator=g).to(DEV)

@@ -1,11 +1,11 @@
-"""jobs/generate.py: batched continuous generation on the embedded target."""
+"""engine/generate.py: batched continuous generation on the embedded target."""
 
 import pytest
 import torch
 
 from engine_helpers import tiny_hf_llama
-from jobs.generate import Generator, Request, pick
-from jobs.llama import from_hf_model
+from eagle3_runner.engine.generate import Generator, Request, pick
+from eagle3_runner.models.llama import from_hf_model
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_compiled_step_is_one_graph_across_kv_buckets(tiny):
 def test_pick_at_temperature_zero_is_the_argmax():
     """The shared greedy/sampled graph: at temperature 0 every row takes the plain argmax (no
     noise), whatever its seed; at temperature > 0 the noise moves some rows off it."""
-    from jobs.generate import _mix
+    from eagle3_runner.engine.generate import _mix
     g = torch.Generator().manual_seed(0)
     z = torch.randn(256, 50, generator=g)
     seed, step, vh = torch.arange(256), torch.zeros(256, dtype=torch.long), _mix(torch.arange(50))
@@ -105,7 +105,7 @@ def test_pick_samples_the_softmax_and_respects_top_p():
     z = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
     n = 20000
     seed, step = torch.arange(n), torch.zeros(n, dtype=torch.long)
-    from jobs.generate import _mix
+    from eagle3_runner.engine.generate import _mix
     vh = _mix(torch.arange(5))
     T = torch.tensor([0.8])
     got = pick(z.repeat(n, 1), "sample", T, torch.ones(1), seed, step, vh)
@@ -200,7 +200,7 @@ def test_cuda_graph_generator_matches_eager_on_gpu():
 def test_sdpa_prefill_equals_grouped_query_sdpa():
     """sdpa_prefill (K/V repeated to the query heads) = SDPA's own GQA with the same mask."""
     import torch.nn.functional as F
-    from jobs.generate import sdpa_prefill
+    from eagle3_runner.engine.generate import sdpa_prefill
     g = torch.Generator().manual_seed(0)
     q = torch.randn(3, 6, 5, 8, generator=g)
     k, v = torch.randn(3, 2, 12, 8, generator=g), torch.randn(3, 2, 12, 8, generator=g)

@@ -1,25 +1,36 @@
-"""The import graph of the project (runner/, jobs/, kernels/), read with ast by the same walker
-the cache key uses (runner.plan.module_imports): no circles, lazy imports inside functions
-included, and runner/ never imports jobs/: the stage code is reached only through the stage
-registry (runner/stages.py `stage_module`, importlib by name)."""
+"""The import graph of the project, read with ast by the same walker the cache key uses
+(runner/plan.py module_imports): no circles, lazy imports inside functions included; the folders
+stand in one order (FLOORS) and no import runs from a lower floor to a higher one; runner/ never
+imports jobs/: the stage code is reached only through the stage registry (runner/stages.py
+`stage_module`, importlib by name)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import runner.plan as plan_mod
+import eagle3_runner.runner.plan as plan_mod
 
 ROOT = Path(__file__).resolve().parent.parent
+PKG = plan_mod.PACKAGE
+# The folders of the package from the ground floor up (DEVELOPERS.md "Layout"): a module may import
+# its own folder and the folders below it, never one above. runner/ is the torch-free ground (its
+# CLI reaches the stages only through the registry); the models sit below the kernels that fuse
+# them; the stage modules (jobs/) stand on top.
+FLOORS = ("runner", "data", "models", "kernels", "target", "engine", "trainer", "jobs")
 
 
 def project_modules(root: Path = ROOT) -> dict[str, Path]:
-    """{module name: file} of every module of the project packages."""
+    """{module name (eagle3_runner.<folder>...): file} of every module of the package's folders."""
     out = {}
-    for pkg in plan_mod.PROJECT_PACKAGES:
-        for f in sorted((root / pkg).rglob("*.py")):
-            parts = f.relative_to(root).with_suffix("").parts
+    for folder in FLOORS:
+        for f in sorted((root / folder).rglob("*.py")):
+            parts = (PKG,) + f.relative_to(root).with_suffix("").parts
             out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
     return out
+
+
+def folder(module: str) -> str:
+    return module.split(".")[1]
 
 
 def import_graph(root: Path = ROOT) -> dict[str, list[tuple[str, bool]]]:
@@ -54,9 +65,9 @@ def find_cycle(graph: dict[str, list[tuple[str, bool]]]) -> list[str] | None:
 
 
 def test_the_walker_sees_lazy_and_module_level_imports():
-    edges = dict(import_graph()["runner.cli"])
-    assert edges["runner.errors"] is True  # module level
-    assert edges["runner.spec.load"] is False  # inside a function
+    edges = dict(import_graph()["eagle3_runner.runner.cli"])
+    assert edges[f"{PKG}.runner.errors"] is True  # module level
+    assert edges[f"{PKG}.runner.spec.load"] is False  # inside a function
 
 
 def test_no_import_cycles():
@@ -71,9 +82,33 @@ def test_find_cycle_finds_one():
 
 def test_runner_never_imports_jobs():
     """Not at module level, not lazily: runner/ calls stage code only through the registry."""
-    bad = sorted((m, t) for m, edges in import_graph().items() if m.split(".")[0] == "runner"
-                 for t, _ in edges if t.split(".")[0] == "jobs")
+    bad = sorted((m, t) for m, edges in import_graph().items() if folder(m) == "runner"
+                 for t, _ in edges if folder(t) == "jobs")
     assert bad == []
-    users = sorted(m for m, f in project_modules().items() if m.split(".")[0] == "runner"
+    users = sorted(m for m, f in project_modules().items() if folder(m) == "runner"
                    and "import_module(" in f.read_text())
-    assert users == ["runner.stages"]
+    assert users == [f"{PKG}.runner.stages"]
+
+
+def upward_arrows(graph: dict[str, list[tuple[str, bool]]]) -> list[tuple[str, str]]:
+    """(importer, imported) pairs whose imported module stands on a higher floor (FLOORS)."""
+    return sorted((m, t) for m, edges in graph.items() for t, _ in edges
+                  if FLOORS.index(folder(t)) > FLOORS.index(folder(m)))
+
+
+def test_no_import_runs_upward_between_folders():
+    assert upward_arrows(import_graph()) == []
+
+
+def test_upward_arrows_finds_one():
+    g = {f"{PKG}.kernels.a": [(f"{PKG}.models.b", True)],
+         f"{PKG}.models.b": [(f"{PKG}.engine.c", False)]}
+    assert upward_arrows(g) == [(f"{PKG}.models.b", f"{PKG}.engine.c")]
+
+
+def test_every_folder_with_code_has_a_floor():
+    """A new folder of code must be placed in FLOORS (and in pyproject.toml's packages)."""
+    skip = {"tests", "scripts", "docs", "specs"}
+    code = {p.parent.relative_to(ROOT).parts[0] for p in ROOT.glob("*/**/*.py")
+            if not p.relative_to(ROOT).parts[0].startswith(".")}
+    assert sorted(code - skip) == sorted(FLOORS)

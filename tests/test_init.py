@@ -13,12 +13,12 @@ import pytest
 import yaml
 
 from chat_helpers import make_target
-from runner.cli import main
-from runner.errors import InitError
-from runner.drafts.server import auto_speculative_params
-from runner.init import build, draft_vocab_size_for
-from runner.plan import build_plan
-from runner.spec.load import load_spec
+from eagle3_runner.runner.cli import main
+from eagle3_runner.runner.errors import InitError
+from eagle3_runner.runner.drafts.server import auto_speculative_params
+from eagle3_runner.runner.init import build, draft_vocab_size_for
+from eagle3_runner.runner.plan import build_plan
+from eagle3_runner.runner.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,8 +11,8 @@ import pytest
 
 from draft_fixtures import (LLAMA8B, TINY, codes, errors, geometry, make_draft, msg,
                             target_config, used_ids)
-from runner.cli import main as cli_main
-from runner.inspect import inspect_draft
+from eagle3_runner.runner.cli import main as cli_main
+from eagle3_runner.runner.inspect import inspect_draft
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,11 +12,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from kernel_helpers import DEV, needs_triton, patch_interpreter_bf16_dot  # noqa: E402
 
-from jobs.draft_model import rope_cos_sin  # noqa: E402
-from kernels.attention import attention_splits, decode_attention, decode_attention_ref  # noqa: E402
-from kernels.mask import dense_mask  # noqa: E402
-from kernels.head import norm_head_topk, norm_head_topk_ref  # noqa: E402
-from kernels.linear import (Rows, linear_splitk, linear_splitk_ref, norm_gate_up,  # noqa: E402
+from eagle3_runner.models.draft_model import rope_cos_sin  # noqa: E402
+from eagle3_runner.kernels.attention import attention_splits, decode_attention, decode_attention_ref  # noqa: E402
+from eagle3_runner.kernels.mask import dense_mask  # noqa: E402
+from eagle3_runner.kernels.head import norm_head_topk, norm_head_topk_ref  # noqa: E402
+from eagle3_runner.kernels.linear import (Rows, linear_splitk, linear_splitk_ref, norm_gate_up,  # noqa: E402
                             norm_gate_up_ref, norm_qkv_rope, norm_qkv_rope_ref)
 
 BF = torch.bfloat16
@@ -34,7 +34,7 @@ def _r(*s, scale=1.0):
 
 
 def test_dense_mask_is_the_llama_causal_mask_and_the_tree_rule():
-    """prefix n, causal: row w attends slots <= n + w (jobs/llama.py's default mask); a tree row
+    """prefix n, causal: row w attends slots <= n + w (models/llama.py's default mask); a tree row
     attends the prefix plus exactly its tree_mask row among the new slots."""
     n, W, S = torch.tensor([5, 2]), 3, 12
     got = dense_mask(n, None, W, S)
@@ -127,7 +127,7 @@ def test_norm_gate_up_and_splitk_linear_match_reference():
 
 def test_o_proj_combines_attention_partials():
     """linear_splitk over the attention's flash-decoding partials == o_proj(attention)."""
-    from kernels.attention import attention_partials
+    from eagle3_runner.kernels.attention import attention_partials
     B, W, nh, nkv, hd, S, H = 2, 3, 4, 2, 16, 48, 32
     q, k, v = _r(B, nh, W, hd), _r(B, nkv, S, hd), _r(B, nkv, S, hd)
     plen = torch.tensor([4, 30], device=DEV)

@@ -1,9 +1,9 @@
-"""jobs/llama.py: per-row positions and slots (batched generation, tree verify) against the
+"""models/llama.py: per-row positions and slots (batched generation, tree verify) against the
 shared-position forward it generalises."""
 
 import torch
 
-from jobs.llama import Llama, LlamaConfig
+from eagle3_runner.models.llama import Llama, LlamaConfig
 
 
 def _tiny(seed=0) -> Llama:

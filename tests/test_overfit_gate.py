@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runner.assets import ASSETS
-from runner.stage import StageContext
+from eagle3_runner.runner.assets import ASSETS
+from eagle3_runner.runner.stage import StageContext
 
 pytestmark = pytest.mark.slow
 
@@ -43,15 +43,15 @@ def test_overfit_gate(tmp_path):
             pytest.skip(f"asset {a} missing: run `runner fetch all` first")
     torch.manual_seed(0)
     torch.set_num_threads(2)
-    from jobs import export as export_stage
-    from jobs import extract as extract_stage
-    from jobs import train as train_stage
-    from jobs.draft_model import load_exported
-    from jobs.engine import Engine
-    from jobs.llama import from_hf_model
-    from jobs.target import load_target
-    from runner.inspect import inspect_draft
-    from runner.spec.load import load_spec
+    from eagle3_runner.jobs import export as export_stage
+    from eagle3_runner.jobs import extract as extract_stage
+    from eagle3_runner.trainer import recipe as train_stage
+    from eagle3_runner.models.draft_model import load_exported
+    from eagle3_runner.engine.speculative import Engine
+    from eagle3_runner.models.llama import from_hf_model
+    from eagle3_runner.target.load import load_target
+    from eagle3_runner.runner.inspect import inspect_draft
+    from eagle3_runner.runner.spec.load import load_spec
 
     gguf = ASSETS["smollm2"].path()
     convs_path = tmp_path / "convs.jsonl"

@@ -1,90 +1,109 @@
-"""We ship a top-level package named `kernels`; transformers probes for a (hub) package of that
-name and, when it believes it is there, runs `from kernels import kernelize, ...`. Prove that with
-this project installed (and imported from the repo root, where `kernels/` is on sys.path)
-transformers does not mistake ours for the hub library and still loads models.
+"""Our import names are ours alone. The repository root is the package `eagle3_runner`; its
+folders (runner/, kernels/, ...) are its subpackages and carry no `__init__.py`, so no folder can
+shadow an installed distribution's top-level package, whatever the working directory. The bug
+this guards (2026-12-04): transformers 5.25 requires Hugging Face's own `kernels` package; ours
+was also a top-level `kernels`, and which one Python found depended on sys.path (the `runner`
+script got theirs, pytest from the repo root handed ours to transformers).
 
-Each check runs in a fresh interpreter started from the repo root: the probe is lru-cached per
-process, so only a clean process shows what a user would get."""
+Each check that imports runs in a fresh interpreter: a process's imports are cached."""
 
+import importlib.metadata as md
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
-import pytest
+from test_imports import FLOORS, PKG, project_modules
 
 ROOT = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
 
-PROBE = """
-import json, sys
-import kernels
-import transformers
-from transformers.utils import import_utils as iu
-import transformers.integrations.hub_kernels  # imports `kernels` at module level if it looks real
-out = {"kernels_file": kernels.__file__, "has_version": hasattr(kernels, "__version__"),
-       "available": iu.is_kernels_available(),
-       "found": list(iu._is_package_available("kernels", return_version=True))}
-"""
-
-TINY = PROBE + """
-import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
-torch.manual_seed(0)
-cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-src = LlamaForCausalLM(cfg).eval()
-src.save_pretrained(sys.argv[1])
-m = AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()
-ids = torch.arange(10)[None]
-with torch.no_grad():
-    out["max_diff"] = (m(ids).logits - src(ids).logits).abs().max().item()
-out["class"] = type(m).__name__
-print("RESULT" + json.dumps(out))
-"""
-
-REAL = PROBE + """
-import torch
-torch.set_num_threads(2)
-from transformers.integrations.gguf.kernels import kernelize_ggml_layers
-from jobs.target import load_target
-model, tok, cfg = load_target(sys.argv[1], device="cpu", dtype="float32")
-kernelize_ggml_layers(model)  # the GGUF path's kernel hook: must be a no-op, not an ImportError
-ids = tok("The capital of France is", return_tensors="pt").input_ids
-with torch.no_grad():
-    nxt = model(ids).logits[0, -1].argmax().item()
-out["class"] = type(model).__name__
-out["layers"] = model.config.num_hidden_layers
-out["next"] = tok.decode([nxt])
+IMPORT_ALL = """
+import importlib, json, sys
+out = {}
+for name in sys.argv[1:]:
+    out[name] = importlib.import_module(name).__file__
+import transformers  # imports Hugging Face's `kernels` (a requirement of transformers >= 5.25)
+k = sys.modules.get("kernels") or importlib.import_module("kernels")
+out["kernels (theirs)"] = getattr(k, "__file__", None)
 print("RESULT" + json.dumps(out))
 """
 
 
-def _run(code: str, *args) -> dict:
-    r = subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=ROOT,
+def _run(code: str, *args, cwd) -> dict:
+    r = subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=cwd,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT"))
     return json.loads(line[len("RESULT"):])
 
 
-def _check_probe(out: dict) -> None:
-    # the collision is real: `import kernels` resolves to this project's package ...
-    assert Path(out["kernels_file"]).resolve() == (ROOT / "kernels" / "__init__.py").resolve()
-    # ... which transformers finds, but does not accept as the hub library
-    assert out["found"][0] is True
-    assert out["available"] is False
-    assert out["has_version"] is False
+def _inside(f: str | None) -> bool:
+    """Whether file f is a source file of this checkout (a venv inside the checkout is not)."""
+    if f is None or not Path(f).resolve().is_relative_to(ROOT):
+        return False
+    return Path(f).resolve().relative_to(ROOT).parts[0] in FLOORS
 
 
-def test_transformers_loads_a_model_with_our_kernels_package(tmp_path):
-    out = _run(TINY, tmp_path / "tiny")
-    _check_probe(out)
-    assert out["class"] == "LlamaForCausalLM"
-    assert out["max_diff"] < 1e-5
+def test_every_module_imports_from_outside_the_repo_as_ours(tmp_path):
+    """Run as the `runner` script runs (the working directory outside the repository, so only the
+    installed package is on sys.path): every module of ours is the file in this checkout, and
+    `kernels` is Hugging Face's, not ours."""
+    names = sorted(m for m in project_modules() if not m.endswith("__main__"))
+    out = _run(IMPORT_ALL, *names, cwd=tmp_path)
+    stray = {n: f for n, f in out.items() if n != "kernels (theirs)" and not _inside(f)}
+    assert stray == {}
+    assert not _inside(out["kernels (theirs)"])
 
 
-def test_transformers_loads_real_smollm2_gguf(smollm2_path):
-    out = _run(REAL, smollm2_path)
-    _check_probe(out)
-    assert out["class"] == "LlamaForCausalLM" and out["layers"] == 30
-    assert out["next"].strip() == "Paris"
+def test_from_the_repo_root_transformers_gets_its_own_kernels():
+    """pytest and `python -c` put the working directory first on sys.path: from the repo root, the
+    kernels/ folder (no __init__.py) must still not be what transformers imports."""
+    out = _run(IMPORT_ALL, f"{PKG}.kernels.switch", cwd=ROOT)
+    assert _inside(out[f"{PKG}.kernels.switch"])
+    assert not _inside(out["kernels (theirs)"])
+
+
+def our_top_level_names() -> set[str]:
+    """Every top-level import name this checkout puts on sys.path: the package, and the modules of
+    tests/ (pytest imports them by their bare names)."""
+    return {PKG} | {p.stem for p in TESTS.glob("*.py")}
+
+
+def distribution_top_levels() -> dict[str, set[str]]:
+    """{distribution: its top-level import names} of every installed distribution but ours, from
+    top_level.txt and from its file list (wheels without top_level.txt)."""
+    out: dict[str, set[str]] = {}
+    for d in md.distributions():
+        name = d.metadata.get("Name") or "?"
+        if name.lower().replace("_", "-") == "eagle3-runner":
+            continue
+        tops = set((d.read_text("top_level.txt") or "").split())
+        for f in d.files or []:
+            head = f.parts[0] if f.parts else ""
+            if head and head != ".." and not head.endswith((".dist-info", ".egg-info", ".data",
+                                                            ".pth")):
+                tops.add(head.removesuffix(".py"))
+        out[name] = tops
+    return out
+
+
+def test_no_installed_distribution_provides_a_name_we_use():
+    ours = our_top_level_names()
+    clashes = {d: sorted(t & ours) for d, t in distribution_top_levels().items() if t & ours}
+    assert clashes == {}
+    assert "kernels" not in ours  # the 2026-12-04 collision
+
+
+def test_no_folder_of_the_repo_is_a_regular_top_level_package():
+    """A top-level folder with __init__.py is importable by its bare name from the repo root."""
+    assert sorted(p.parent.name for p in ROOT.glob("*/__init__.py")) == []
+
+
+def test_pyproject_lists_every_folder_as_a_subpackage():
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert cfg["package-dir"] == {PKG: "."}
+    subs = {f"{PKG}." + ".".join(p.relative_to(ROOT).parts[:-1]) for f in FLOORS
+            for p in (ROOT / f).rglob("*.py")}
+    assert sorted(cfg["packages"]) == sorted({PKG} | subs)

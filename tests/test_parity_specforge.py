@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from jobs.draft_model import DraftConfig, Eagle3Draft, load_exported
+from eagle3_runner.models.draft_model import DraftConfig, Eagle3Draft, load_exported
 
 STEPS = 3
 TOL = 1e-4
@@ -179,7 +179,7 @@ def test_parity_detects_a_recurrence_bug(tmp_path):
                          ids=["default", "llama3", "linear"])
 def test_rope_tables_match_specforge(tmp_path, scaling):
     """RoPE at long positions (where llama3/linear scaling matters), against SpecForge's table."""
-    from jobs.draft_model import rope_cos_sin
+    from eagle3_runner.models.draft_model import rope_cos_sin
     c = _tiny_config(rope_theta=500000.0, rope_scaling=scaling, max_position_embeddings=4096)
     d, embed = _export(tmp_path, c)
     rot = _load_specforge(d, embed).midlayer.self_attn.rotary_emb

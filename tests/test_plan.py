@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-import runner.plan as plan_mod
-from runner.apply import apply
-from runner.errors import PlanError
-from runner.plan import build_plan
-from runner.spec.load import load_spec
-from runner.stage import MANIFEST, read_manifest
-from runner.store import Store
+import eagle3_runner.runner.plan as plan_mod
+from eagle3_runner.runner.apply import apply
+from eagle3_runner.runner.errors import PlanError
+from eagle3_runner.runner.plan import build_plan
+from eagle3_runner.runner.spec.load import load_spec
+from eagle3_runner.runner.stage import MANIFEST, read_manifest
+from eagle3_runner.runner.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = ("extract", "train", "export", "bench")
@@ -67,9 +67,9 @@ def _fake_run(ctx):
 @pytest.fixture
 def fake_stages(monkeypatch):
     for s in ("regenerate",) + STAGES:
-        m = types.ModuleType(f"jobs.{s}")
+        m = types.ModuleType(f"eagle3_runner.jobs.{s}")
         m.run = _fake_run
-        monkeypatch.setitem(sys.modules, f"jobs.{s}", m)
+        monkeypatch.setitem(sys.modules, f"eagle3_runner.jobs.{s}", m)
     return monkeypatch
 
 
@@ -77,13 +77,20 @@ def reasons(plan) -> dict:
     return {p.id: (p.action, p.reason) for p in plan.stages}
 
 
-def test_fresh_plan_is_missing_output_in_order(tmp_path):
+def test_fresh_plan_is_missing_output_in_order(tmp_path, monkeypatch):
     plan = build_plan(make_spec(tmp_path))
     assert [p.stage for p in plan.stages] == list(STAGES)
     assert all(p.action == "run" and p.reason == "missing output" for p in plan.stages)
     assert len({p.key for p in plan.stages}) == 4 and all(len(p.key) == 64 for p in plan.stages)
-    # a pure value: same spec -> same plan; JSON is sorted and stable
-    assert build_plan(make_spec(tmp_path)).to_json() == plan.to_json()
+    # a pure value of the spec and the files: same spec -> same stages, keys and reasons, and the
+    # same sorted JSON for them, whatever else writes to the disk in between (the free bytes of
+    # the plan's disk report are a reading of the machine, not of the spec)
+    import eagle3_runner.runner.disk as disk
+    monkeypatch.setattr(disk, "free_bytes", lambda p: (12345, str(p)))
+    again = build_plan(make_spec(tmp_path))
+    assert again.disk["free_bytes"] != plan.disk["free_bytes"]
+    assert again.stages == plan.stages
+    assert json.loads(again.to_json())["stages"] == json.loads(plan.to_json())["stages"]
     d = json.loads(plan.to_json())
     assert [s["reason"] for s in d["stages"]] == ["missing output"] * 4
 
@@ -161,9 +168,8 @@ def test_code_change(tmp_path, fake_stages):
 def test_code_hash_follows_project_imports(tmp_path, monkeypatch):
     jobs = tmp_path / "jobs"
     jobs.mkdir()
-    (jobs / "__init__.py").write_text("")
     (jobs / "helper.py").write_text("X = 1\n")
-    (jobs / "train.py").write_text("import os\nfrom jobs.helper import X\n")
+    (jobs / "train.py").write_text("import os\nfrom eagle3_runner.jobs.helper import X\n")
     monkeypatch.setattr(plan_mod, "ROOT", tmp_path)
     plan_mod.code_hash.cache_clear()
     try:
@@ -180,7 +186,7 @@ UP, CODE, INPUT = ("skip", "up to date"), ("run", "code changed"), ("run", "inpu
 
 @pytest.mark.parametrize("edited, expect", [
     ("runner/inspect.py", {"extract": UP, "train": UP, "export": CODE, "bench": INPUT}),
-    # the SGLang rules: extract and online train (jobs/capture.py) check the aux ids against
+    # the SGLang rules: extract and online train (target/capture.py) check the aux ids against
     # the loaded target, export inspects, the sglang bench backend checks its environment
     # (runner/drafts/server.py)
     ("runner/drafts/rules.py", {"extract": CODE, "train": CODE, "export": CODE, "bench": CODE}),
@@ -191,7 +197,8 @@ def test_editing_a_runner_module_export_uses_reruns_export_and_downstream(tmp_pa
     rules, so editing them must rerun export (and bench after it), not say `up to date`."""
     import shutil
     root = tmp_path / "project"
-    for pkg in ("runner", "jobs", "kernels"):
+    from test_imports import FLOORS
+    for pkg in FLOORS:
         shutil.copytree(ROOT / pkg, root / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     fake_stages.setattr(plan_mod, "ROOT", root)
     plan_mod.code_hash.cache_clear()
@@ -229,7 +236,7 @@ def test_only_with_missing_upstream_is_a_clear_error(tmp_path):
         build_plan(spec, only=("train",))
     msg = str(ei.value)
     assert "train needs extract" in msg and "--only extract" in msg
-    r = subprocess.run([sys.executable, "-m", "runner.cli", "plan", "specs/smollm2-sharegpt.yaml",
+    r = subprocess.run([sys.executable, "-m", "eagle3_runner.runner.cli", "plan", "specs/smollm2-sharegpt.yaml",
                         "--only", "bench", "-o", f"work_dir={tmp_path}/w"], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 1 and "needs export" in r.stderr and "Traceback" not in r.stderr
@@ -273,9 +280,9 @@ def test_dir_without_manifest_is_never_up_to_date(tmp_path):
 KILLED_STAGE = textwrap.dedent("""
     import sys, time, types
     sys.path.insert(0, {root!r})
-    from runner.spec.load import load_spec
-    from runner.plan import build_plan
-    from runner.apply import apply
+    from eagle3_runner.runner.spec.load import load_spec
+    from eagle3_runner.runner.plan import build_plan
+    from eagle3_runner.runner.apply import apply
     import yaml
 
     def run(ctx):
@@ -285,7 +292,7 @@ KILLED_STAGE = textwrap.dedent("""
         return {{}}
 
     for s in ("extract", "train", "export", "bench"):
-        m = types.ModuleType("jobs." + s); m.run = run; sys.modules["jobs." + s] = m
+        m = types.ModuleType("eagle3_runner.jobs." + s); m.run = run; sys.modules["eagle3_runner.jobs." + s] = m
     spec = load_spec({spec!r})
     apply(spec, build_plan(spec), quiet=True)
 """)
@@ -423,8 +430,8 @@ def test_a_stage_is_one_registry_row(tmp_path, monkeypatch):
     reads no extract artifact) changes the plan."""
     import dataclasses
     import typing
-    import runner.stages as S
-    from runner.spec.schema import SlurmExecutor
+    import eagle3_runner.runner.stages as S
+    from eagle3_runner.runner.spec.schema import SlurmExecutor
     assert tuple(S.Stages.model_fields) == S.STAGE_ORDER == tuple(k.name for k in S.REGISTRY)
     keys = typing.get_args(SlurmExecutor.model_fields["stages"].annotation)[0]
     assert typing.get_args(keys) == S.STAGE_ORDER

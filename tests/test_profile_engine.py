@@ -1,4 +1,4 @@
-"""scripts/profile_engine.py off the GPU: the kernel classifier on known launch sequences, every
+"""scripts/bench/profile_engine.py off the GPU: the kernel classifier on known launch sequences, every
 step of both paths run once (the fused one through Triton's interpreter) with matching output
 shapes, and the ratio table from a synthetic result."""
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def pe():
-    path = ROOT / "scripts" / "profile_engine.py"
+    path = ROOT / "scripts" / "bench" / "profile_engine.py"
     spec = importlib.util.spec_from_file_location("profile_engine", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -48,8 +48,8 @@ def test_every_step_runs_on_both_paths_with_the_same_outputs(pe):
     """build_steps on a tiny bf16 target/drafter: each step of each path once, eagerly."""
     patch_interpreter_bf16_dot()
     from kernel_helpers import DEV
-    from jobs.draft_model import DraftConfig, Eagle3Draft
-    from jobs.llama import Llama, LlamaConfig
+    from eagle3_runner.models.draft_model import DraftConfig, Eagle3Draft
+    from eagle3_runner.models.llama import Llama, LlamaConfig
     torch.manual_seed(0)
     c = LlamaConfig(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=32, intermediate_size=128)

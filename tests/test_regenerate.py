@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 import regen_helpers
-from jobs.contamination import BenchGuard, bench_guard, normalize
-from jobs.regen_store import SHARDS, SYNTHETIC, read_conversations, read_records
-from runner.errors import SpecError
-from runner.spec.load import load_spec
-from runner.stages import RegenerateStage
+from eagle3_runner.data.contamination import BenchGuard, bench_guard, normalize
+from eagle3_runner.data.regen_store import SHARDS, SYNTHETIC, read_conversations, read_records
+from eagle3_runner.runner.errors import SpecError
+from eagle3_runner.runner.spec.load import load_spec
+from eagle3_runner.runner.stages import RegenerateStage
 
 HELPER = Path(__file__).with_name("regen_helpers.py")
 
@@ -54,7 +54,7 @@ def test_synthesis_gets_the_share_of_the_budget_its_prompts_cost():
     turns, 256-token answers) about a twelfth (a fifth if time followed tokens); more real turns
     shrink it; never above half, never zero."""
     from types import SimpleNamespace
-    from jobs.regenerate import synthesis_share
+    from eagle3_runner.jobs.regenerate import synthesis_share
     p = SimpleNamespace(synthetic_max_tokens=128, max_new_tokens=256)
     f = synthesis_share(85_000, 44_000, p)
     assert 0.06 < f < 0.11
@@ -83,7 +83,7 @@ def test_time_budget_keeps_what_fits_and_accounts_for_the_rest(tmp_path):
 
 def test_render_batch_equals_render(smollm2_tokenizer):
     """The batched prompt tokenisation of the regenerate stage gives render()'s ids."""
-    from jobs.prompts import render, render_batch
+    from eagle3_runner.data.prompts import render, render_batch
     convs = [[{"role": "user", "content": c}] for c in ("Hi", "  spaces  and\nnewlines ",
                                                         "Unicode: naïve café — 東京")]
     convs.append([{"role": "system", "content": "Be brief."}, *convs[0],
@@ -96,7 +96,7 @@ def test_user_turn_prefix_and_filters(smollm2_tokenizer):
     """The Magpie prefix is rendered from the tokenizer's own template (ChatML: the default
     system turn + the user header), the turn stops at <|im_end|>; the filters drop by reason
     and keep the lowest index of duplicates."""
-    from jobs.synthetic import degenerate, select, user_turn_prefix
+    from eagle3_runner.data.synthetic import degenerate, select, user_turn_prefix
     ids, stop = user_turn_prefix(smollm2_tokenizer)
     text = smollm2_tokenizer.decode(ids)
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>user\n")
@@ -119,9 +119,9 @@ def test_user_turn_prefix_and_filters(smollm2_tokenizer):
 def test_no_bench_prompt_enters_training_data(tmp_path, sharegpt_path):
     """MT-bench, HumanEval and holdout prompts (exact, re-cased, or pasted into a longer turn)
     never reach the regenerated data, nor the extract stage's real data."""
-    from jobs.data import load_conversations
-    from jobs.prompts import humaneval, mtbench
-    from jobs.regenerate import real_conversations
+    from eagle3_runner.data.conversations import load_conversations
+    from eagle3_runner.data.prompts import humaneval, mtbench
+    from eagle3_runner.jobs.regenerate import real_conversations
     spec = load_spec(data={
         "name": "c", "work_dir": str(tmp_path), "target": {"path": "x", "num_hidden_layers": 30,
                                                             "hidden_size": 576, "vocab_size": 49152},
@@ -149,7 +149,7 @@ def test_no_bench_prompt_enters_training_data(tmp_path, sharegpt_path):
 def test_tool_and_system_turns_stay_as_context():
     """Only plain assistant answers are rewritten; system turns (first or later), tool calls and
     tool results stay in the prompt of the next answer; max_turns counts answers."""
-    from jobs.regenerate import context_steps, real_conversations
+    from eagle3_runner.jobs.regenerate import context_steps, real_conversations
     call = {"role": "assistant", "content": "", "tool_calls": [
         {"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}]}
     conv = [{"role": "system", "content": "S"}, {"role": "user", "content": "u1"}, call,

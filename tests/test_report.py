@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from runner.errors import ReportError
-from runner.report import bench_rows, latest_per_config, report_cli
-from runner.spec.load import load_spec
-from runner.store import Store
+from eagle3_runner.runner.errors import ReportError
+from eagle3_runner.runner.report import bench_rows, latest_per_config, report_cli
+from eagle3_runner.runner.spec.load import load_spec
+from eagle3_runner.runner.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -34,7 +34,7 @@ def make_spec(tmp: Path, name: str = "rep"):
 
 
 def summary_row(run_id, variant, steps, samples, tau, spec_tok_s, prompt_set="mtbench"):
-    # acceptance falls with depth and sums to tau - 1 (jobs/engine.py convention)
+    # acceptance falls with depth and sums to tau - 1 (engine/speculative.py convention)
     per_pos = [(tau - 1) * (0.6 ** j) for j in range(steps)]
     s = sum(per_pos)
     per_pos = [p * (tau - 1) / s for p in per_pos]
@@ -114,7 +114,7 @@ def test_chains_and_trees_side_by_side(tmp_path, capsys):
     """Chains and trees of one run: every plot names the shape ("chain K", "tree K/k/N"), the
     tok/s plot keeps all chains on one line and gives each tree shape its own, and the configs
     plot has one bar per configuration."""
-    from runner import report
+    from eagle3_runner.runner import report
     spec = make_spec(tmp_path)
     store = Store(tmp_path / "r.duckdb")
     store.emit("runs", dict(run_id="a", spec_name="rep", started_at="2025-01-01 10:00:00"))

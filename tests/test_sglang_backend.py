@@ -4,7 +4,6 @@ lifecycle (health check, clean stop of the process group), the missing-extra err
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 import textwrap
@@ -12,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.sglang_backend import (parse_accept_lens, server, server_argv, sglang_available,
+from eagle3_runner.target.sglang import (parse_accept_lens, server, server_argv, sglang_available,
                                  tau_from_meta, generate)
-from runner.errors import StageError
+from eagle3_runner.runner.errors import StageError
 
 DATA = Path(__file__).parent / "data" / "sglang"
 
@@ -58,8 +57,8 @@ def test_tau_from_recorded_meta_info():
 
 
 def test_missing_sglang_fails_at_validation_naming_the_extra():
-    from jobs.bench import check_backend
-    from runner.spec.load import load_spec
+    from eagle3_runner.jobs.bench import check_backend
+    from eagle3_runner.runner.spec.load import load_spec
     ok, _ = sglang_available("python3")
     if ok:
         pytest.skip("sglang is installed here")

@@ -15,11 +15,11 @@ import pytest
 
 from draft_fixtures import (TINY, codes, errors, geometry, make_draft, msg, target_config,
                             tensors, write_st)
-from runner.drafts.families import DEEPSEEK, GPT_OSS, MINIMAX_M3_VL, STANDARD, target_family
-from runner.drafts.rules import (RULES, SUPPORTED, check_aux_ids, default_aux_ids, model_aux_problem,
+from eagle3_runner.runner.drafts.families import DEEPSEEK, GPT_OSS, MINIMAX_M3_VL, STANDARD, target_family
+from eagle3_runner.runner.drafts.rules import (RULES, SUPPORTED, check_aux_ids, default_aux_ids, model_aux_problem,
                                  export_aux_problem, rules_for, spec_aux_problems)
-from runner.inspect import inspect_draft
-from runner.target_config import read_target_config
+from eagle3_runner.runner.inspect import inspect_draft
+from eagle3_runner.runner.target_config import read_target_config
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSIONS = ("0.5.6", "0.5.14", "0.5.23")
@@ -68,7 +68,7 @@ def test_rules_table_rows_ranges_and_pyproject_pin():
 
 
 def test_draft_token_bound_is_sglangs():
-    from runner.drafts.rules import check_draft_tokens
+    from eagle3_runner.runner.drafts.rules import check_draft_tokens
     for s, k in [(1, 1), (3, 1), (3, 2), (3, 4), (5, 8), (2, 3)]:
         bound = check_draft_tokens(s, k, None).bound
         assert bound == 1 + k + (s - 1) * k * k
@@ -226,8 +226,8 @@ def test_provenance_decides_what_training_captured(tmp_path):
 
 
 def test_spec_family_declared_detected_and_conflicting(tmp_path):
-    from runner.errors import SpecError
-    from runner.spec.load import load_spec
+    from eagle3_runner.runner.errors import SpecError
+    from eagle3_runner.runner.spec.load import load_spec
     base = {"name": "k", "target": {"path": "/nonexistent/Kimi", "num_hidden_layers": 61,
                                     "hidden_size": 7168, "vocab_size": 163840},
             "drafter": {"draft_vocab_size": 32000, "aux_layer_ids": [2, 30, 57]}}
@@ -507,7 +507,7 @@ def test_server_line_messages_are_true_for_the_version(tmp_path):
 
 
 def test_bench_backend_refuses_simulated_acceptance():
-    from runner.drafts.server import simulate_acc_len_problem
+    from eagle3_runner.runner.drafts.server import simulate_acc_len_problem
     assert simulate_acc_len_problem({"SGLANG_SIMULATE_ACC_LEN": "2.5"})
     assert simulate_acc_len_problem({"SGLANG_SIMULATE_ACC_LEN": "x"})
     assert not simulate_acc_len_problem({"SGLANG_SIMULATE_ACC_LEN": "-1"})
@@ -553,8 +553,8 @@ def test_cli_reports_the_version_and_reads_installed_metadata(tmp_path):
     {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5], "norm_before_fc": True}}])
 def test_embedded_engine_refuses_unimplemented_forward(edit):
     from draft_fixtures import sglang_config
-    from jobs.draft_model import DraftConfig
-    from runner.errors import UnsupportedDraftError
+    from eagle3_runner.models.draft_model import DraftConfig
+    from eagle3_runner.runner.errors import UnsupportedDraftError
     cfg = sglang_config(TINY)
     assert DraftConfig.from_sglang(cfg).hidden_size == TINY["H"]
     with pytest.raises(UnsupportedDraftError, match=next(iter(edit)) if "eagle_config" not in edit
@@ -570,10 +570,10 @@ def test_drafter_v2_spec_and_export_like_kimi_drafter_pass_every_version(tmp_pat
     jobs/export.sglang_config) with the real Kimi-K2.5 shapes (a sparse file: the header
     declares them, no data is written), and its bench server lines pass inspect on 0.5.6,
     0.5.14 and 0.5.23 against a Kimi-K2.5 target config."""
-    from jobs.draft_model import DraftConfig
-    from jobs.export import sglang_config
-    from jobs.sglang_backend import server_argv
-    from runner.spec.load import load_spec
+    from eagle3_runner.models.draft_model import DraftConfig
+    from eagle3_runner.jobs.export import sglang_config
+    from eagle3_runner.target.sglang import server_argv
+    from eagle3_runner.runner.spec.load import load_spec
     spec = load_spec(ROOT / "specs/drafter-v2.yaml")
     assert spec.target.family == DEEPSEEK and spec.aux_ids == [1, 29, 57]
     tdir = tmp_path / "Kimi-K2.5"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.spec.load import load_spec
+from eagle3_runner.runner.spec.load import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIM = ROOT / "scripts" / "sacct-shim"
@@ -65,7 +65,7 @@ def _executor(folder, **params):
 
 
 def _spec(tmp_path, executor=None, overrides=(), variants=None, **top):
-    from runner.spec.load import read_yaml
+    from eagle3_runner.runner.spec.load import read_yaml
     data = read_yaml(ROOT / "specs" / "smollm2-sharegpt.yaml")
     data.update(work_dir=str(tmp_path / "work"), results={"path": str(tmp_path / "r.duckdb")},
                 executor=executor or TINY_EXECUTOR, **top)
@@ -75,7 +75,7 @@ def _spec(tmp_path, executor=None, overrides=(), variants=None, **top):
 
 
 def _rows(db, sql):
-    from runner.store import Store
+    from eagle3_runner.runner.store import Store
     return Store(db).query(sql)[1]
 
 
@@ -84,7 +84,7 @@ def _rows(db, sql):
 
 
 def test_drafter_v2_sbatch_script_has_8_gpus_time_partition():
-    from runner.slurm.sbatch import sbatch_script
+    from eagle3_runner.runner.slurm.sbatch import sbatch_script
     spec = load_spec(ROOT / "specs" / "drafter-v2.yaml")
     train = sbatch_script(spec, "train")
     assert "#SBATCH --gpus-per-node=8\n" in train
@@ -98,8 +98,8 @@ def test_drafter_v2_sbatch_script_has_8_gpus_time_partition():
 
 
 def test_extra_sbatch_allowlisted_and_passed_verbatim(tmp_path):
-    from runner.slurm.sbatch import sbatch_script
-    from runner.errors import SpecError
+    from eagle3_runner.runner.slurm.sbatch import sbatch_script
+    from eagle3_runner.runner.errors import SpecError
     spec = _spec(tmp_path, executor={**TINY_EXECUTOR, "extra_sbatch": {"reservation": "r1",
                                                                        "exclusive": "user"}})
     text = sbatch_script(spec, "train")
@@ -109,8 +109,8 @@ def test_extra_sbatch_allowlisted_and_passed_verbatim(tmp_path):
 
 
 def test_checkpoint_requeues_train_only(tmp_path):
-    from runner.job import StageJob
-    from runner.slurm.task import StageTask
+    from eagle3_runner.runner.job import StageJob
+    from eagle3_runner.runner.slurm.task import StageTask
     mk = lambda s: StageJob("{}", "base", s, "k", {}, "a", "p", {}, "r", "db", "new")  # noqa: E731
     assert StageTask(mk("bench")).checkpoint() is None
     delayed = StageTask(mk("train")).checkpoint()
@@ -123,7 +123,7 @@ def test_checkpoint_requeues_train_only(tmp_path):
 
 
 def test_sbatch_missing_names_slurm_and_suggests_local(tmp_path, monkeypatch, capsys):
-    from runner.cli import main
+    from eagle3_runner.runner.cli import main
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch here
     spec = tmp_path / "s.yaml"
     import yaml
@@ -138,9 +138,9 @@ def test_sbatch_missing_names_slurm_and_suggests_local(tmp_path, monkeypatch, ca
 
 @pytest.mark.slurm
 def test_gpu_request_on_gpuless_node_is_refused_before_submission(slurm, tmp_path):
-    from runner.apply import apply
-    from runner.plan import build_plan
-    from runner.errors import SlurmError
+    from eagle3_runner.runner.apply import apply
+    from eagle3_runner.runner.plan import build_plan
+    from eagle3_runner.runner.errors import SlurmError
     spec = _spec(tmp_path, executor={**TINY_EXECUTOR, "stages": {"extract": {"gpus_per_node": 1}}})
     with pytest.raises(SlurmError) as e:
         apply(spec, build_plan(spec, only=("extract",)), quiet=True)
@@ -152,10 +152,10 @@ def test_gpu_request_on_gpuless_node_is_refused_before_submission(slurm, tmp_pat
 @pytest.mark.slurm
 def test_gpu_rejection_by_slurm_is_surfaced_verbatim(slurm, tmp_path):
     """Without the sinfo pre-check, Slurm's own rejection comes back with the culprit option."""
-    from runner.apply import jobs_for
-    from runner.plan import build_plan
-    from runner.errors import SlurmError
-    from runner.slurm.executor import SlurmExecutor
+    from eagle3_runner.runner.apply import jobs_for
+    from eagle3_runner.runner.plan import build_plan
+    from eagle3_runner.runner.errors import SlurmError
+    from eagle3_runner.runner.slurm.executor import SlurmExecutor
     spec = _spec(tmp_path, executor={**TINY_EXECUTOR, "gpus_per_node": 2})
     jobs = jobs_for(spec, build_plan(spec, only=("extract",)), "run-x")
     with pytest.raises(SlurmError) as e:
@@ -167,10 +167,10 @@ def test_gpu_rejection_by_slurm_is_surfaced_verbatim(slurm, tmp_path):
 
 @pytest.mark.slurm
 def test_unknown_partition_is_a_clear_error(slurm, tmp_path):
-    from runner.apply import apply, jobs_for
-    from runner.plan import build_plan
-    from runner.errors import SlurmError
-    from runner.slurm.executor import SlurmExecutor
+    from eagle3_runner.runner.apply import apply, jobs_for
+    from eagle3_runner.runner.plan import build_plan
+    from eagle3_runner.runner.errors import SlurmError
+    from eagle3_runner.runner.slurm.executor import SlurmExecutor
     spec = _spec(tmp_path, executor={**TINY_EXECUTOR, "partition": "gpu-h100"})
     plan = build_plan(spec, only=("extract",))
     with pytest.raises(SlurmError, match=r"executor.partition = 'gpu-h100': no such partition "
@@ -188,8 +188,8 @@ def test_unknown_partition_is_a_clear_error(slurm, tmp_path):
 def test_raising_jobs_bring_back_error_and_log_path(slurm, tmp_path):
     """Two variants whose extract fails (missing target file) go out as one job array; each
     brings back the remote error and its own log; their dependents are skipped, not left pending."""
-    from runner.apply import apply
-    from runner.plan import build_plan
+    from eagle3_runner.runner.apply import apply
+    from eagle3_runner.runner.plan import build_plan
     missing = tmp_path / "no-such-model.gguf"
     spec = _spec(tmp_path, overrides=[f"target.path={missing}", "target.num_hidden_layers=30",
                                       "target.hidden_size=576", "target.vocab_size=49152"],
@@ -211,7 +211,7 @@ def test_raising_jobs_bring_back_error_and_log_path(slurm, tmp_path):
     assert [r[1] for r in rows] == ["failed", "failed"]
     for _, _, error, log_path, job_id in rows:
         assert error and Path(log_path).exists() and job_id
-    from runner.slurm.probes import live_states
+    from eagle3_runner.runner.slurm.probes import live_states
     assert set(live_states(list(ids))) == ids  # `runner status` can show their Slurm states
     assert _rows(spec.results.path, f"SELECT status FROM runs WHERE run_id = '{run_id}'") == \
         [("failed",)]
@@ -222,7 +222,7 @@ def test_raising_jobs_bring_back_error_and_log_path(slurm, tmp_path):
 
 
 def emit_rows(db: str, task: int, batches: int, per: int) -> int:
-    from runner.store import Store
+    from eagle3_runner.runner.store import Store
     store = Store(db)
     for b in range(batches):
         store.emit("metrics", [dict(run_id="many", variant=f"t{task}", stage="bench",
@@ -233,7 +233,7 @@ def emit_rows(db: str, task: int, batches: int, per: int) -> int:
 
 @pytest.mark.slurm
 def test_many_concurrent_jobs_lose_no_rows(slurm, tmp_path):
-    from runner.store import Store
+    from eagle3_runner.runner.store import Store
     _pickle_by_value()
     db = str(tmp_path / "many.duckdb")
     n, batches, per = 12, 25, 8
@@ -259,7 +259,7 @@ class Counter:
     """Counts to n, one step per 0.3 s, keeping its progress in a file; checkpointable."""
 
     def __call__(self, state: str, n: int) -> int:
-        from runner.slurm.task import harden_requeue
+        from eagle3_runner.runner.slurm.task import harden_requeue
         harden_requeue()  # as StageTask does
         p = Path(state)
         start = int(p.read_text()) if p.exists() else 0
@@ -325,10 +325,10 @@ def test_timeout_requeues_and_resumes(slurm, tmp_path):
 @pytest.mark.slurm
 def test_live_states_and_cancel(slurm, tmp_path, capsys):
     """A job waiting (afterok) on a running one is PENDING; `runner cancel` scancels it."""
-    from runner.job import StageJob
-    from runner.slurm.cancel import cancel_cli
-    from runner.slurm.executor import SlurmExecutor, _Sub
-    from runner.slurm.probes import live_states
+    from eagle3_runner.runner.job import StageJob
+    from eagle3_runner.runner.slurm.cancel import cancel_cli
+    from eagle3_runner.runner.slurm.executor import SlurmExecutor, _Sub
+    from eagle3_runner.runner.slurm.probes import live_states
     spec = _spec(tmp_path)
     blocker = _executor(tmp_path / "blk").submit(time.sleep, 60)
     ex = SlurmExecutor(spec)
@@ -365,8 +365,8 @@ def test_apply_tiny_spec_end_to_end_on_slurm(slurm, tmp_path):
     makes train/export/bench job arrays (aftercorr), sharing one extract job."""
     import json
     import yaml
-    from runner.assets import ASSETS
-    from runner.slurm.probes import live_states
+    from eagle3_runner.runner.assets import ASSETS
+    from eagle3_runner.runner.slurm.probes import live_states
     missing = [s for s in STAGES if not (ROOT / "jobs" / f"{s}.py").exists()]
     if missing:
         pytest.skip(f"stage modules not written yet: {missing}")

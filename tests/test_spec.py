@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from runner.drafts.rules import default_aux_ids
-from runner.errors import SpecError
-from runner.spec.load import load_spec
-from runner.stages import STAGE_ORDER
+from eagle3_runner.runner.drafts.rules import default_aux_ids
+from eagle3_runner.runner.errors import SpecError
+from eagle3_runner.runner.spec.load import load_spec
+from eagle3_runner.runner.stages import STAGE_ORDER
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted((ROOT / "specs").glob("*.yaml"))
@@ -245,7 +245,7 @@ def test_python_yaml_tag_is_an_error_and_never_runs(tmp_path):
                     "target: {path: x}\n")
     probs = problems(path=spec)
     assert probs[0][0] == str(spec) and "python" in probs[0][1]
-    r = subprocess.run([sys.executable, "-m", "runner.cli", "validate", str(spec)], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "eagle3_runner.runner.cli", "validate", str(spec)], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 1 and "Traceback" not in r.stderr and str(spec) in r.stderr
     assert not marker.exists()
@@ -414,7 +414,7 @@ def _all_models():
     """Every Pydantic model reachable from Spec (walked independently of the generator)."""
     import typing
     from pydantic import BaseModel
-    from runner.spec.schema import Spec
+    from eagle3_runner.runner.spec.schema import Spec
 
     def inner(ann):
         if isinstance(ann, type) and issubclass(ann, BaseModel):

@@ -3,7 +3,7 @@ plan's verdict, trust_remote_code, a Kimi-K2.5-shaped config, and on the CPU a t
 tiny DeepSeek-V3 (transformers' own classes, random weights, saved as HF folders) split by an
 accelerate device map (half the layers offloaded to disk: accelerate's hooks load them and
 move the tensors per forward) capturing exactly what the one-device run captures. The GPU test
-(cuda:0 + CPU memory) is at the end; scripts/bench_split.py measures its throughput."""
+(cuda:0 + CPU memory) is at the end; scripts/bench/bench_split.py measures its throughput."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from runner.errors import PlanError, SpecError
-from runner.placement import layer_devices, layout_problem, replica_gpus
-from runner.spec.load import load_spec
-from runner.target_config import native_causal_lm_types, read_target_config
-from runner.target_size import activation_bytes, weight_bytes
+from eagle3_runner.runner.errors import PlanError, SpecError
+from eagle3_runner.runner.placement import layer_devices, layout_problem, replica_gpus
+from eagle3_runner.runner.spec.load import load_spec
+from eagle3_runner.runner.target_config import native_causal_lm_types, read_target_config
+from eagle3_runner.runner.target_size import activation_bytes, weight_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 KIMI = ROOT / "tests" / "data" / "kimi-k25-config.json"
@@ -79,12 +79,12 @@ def test_dense_llama_size_and_eager_scores():
 
 
 def plan_of(*overrides, spec="drafter-v2.yaml"):
-    from runner.plan import build_plan
+    from eagle3_runner.runner.plan import build_plan
     return build_plan(load_spec(ROOT / "specs" / spec, overrides=list(overrides)))
 
 
 def test_drafter_v2_plan_fits_one_replica_over_8_gpus(capsys):
-    from runner.cli import _render_plan
+    from eagle3_runner.runner.cli import _render_plan
     plan = plan_of()
     (m,) = [m for m in plan.memory["stages"] if m["stage"] == "extract"]
     assert m["fits"] is True and m["replicas"] == 1 and m["gpus_per_replica"] == 8
@@ -110,8 +110,8 @@ def test_plans_that_cannot_fit_are_refused_naming_the_fix(override, fix):
 def test_online_training_keeps_the_drafter_on_the_first_gpu_of_the_replica():
     """Kimi-K2.5 online (no extract): one replica over 8 GPUs, the drafter's state on GPU 0;
     batch 4 x 4096 tokens fits, 16 (eager scores of 64k tokens per forward) does not."""
-    from runner.plan import build_plan
-    from runner.spec.load import read_yaml
+    from eagle3_runner.runner.plan import build_plan
+    from eagle3_runner.runner.spec.load import read_yaml
     d = read_yaml(ROOT / "specs" / "drafter-v2.yaml")
     del d["stages"]["extract"]
     d["stages"]["train"].update(features="online", batch_size=4)
@@ -207,20 +207,20 @@ def folder(request, tmp_path_factory):
 
 
 def bench_split():
-    """scripts/bench_split.py's functions (its random SmolLM2-like target, stub tokenizer)."""
+    """scripts/bench/bench_split.py's functions (its random SmolLM2-like target, stub tokenizer)."""
     import runpy
     from types import SimpleNamespace
-    return SimpleNamespace(**runpy.run_path(str(ROOT / "scripts" / "bench_split.py"),
+    return SimpleNamespace(**runpy.run_path(str(ROOT / "scripts" / "bench" / "bench_split.py"),
                                             run_name="bench_split"))
 
 
 def target(folder, **kw):
-    from runner.spec.schema import Target
+    from eagle3_runner.runner.spec.schema import Target
     return Target(path=str(folder), device="cpu", dtype="float32", **kw)
 
 
 def load(folder, device_map=None):
-    from jobs.target import load_target, split_plan
+    from eagle3_runner.target.load import load_target, split_plan
     t = target(folder, device_map=device_map)
     return load_target(t, split=split_plan(t, []) if device_map else None)[0]
 
@@ -232,7 +232,7 @@ BATCH = [[5, 9, 17, 3, 44, 2, 8], [7, 1, 90, 33], [12, 60, 4, 4, 4, 71, 19, 23, 
 def test_split_target_captures_what_one_device_does(folder, device_map):
     if device_map == "auto" and "deepseek" in folder.name:
         pytest.skip("auto on a CPU machine maps everything to the CPU: the Llama case says it")
-    from jobs.capture import capture, target_head
+    from eagle3_runner.target.capture import capture, target_head
     one = load(folder)
     split = load(folder, device_map)
     if device_map != "auto":  # layers 2-3 and the head live on disk, run on the CPU
@@ -251,7 +251,7 @@ def test_split_target_captures_what_one_device_does(folder, device_map):
 def test_capture_gathers_on_the_consumer_device(folder):
     """The hooks copy each captured layer output to `device` as it is produced (here the meta
     device stands in for another GPU: the CPU machine has no second device)."""
-    from jobs.capture import capture
+    from eagle3_runner.target.capture import capture
     aux, last = capture(load(folder, {"0-1": "cpu", "2-3": "disk"}), BATCH, [0, 1, 2],
                         device="meta")
     assert aux.device.type == last.device.type == "meta" and aux.shape == (3, 9, 96)
@@ -262,8 +262,8 @@ def test_native_kimi_k25_wrapper_loads_splits_and_captures(tmp_path):
     tiny and random: the loader falls back to its image-text-to-text class, finds the DeepSeek-V3
     language model's layers inside, and split or not captures its hidden states."""
     kimi = pytest.importorskip("transformers.models.kimi_k25")
-    from jobs.capture import capture
-    from jobs.target import decoder_parts
+    from eagle3_runner.target.capture import capture
+    from eagle3_runner.target.load import decoder_parts
     torch.manual_seed(0)
     text = tiny_deepseek_v3(layers=8).config.to_dict()
     cfg = kimi.Kimi_K25Config(text_config=text, vision_config=dict(
@@ -285,8 +285,8 @@ def test_native_kimi_k25_wrapper_loads_splits_and_captures(tmp_path):
 
 
 def test_gpu_index_outside_the_group_or_without_cuda_is_refused(folder):
-    from jobs.target import split_plan
-    from runner.errors import StageError
+    from eagle3_runner.target.load import split_plan
+    from eagle3_runner.runner.errors import StageError
     with pytest.raises(StageError, match="CUDA is not available|group, which has"):
         split_plan(target(folder, device_map={"0-1": 0, "2-3": 1}), [])
 
@@ -298,11 +298,11 @@ def test_gpu_index_outside_the_group_or_without_cuda_is_refused(folder):
 @pytest.mark.gpu
 def test_smollm2_like_split_over_gpu_and_cpu_equals_gpu_alone(tmp_path):
     """Layers 15-29 in CPU memory, streamed to cuda:0 per forward by accelerate; and device_map
-    auto over GPU [0]: the GPU-alone features, bit for bit. Throughput: scripts/bench_split.py
+    auto over GPU [0]: the GPU-alone features, bit for bit. Throughput: scripts/bench/bench_split.py
     (scripts/gpu/split.sh)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from jobs.capture import capture
+    from eagle3_runner.target.capture import capture
     bs = bench_split()
     folder = bs.random_llama(tmp_path / "smol", torch.bfloat16)
     one = bs.load(folder, "cuda", "bfloat16")

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from test_plan import fake_stages, make_spec  # noqa: F401 - fixture
 
-from runner.apply import apply
-from runner.cli import main
-from runner.plan import build_plan
-from runner.store import Store, host
+from eagle3_runner.runner.apply import apply
+from eagle3_runner.runner.cli import main
+from eagle3_runner.runner.plan import build_plan
+from eagle3_runner.runner.store import Store, host
 
 
 def _gone_pid() -> int:
@@ -51,7 +51,7 @@ def test_status_during_the_first_apply_reads_the_spool_and_shows_the_running_sta
         seen.update(_status(Path(spec.results.path), capsys))
         return {}
 
-    fake_stages.setattr(sys.modules["jobs.train"], "run", train)
+    fake_stages.setattr(sys.modules["eagle3_runner.jobs.train"], "run", train)
     assert not Path(spec.results.path).exists()
     apply(spec, build_plan(spec), quiet=True)
     assert seen["status"] == "running"
@@ -123,7 +123,7 @@ def test_no_results_yet_is_a_clean_error(tmp_path, capsys):
 
 
 def test_a_slurm_stage_whose_job_ended_is_dead(tmp_path, capsys, monkeypatch):
-    import runner.slurm.probes
+    import eagle3_runner.runner.slurm.probes as probes
     db = tmp_path / "r.duckdb"
     store = Store(db)
     _run(store, "r1", "2026-01-01 00:00:00", pid=_gone_pid())
@@ -131,7 +131,7 @@ def test_a_slurm_stage_whose_job_ended_is_dead(tmp_path, capsys, monkeypatch):
         store.emit("stages", dict(run_id="r1", variant="base", stage=stage, status="running",
                                   started_at="2026-01-01 00:00:01", job_id=job, host="node9",
                                   executor="slurm"))
-    monkeypatch.setattr(runner.slurm.probes, "live_states",
+    monkeypatch.setattr(probes, "live_states",
                         lambda ids: {"17": "CANCELLED by 0", "18": "RUNNING"})
     got = _status(db, capsys)
     assert {s["stage"]: s["status"] for s in got["stages"]} == {

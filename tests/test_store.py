@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.errors import StoreError
-from runner.store import SCHEMA, Store
+from eagle3_runner.runner.errors import StoreError
+from eagle3_runner.runner.store import SCHEMA, Store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -126,7 +126,7 @@ def test_a_results_file_of_an_older_schema_gains_the_new_columns(tmp_path):
 
 
 def runner(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "runner.cli", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "eagle3_runner.runner.cli", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -242,7 +242,7 @@ def test_ctrl_c_during_a_query_prints_interrupted(filled_db, monkeypatch, capsys
     it next checks (for some plans only at the end): `runner query` must say 'interrupted' and
     exit 130, not print a traceback. The interrupt is injected into a real connection."""
     import duckdb
-    from runner.cli import main
+    from eagle3_runner.runner.cli import main
     real = duckdb.connect
 
     class Interrupted:
@@ -264,8 +264,8 @@ def test_ctrl_c_during_a_query_prints_interrupted(filled_db, monkeypatch, capsys
 def test_status_asks_slurm_only_about_slurm_jobs(tmp_path, monkeypatch, capsys):
     """A local stage's job_id is a pid: querying squeue for it cost 10 s with no controller and
     could match an unrelated Slurm job."""
-    import runner.slurm.probes
-    from runner.status import status
+    import eagle3_runner.runner.slurm.probes as probes
+    from eagle3_runner.runner.status import status
     db = tmp_path / "r.duckdb"
     s = Store(db)
     s.emit("runs", dict(run_id="r1", spec_name="x", status="done", started_at="2026-01-01 00:00:00"))
@@ -275,7 +275,7 @@ def test_status_asks_slurm_only_about_slurm_jobs(tmp_path, monkeypatch, capsys):
                            job_id="17", executor="slurm", started_at="2026-01-01 00:00:02")])
     s.ingest()
     asked = []
-    monkeypatch.setattr(runner.slurm.probes, "live_states",
+    monkeypatch.setattr(probes, "live_states",
                         lambda ids: asked.append(list(ids)) or {"17": "COMPLETED"})
     assert status(db) == 0
     assert asked == [["17"]]

@@ -7,12 +7,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from jobs import vocab as V
-from jobs.draft_model import DraftConfig, Eagle3Draft
-from jobs.train import lr_lambda, train
-from jobs.train_data import batch_indices
-from jobs.ttt import make_batch, target_dist, ttt_loss
-from runner.errors import StageError
+from eagle3_runner.trainer import vocab as V
+from eagle3_runner.models.draft_model import DraftConfig, Eagle3Draft
+from eagle3_runner.trainer.recipe import lr_lambda, train
+from eagle3_runner.trainer.sources import batch_indices
+from eagle3_runner.trainer.objective import make_batch, target_dist, ttt_loss
+from eagle3_runner.runner.errors import StageError
 from train_helpers import tiny_extract, train_ctx, train_spec
 
 torch.set_num_threads(2)
@@ -121,7 +121,7 @@ def test_make_batch_alignment():
 def test_target_dist_matches_the_target_model(tmp_path):
     """lm_head(norm(last_hidden)) from the extract artifact == the HF target's own logits."""
     from engine_helpers import tiny_hf_llama
-    from jobs.features import open_features
+    from eagle3_runner.target.features import open_features
     root = tiny_extract(tmp_path / "x", n_samples=2)
     feats = open_features(root, [0, 1, 2], 96)
     s = feats.get(1)
@@ -234,7 +234,7 @@ def test_init_head_target_copies_the_targets_draft_vocab_rows_and_norm(extract_n
     the target's lm_head row of target id i + d2t[i], its norm the target's final norm, at step
     0; init_head: random (the default) leaves nn.Linear's init and a unit norm. Both consume the same RNG
     draws, and each has its own fingerprint (a checkpoint of one never resumes the other)."""
-    from jobs.train import setup
+    from eagle3_runner.trainer.recipe import setup
     runs = {}
     for init in ("target", "random"):
         ctx = train_ctx(train_spec(init_head=init), extract_norm_dir, tmp_path / init,
@@ -318,8 +318,8 @@ def test_non_finite_loss_fails_naming_the_step_and_its_samples(tmp_path):
     """One sample's features poisoned with inf: the stage stops at the first step whose batch
     holds it, names the step and the batch's sample ids, and leaves no checkpoint behind."""
     from safetensors.torch import save_file
-    from jobs.features import open_features
-    from jobs.train_data import batch_indices
+    from eagle3_runner.target.features import open_features
+    from eagle3_runner.trainer.sources import batch_indices
     ex = tiny_extract(tmp_path / "x", n_samples=6, shard_samples=6)
     bad = 3
     f = next(ex.glob("shard-*.safetensors"))

@@ -13,10 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from jobs.train import train
-from runner.errors import SpecError, StageError
-from runner.spec.load import load_spec
-from runner.stage import StageContext
+from eagle3_runner.trainer.recipe import train
+from eagle3_runner.runner.errors import SpecError, StageError
+from eagle3_runner.runner.spec.load import load_spec
+from eagle3_runner.runner.stage import StageContext
 
 TRAIN = dict(ttt_steps=3, batch_size=2, lr=3e-3, warmup_steps=1, eval_every=1, eval_samples=2,
              checkpoint_every=2, max_steps=4, epochs=4.0, seed=0)
@@ -84,7 +84,7 @@ def train_losses(ctx) -> list[float]:
 
 @pytest.fixture(scope="module")
 def offline(target, tmp_path_factory):
-    import jobs.extract as ex
+    import eagle3_runner.jobs.extract as ex
     tmp = tmp_path_factory.mktemp("offline")
     spec = make_spec(target, "offline")
     ex.run(ctx_for(spec, "extract", tmp / "extract"))
@@ -121,8 +121,8 @@ def test_online_equals_offline(offline, online):
 
 
 def test_online_writes_no_features_and_export_reads_its_manifest(online, target, tmp_path):
-    from jobs.export import run as export
-    from jobs.features import ONLINE_FORMAT
+    from eagle3_runner.jobs.export import run as export
+    from eagle3_runner.target.features import ONLINE_FORMAT
     out = Path(online.out_dir)
     m = json.loads((out / "features.json").read_text())
     assert m["format"] == ONLINE_FORMAT and m["aux_layer_ids"] == [0, 1, 2]
@@ -150,8 +150,8 @@ def test_online_resume_gives_the_uninterrupted_run(online, target, tmp_path):
 
 
 def test_plan_has_no_extract_stage_and_the_key_covers_the_data(target, tmp_path):
-    from runner.plan import build_plan
-    from runner.stages import stage_needs, stage_slice
+    from eagle3_runner.runner.plan import build_plan
+    from eagle3_runner.runner.stages import stage_needs, stage_slice
     spec = make_spec(target, stages={"train": {**TRAIN, "features": "online"}, "export": {},
                                      "regenerate": {}})
     spec = load_spec(data={**spec.model_dump(mode="json", exclude_none=True),
@@ -181,7 +181,7 @@ def test_offline_without_extract_is_refused(target, tmp_path):
 
 
 def _rank(rank, world, spec_json, out):
-    from runner.spec.schema import Spec
+    from eagle3_runner.runner.spec.schema import Spec
     ctx = ctx_for(Spec.model_validate_json(spec_json), "train", Path(out), rank=rank, world=world)
     train(ctx)
 
@@ -201,10 +201,10 @@ SPLIT = {"0-1": "cpu", "2-3": "disk"}  # accelerate offloads layers 2-3 (and the
 
 def test_split_target_extracts_and_trains_online_as_one_device_does(offline, online, target,
                                                                     tmp_path, monkeypatch):
-    """target.device_map through the stages (jobs/capture.py load_target_data): the extract
+    """target.device_map through the stages (target/capture.py load_target_data): the extract
     stage writes the one-device run's shards, online training gives its losses."""
-    import jobs.extract as ex
-    import jobs.target as T
+    import eagle3_runner.jobs.extract as ex
+    import eagle3_runner.target.load as T
     from safetensors.torch import load_file as load
     maps, real = [], T.load_target
 
@@ -230,7 +230,7 @@ def test_split_target_extracts_and_trains_online_as_one_device_does(offline, onl
 def test_length_groups_cut_padding_and_keep_every_sample():
     """The online capture's groups: every sample exactly once, contiguous in length order, no
     more padded tokens (+ the per-group cost) than one batch, and a split when lengths differ."""
-    from jobs.train_data import length_groups
+    from eagle3_runner.trainer.sources import length_groups
 
     def cost(L, groups, c):
         return sum(len(g) * max(L[i] for i in g) + c for g in groups)

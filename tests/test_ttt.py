@@ -1,15 +1,15 @@
-"""The fast TTT step (jobs/ttt_fast.py) against the reference (jobs/ttt.py make_batch +
+"""The fast TTT step (trainer/fast_step.py) against the reference (trainer/objective.py make_batch +
 target_dist + ttt_loss) on the same samples, float32 on the CPU: loss, every parameter's gradient and the
 per-step statistics must agree, packed or not. This is what protects the trained drafters."""
 
 import pytest
 import torch
 
-from jobs import ttt as TR
-from jobs import ttt_fast as FT
-from jobs.draft_model import DraftConfig, Eagle3Draft
-from kernels import _triton
-from kernels.ttt_attention import Segments
+from eagle3_runner.trainer import objective as TR
+from eagle3_runner.trainer import fast_step as FT
+from eagle3_runner.models.draft_model import DraftConfig, Eagle3Draft
+from eagle3_runner.kernels import _triton
+from eagle3_runner.kernels.ttt_attention import Segments
 
 torch.set_num_threads(2)
 V, VD, H, K = 30, 12, 32, 3

@@ -12,9 +12,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from kernel_helpers import gpu_test as gpu  # noqa: E402
 
-from kernels import _triton  # noqa: E402
-from kernels.soft_ce import fused_soft_ce, soft_ce_rows  # noqa: E402
-from kernels.ttt_attention import (Segments, dense_mask, ttt_attention,  # noqa: E402
+from eagle3_runner.kernels.switch import _triton  # noqa: E402
+from eagle3_runner.kernels.soft_ce import fused_soft_ce, soft_ce_rows  # noqa: E402
+from eagle3_runner.kernels.ttt_attention import (Segments, dense_mask, ttt_attention,  # noqa: E402
                                    ttt_attention_flex)
 
 torch.set_num_threads(2)
@@ -68,7 +68,7 @@ def _compare_attention(fast, B, nh, nkv, T, D, steps, seg, device="cpu", dtype=t
 @pytest.mark.parametrize("steps", [1, 3])
 @pytest.mark.parametrize("nkv", [2, 4], ids=["gqa", "mha"])
 def test_triton_ttt_attention_matches_reference(steps, nkv):
-    from kernels.ttt_attention_triton import ttt_attention_triton
+    from eagle3_runner.kernels.ttt_attention_triton import ttt_attention_triton
     seg = _segments([[15, 20], [40]], 40)  # row 0: two samples and a 5-position tail
     _compare_attention(ttt_attention_triton, 2, 4, nkv, 40, 16, steps, seg)
 
@@ -77,7 +77,7 @@ def test_triton_ttt_attention_matches_reference(steps, nkv):
 def test_triton_attention_comparison_can_fail():
     """Negative control: the kernel told there are no sample boundaries differs from the
     reference that has them."""
-    from kernels.ttt_attention_triton import ttt_attention_triton
+    from eagle3_runner.kernels.ttt_attention_triton import ttt_attention_triton
     seg = _segments([[10, 22]], 32)
     q, ks, vs = _qkv(1, 2, 2, 32, 16, 2)
     ref = ttt_attention(q, ks, vs, dense_mask(seg))
@@ -109,7 +109,7 @@ def _ce_case(M=40, R=30, Vd=37, Hd=24, seed=0, dtype=torch.float32, device="cpu"
 
 
 def _naive_ce(h, W, zt, tidx, w):
-    """Plain autograd: log_softmax over [M, Vd] float32 logits (jobs/ttt.py ttt_loss's math)."""
+    """Plain autograd: log_softmax over [M, Vd] float32 logits (trainer/objective.py ttt_loss's math)."""
     z = (h @ W.T).float()
     p = torch.softmax(zt[tidx].float(), -1)
     ce = -(p * torch.log_softmax(z, -1)).sum(-1)
@@ -135,7 +135,7 @@ def test_fused_soft_ce_matches_plain_autograd(impl):
 def test_soft_ce_rows_kernel_matches_reference_and_detects_a_shifted_target():
     h, W, zt, lse, tidx, w = _ce_case(M=12)
     z = (h @ W.T).detach()
-    from kernels.soft_ce_triton import soft_ce_rows_triton
+    from eagle3_runner.kernels.soft_ce_triton import soft_ce_rows_triton
     za, zb = z.clone(), z.clone()
     ce_a, am_a = soft_ce_rows(za, zt, lse, tidx, w)
     ce_b, am_b = soft_ce_rows_triton(zb, zt, lse, tidx, w)
@@ -153,7 +153,7 @@ def test_soft_ce_rows_kernel_matches_reference_and_detects_a_shifted_target():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("impl", ["triton", "flex"])
 def test_gpu_ttt_attention_matches_reference(impl, dtype):
-    from kernels.ttt_attention import attend
+    from eagle3_runner.kernels.ttt_attention import attend
     seg = _segments([[700, 900, 300], [2048]], 2048, "cuda")
     fn = attend(impl)
     if impl == "flex":

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from test_plan import fake_stages, make_spec, reasons  # noqa: F401 - fixture
 
-from runner.apply import apply
-from runner.errors import StageError
-from runner.plan import build_plan
-from runner.stage import read_manifest
+from eagle3_runner.runner.apply import apply
+from eagle3_runner.runner.errors import StageError
+from eagle3_runner.runner.plan import build_plan
+from eagle3_runner.runner.stage import read_manifest
 
 
 def _applied(tmp_path, **kw):
@@ -47,7 +47,7 @@ def test_an_overwritten_input_fails_before_the_stage_reads_it(tmp_path, fake_sta
 
 
 def test_a_truncated_or_missing_input_is_named(tmp_path, fake_stages):
-    import runner.verify as verify
+    import eagle3_runner.runner.verify as verify
     spec, stages = _applied(tmp_path)
     art = Path(stages["train"].artifact)
     (art / "out.txt").write_text("x")
@@ -60,7 +60,7 @@ def test_a_truncated_or_missing_input_is_named(tmp_path, fake_stages):
 
 def test_unchanged_inputs_cost_a_stat_changed_stat_a_hash_and_big_ones_a_sample(
         tmp_path, fake_stages, monkeypatch):
-    import runner.verify as verify
+    import eagle3_runner.runner.verify as verify
     spec, stages = _applied(tmp_path)
     art = Path(stages["extract"].artifact)
     m = read_manifest(art)
@@ -105,7 +105,7 @@ def test_an_upstream_rebuilt_alone_makes_its_dependents_rerun(tmp_path, fake_sta
         (ctx.out_dir / "out.txt").write_text("another drafter")
         return {}
 
-    fake_stages.setattr(sys.modules["jobs.train"], "run", salted)
+    fake_stages.setattr(sys.modules["eagle3_runner.jobs.train"], "run", salted)
     _, outcomes = apply(spec, build_plan(spec, force=("train",), only=("train",)), quiet=True)
     assert [o.job.stage for o in outcomes] == ["train"]
     r = reasons(build_plan(spec))
@@ -121,3 +121,59 @@ def test_old_manifests_without_inputs_stay_up_to_date(tmp_path, fake_stages):
     del m["inputs"]
     art.write_text(json.dumps(m))
     assert reasons(build_plan(spec))["export"] == ("skip", "up to date")
+
+
+def test_atomic_writes_get_the_umask_modes(tmp_path):
+    """Writers that go through mkstemp (safetensors, torch, save_pretrained) leave 0600: what
+    atomic_path renames into place is readable like any other file (0644 under umask 022)."""
+    import os
+    import stat
+    import tempfile
+
+    from eagle3_runner.runner.files import atomic_path
+
+    old = os.umask(0o022)
+    try:
+        with atomic_path(tmp_path / "model.safetensors") as tmp:
+            fd, name = tempfile.mkstemp(dir=tmp_path)  # mode 0600, as those writers make it
+            os.write(fd, b"x")
+            os.close(fd)
+            os.replace(name, tmp)
+        with atomic_path(tmp_path / "folder", tempfile.mkdtemp(dir=tmp_path)) as tmp:  # 0700
+            (tmp / "a.bin").write_bytes(b"y")
+            os.chmod(tmp / "a.bin", 0o600)
+        os.umask(0o027)
+        with atomic_path(tmp_path / "group.txt") as tmp:
+            tmp.write_text("z")
+            os.chmod(tmp, 0o600)
+    finally:
+        os.umask(old)
+    mode = lambda p: stat.S_IMODE(p.stat().st_mode)  # noqa: E731
+    assert mode(tmp_path / "model.safetensors") == 0o644
+    assert mode(tmp_path / "folder") == 0o755
+    assert mode(tmp_path / "folder" / "a.bin") == 0o644
+    assert mode(tmp_path / "group.txt") == 0o640
+
+
+def test_a_stage_artifact_gets_the_umask_modes(tmp_path, fake_stages):
+    """finalize renames the stage's partial folder: a file its writer left 0600 comes out 0644."""
+    import os
+    import stat
+    import tempfile
+
+    def private_writer(ctx):
+        fd, name = tempfile.mkstemp(dir=ctx.out_dir)
+        os.write(fd, b"weights")
+        os.close(fd)
+        os.replace(name, ctx.out_dir / "model.safetensors")
+        return {}
+
+    fake_stages.setattr(sys.modules["eagle3_runner.jobs.export"], "run", private_writer)
+    old = os.umask(0o022)
+    try:
+        _, stages = _applied(tmp_path)
+    finally:
+        os.umask(old)
+    f = Path(stages["export"].artifact) / "model.safetensors"
+    assert stat.S_IMODE(f.stat().st_mode) == 0o644
+    assert stat.S_IMODE(f.parent.stat().st_mode) == 0o755

@@ -17,8 +17,8 @@ def tiny_extract(root: Path, n_samples=6, lengths=(12, 30), vocab=96, hidden=32,
     next-token distribution (a random tiny target is otherwise nearly uniform); edit(model), when
     given, may change the target's weights before extraction. Returns root."""
     from engine_helpers import tiny_hf_llama
-    from jobs.extract import extract_samples, write_target_parts
-    from jobs.features import FORMAT, MANIFEST
+    from eagle3_runner.jobs.extract import extract_samples, write_target_parts
+    from eagle3_runner.target.features import FORMAT, MANIFEST
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     model = tiny_hf_llama(vocab=vocab, hidden=hidden, layers=layers, heads=4, kv=2, seed=seed)
@@ -50,8 +50,8 @@ def tiny_extract(root: Path, n_samples=6, lengths=(12, 30), vocab=96, hidden=32,
 def seal_artifact(root: Path, stage: str) -> None:
     """Write artifact.json (what runner/stage.py finalize writes), so that run_stage accepts
     `root` as a completed input artifact (it verifies every file against it)."""
-    from runner.files import sha256_file
-    from runner.stage import MANIFEST as ARTIFACT
+    from eagle3_runner.runner.files import sha256_file
+    from eagle3_runner.runner.stage import MANIFEST as ARTIFACT
     files = sorted(p for p in Path(root).rglob("*") if p.is_file() and p.name != ARTIFACT)
     rel = {str(p.relative_to(root)): p for p in files}
     (Path(root) / ARTIFACT).write_text(json.dumps({
@@ -61,7 +61,7 @@ def seal_artifact(root: Path, stage: str) -> None:
 
 def train_spec(vocab=96, hidden=32, layers=4, aux_ids=(0, 1, 2), draft_vocab=40, **train):
     """A validated Spec for a tiny target (geometry declared; no model file needed)."""
-    from runner.spec.load import load_spec
+    from eagle3_runner.runner.spec.load import load_spec
     t = {"ttt_steps": 3, "batch_size": 2, "lr": 3e-3, "warmup_steps": 2, "eval_every": 2,
          "eval_samples": 2, "checkpoint_every": 2, "seed": 0, "epochs": 2.0}
     t.update(train)
@@ -75,7 +75,7 @@ def train_spec(vocab=96, hidden=32, layers=4, aux_ids=(0, 1, 2), draft_vocab=40,
 
 
 def train_ctx(spec, extract_dir: Path, out_dir: Path, db: Path):
-    from runner.stage import StageContext
+    from eagle3_runner.runner.stage import StageContext
     return StageContext(spec=spec, stage="train", variant="base", run_id="test",
                         inputs={"extract": Path(extract_dir)}, out_dir=Path(out_dir),
                         db_path=Path(db))

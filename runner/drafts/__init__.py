@@ -18,7 +18,7 @@
   them, bounded reads of values, the verbatim writer; without torch.
 
 Spec validation (runner/spec/schema.py, runner/stages.py), `runner inspect`, `runner convert`, the
-extract and export stages, the SGLang bench backend and the drafter model (jobs/draft_model.py)
+extract and export stages, the SGLang bench backend and the drafter model (models/draft_model.py)
 all call this package. No torch here (numpy only, in safetensors.py). This __init__ imports
 nothing, so a module's cache key follows only the submodules it imports: for `runner init` and
 other callers, `runner.drafts.families.target_family(cfg) -> str` and

@@ -22,7 +22,7 @@ cache key should not follow the version table). No torch, no numpy.
 
 from __future__ import annotations
 
-from runner.drafts.layout import (AUX_COUNT, EMBED, FC_NORM, FC_NORM_LEGACY, INPUT_NORM, MIDLAYER,
+from eagle3_runner.runner.drafts.layout import (AUX_COUNT, EMBED, FC_NORM, FC_NORM_LEGACY, INPUT_NORM, MIDLAYER,
                                   MODEL_PREFIX, O_BIAS, config_aux_ids, expected_shapes,
                                   layer_shapes)
 
@@ -168,7 +168,7 @@ def config_flag_findings(row, cfg: dict) -> list[tuple]:
 
 
 def engine_unsupported(cfg: dict) -> list[str]:
-    """What the embedded engine (jobs/draft_model.py: one plain layer, no biases, the target's
+    """What the embedded engine (models/draft_model.py: one plain layer, no biases, the target's
     embedding, fc over one state per eagle_config id) does not implement of this config, as
     'field = value (what it does)' strings; empty when it runs the drafter as SGLang would."""
     out = [f"{f} = true ({d})" for f, d in FORWARD_FLAGS.items() if flag_on(cfg, f)]

@@ -14,7 +14,7 @@ released wheels, 2026-12). `rules_for(version)` picks what to check a version ag
 
 Callers: the spec (runner/spec/schema.py, runner/stages.py SpecParams), `runner inspect`
 (runner/inspect_checks.py), `runner convert`, the extract stage (the loaded target), the export
-stage (draft_config.json) and the embedded engine's loader (jobs/draft_model.py). Server-line
+stage (draft_config.json) and the embedded engine's loader (models/draft_model.py). Server-line
 rules: runner/drafts/server.py. Target families: runner/drafts/families.py. No torch, no numpy.
 """
 
@@ -23,9 +23,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from runner.drafts.families import DEEPSEEK, FAMILY_NAMES, GPT_OSS, MINIMAX_M3_VL, STANDARD, \
+from eagle3_runner.runner.drafts.families import DEEPSEEK, FAMILY_NAMES, GPT_OSS, MINIMAX_M3_VL, STANDARD, \
     family_evidence
-from runner.drafts.layout import AUX_COUNT, to_hf_indices
+from eagle3_runner.runner.drafts.layout import AUX_COUNT, to_hf_indices
 
 
 @dataclass(frozen=True)

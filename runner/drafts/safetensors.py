@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runner.errors import InspectError
+from eagle3_runner.runner.errors import InspectError
 
 DTYPES = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "I16": np.int16, "I32": np.int32,
           "I64": np.int64, "U16": np.uint16, "U32": np.uint32, "U64": np.uint64,

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import sys
 
-from runner.job import StageJob
-from runner.slurm.probes import TERMINAL, live_states, require_sbatch, scancel
-from runner.slurm.sbatch import log_dir
-from runner.spec.schema import Spec
-from runner.store import now
+from eagle3_runner.runner.job import StageJob
+from eagle3_runner.runner.slurm.probes import TERMINAL, live_states, require_sbatch, scancel
+from eagle3_runner.runner.slurm.sbatch import log_dir
+from eagle3_runner.runner.spec.schema import Spec
+from eagle3_runner.runner.store import now
 
 
 def record_submitted(spec: Spec, entries: list[tuple[StageJob, str]]) -> None:

@@ -10,14 +10,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.errors import SlurmError
-from runner.job import StageJob, StageOutcome, job_row
-from runner.slurm.cancel import record_submitted
-from runner.slurm.probes import TERMINAL, state_query, require_sbatch, scancel
-from runner.slurm.sbatch import log_dir, preflight, rejection, sbatch_params
-from runner.slurm.task import StageTask
-from runner.spec.schema import Spec
-from runner.store import Store
+from eagle3_runner.runner.errors import SlurmError
+from eagle3_runner.runner.job import StageJob, StageOutcome, job_row
+from eagle3_runner.runner.slurm.cancel import record_submitted
+from eagle3_runner.runner.slurm.probes import TERMINAL, state_query, require_sbatch, scancel
+from eagle3_runner.runner.slurm.sbatch import log_dir, preflight, rejection, sbatch_params
+from eagle3_runner.runner.slurm.task import StageTask
+from eagle3_runner.runner.spec.schema import Spec
+from eagle3_runner.runner.store import Store
 
 POLL_S = 1.0  # seconds between polls while following jobs
 

@@ -7,7 +7,7 @@ import re
 import shutil
 import subprocess
 
-from runner.errors import SlurmError
+from eagle3_runner.runner.errors import SlurmError
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT")

@@ -7,11 +7,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from runner.errors import SlurmError
-from runner.files import expand_path
-from runner.job import stage_nproc
-from runner.slurm.probes import gpus_in, partitions, require_sbatch
-from runner.spec.schema import Spec
+from eagle3_runner.runner.errors import SlurmError
+from eagle3_runner.runner.files import expand_path
+from eagle3_runner.runner.job import stage_nproc
+from eagle3_runner.runner.slurm.probes import gpus_in, partitions, require_sbatch
+from eagle3_runner.runner.spec.schema import Spec
 
 # sbatch error keywords -> the spec field that most likely caused the rejection
 CULPRITS = (("gres", "gpus_per_node (--gpus-per-node) / extra_sbatch.gres"),

@@ -7,8 +7,8 @@ import os
 import subprocess
 from dataclasses import dataclass, replace
 
-from runner.job import StageJob, run_stage
-from runner.stages import stage_kind
+from eagle3_runner.runner.job import StageJob, run_stage
+from eagle3_runner.runner.stages import stage_kind
 
 
 def _requeue_immune(env, countdown: int) -> None:
@@ -46,7 +46,7 @@ class StageTask:
         env = submitit.JobEnvironment()
         job = replace(self.job, log_path=str(env.paths.stderr))  # the job's own stderr log
         if env.num_tasks > 1:  # one srun task per rank (data-parallel stage)
-            from runner.launch import run_rank, slurm_env
+            from eagle3_runner.runner.launch import run_rank, slurm_env
             slurm_env()
             return run_rank(job, env.global_rank, env.num_tasks, env.local_rank)
         return run_stage(job)

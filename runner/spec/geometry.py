@@ -3,7 +3,7 @@ from the target's config (as SGLang and our drafter build it), and the combinati
 before any stage runs (`runner validate`), not in train after an extraction.
 
 `draft_geometry` is the one rule: runner/spec/load.py checks it against the target's config,
-jobs/draft_model.py (DraftConfig.from_spec) builds the drafter from it. No torch.
+models/draft_model.py (DraftConfig.from_spec) builds the drafter from it. No torch.
 """
 
 from __future__ import annotations

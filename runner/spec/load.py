@@ -15,13 +15,13 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from runner.errors import EnvVarError, SpecError, TargetConfigError
-from runner.files import expand_path
-from runner.spec.geometry import draft_geometry
-from runner.spec.messages import format_errors
-from runner.drafts.families import family_evidence
-from runner.spec.schema import PATH_FIELDS, Results, Spec
-from runner.target_config import read_chat_template, read_target_config, remote_code_problem
+from eagle3_runner.runner.errors import EnvVarError, SpecError, TargetConfigError
+from eagle3_runner.runner.files import expand_path
+from eagle3_runner.runner.spec.geometry import draft_geometry
+from eagle3_runner.runner.spec.messages import format_errors
+from eagle3_runner.runner.drafts.families import family_evidence
+from eagle3_runner.runner.spec.schema import PATH_FIELDS, Results, Spec
+from eagle3_runner.runner.target_config import read_chat_template, read_target_config, remote_code_problem
 
 MAX_YAML_NODES = 100_000  # a real spec has a few hundred; aliases count once per use
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from runner.spec.schema import Spec
+from eagle3_runner.runner.spec.schema import Spec
 
 
 def _model_at(loc: tuple) -> Any:

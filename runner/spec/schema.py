@@ -15,15 +15,15 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field, StrictInt, model_validator
 
-from runner.chat import KNOWN as KNOWN_TEMPLATES
-from runner.drafts.families import FAMILIES
-from runner.drafts.layout import ALGORITHM, AUX_COUNT
-from runner.drafts.rules import default_aux_ids, spec_aux_problems
-from runner.errors import EnvVarError
-from runner.files import expand_path, expand_vars
-from runner.placement import layer_devices
-from runner.spec.base import MAX_NAME, MAX_VARIANT_NAME, NAME_PATTERN, Strict
-from runner.stages import DATA_PARALLEL_STAGES, StageName, Stages
+from eagle3_runner.runner.chat import KNOWN as KNOWN_TEMPLATES
+from eagle3_runner.runner.drafts.families import FAMILIES
+from eagle3_runner.runner.drafts.layout import ALGORITHM, AUX_COUNT
+from eagle3_runner.runner.drafts.rules import default_aux_ids, spec_aux_problems
+from eagle3_runner.runner.errors import EnvVarError
+from eagle3_runner.runner.files import expand_path, expand_vars
+from eagle3_runner.runner.placement import layer_devices
+from eagle3_runner.runner.spec.base import MAX_NAME, MAX_VARIANT_NAME, NAME_PATTERN, Strict
+from eagle3_runner.runner.stages import DATA_PARALLEL_STAGES, StageName, Stages
 
 
 # ----------------------------------------------------------------------------------------------
@@ -200,7 +200,7 @@ GPU_MEMORY_DOC = ("GiB of memory per GPU (as torch counts: H200 ~139, H100 ~79),
 
 class LocalExecutor(Strict):
     """Run stages in this process (the default); nproc_per_node > 1 launches that many local
-    ranks (python -m runner.launch) for extract and train."""
+    ranks (python -m eagle3_runner.runner.launch) for extract and train."""
 
     kind: Literal["local"] = Field("local", description="Selects this executor.")
     nproc_per_node: int = Field(1, ge=1, description=NPROC_DOC)

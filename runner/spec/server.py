@@ -1,7 +1,7 @@
 """What a spec may and may not pass to the SGLang servers the bench launches
 (`stages.bench.sglang`): the flags the runner sets itself, each with the spec field that sets it,
 and the loopback-only bind address. `extra_args` are appended last to the server's argv
-(jobs/sglang_backend.py server_argv), so an extra `--speculative-algorithm EAGLE` would silently
+(target/sglang.py server_argv), so an extra `--speculative-algorithm EAGLE` would silently
 override the runner's EAGLE3; these rules refuse that at validation. No torch.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 
-# flag the runner sets -> the spec field that sets it (jobs/sglang_backend.py server_argv)
+# flag the runner sets -> the spec field that sets it (target/sglang.py server_argv)
 GUARDED_FLAGS = {
     "--model-path": "target.path",
     "--host": "stages.bench.sglang.host",

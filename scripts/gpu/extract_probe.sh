@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the device machine (one H200): extraction throughput (issue 3). Records the disk under the
 # repo (df, lsblk, dd direct and buffered+fdatasync) and the kernel's dirty-page settings, then
-# runs scripts/bench_extract.py (args passed through). Needs the small wheels in .stage/w
+# runs scripts/bench/bench_extract.py (args passed through). Needs the small wheels in .stage/w
 # (pydantic & co.); results go to $OUT/r.
 # Usage: TAG=long bash scripts/gpu/extract_probe.sh --batches 128 --rounds 4
 set -uo pipefail
@@ -17,6 +17,6 @@ export PYTHONPATH=/tmp/site:$PWD
 } > "$R/disk.txt" 2>&1
 cat "$R/disk.txt"
 O=runs/bench-extract-${TAG:-run}
-python3 scripts/bench_extract.py --device cuda --batch 8 --seq 2048 --random-init --out "$O" "$@" \
+python3 scripts/bench/bench_extract.py --device cuda --batch 8 --seq 2048 --random-init --out "$O" "$@" \
   2>&1 | grep -v Warning
 mkdir -p "$R/${TAG:-run}"; cp "$O"/bench_extract.json "$O"/bench_extract.md "$R/${TAG:-run}/"

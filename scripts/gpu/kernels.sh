@@ -7,18 +7,18 @@
 #   engine   the engine's GPU tests: fused engine under CUDA graphs (chains, trees) lossless vs its
 #            own 1-row decode, 1-row == W-row bit identity, compiled fused steps       <= 110 s
 #   kernels  the kernel tests on CUDA + the gpu ones (SmolLM2 geometry)                ~90 s
-#   bench    scripts/bench_engine.py --random-target --random-draft, configs 4/1/5, 3/4/16,
+#   bench    scripts/bench/bench_engine.py --random-target --random-draft, configs 4/1/5, 3/4/16,
 #            5/4/8, --verify-cost 4/1/5,3/4/16, once with --kernels triton (+ HF static row),
 #            once with --kernels torch (width none: 1-row decode, verify at own width) <= 2 x 80 s
 #   auto     the same bench configs with the default --kernels auto (must resolve to torch:
-#            kernels/__init__.py), width auto, no HF rows; the quick check            <= 80 s
-#   profile  scripts/profile_engine.py: torch vs fused per step, kernel splits, ratios <= 70 s
+#            kernels/switch.py), width auto, no HF rows; the quick check            <= 80 s
+#   profile  scripts/bench/profile_engine.py: torch vs fused per step, kernel splits, ratios <= 70 s
 #   summary  the compact table (always last; also runs alone on earlier results)
 # Usage: bash scripts/gpu/kernels.sh [engine] [kernels] [bench] [auto] [profile]
 # (default: engine bench profile; ~5 min on an H200, at most ~6)
 set -uo pipefail
 source "$(dirname "$0")/prelude.sh"
-BENCH="scripts/bench_engine.py --random-target --random-draft --new 96 --repeats 1 --cuda-graph \
+BENCH="scripts/bench/bench_engine.py --random-target --random-draft --new 96 --repeats 1 --cuda-graph \
   --configs 4/1/5,3/4/16,5/4/8 --verify-cost 4/1/5,3/4/16"
 PYTEST="python3 -m pytest -q -p no:cacheprovider -rfEs --durations=8"
 run() {  # name limit command...: time-boxed, output to $R/name.log, status to rc.txt
@@ -40,7 +40,7 @@ for step in ${@:-engine bench profile}; do
            run bench_torch 80 python3 $BENCH --kernels torch --width none \
              --skip hf,hf_static,hf_lookup --out "$R/bench_torch" ;;
     auto) run bench_auto 80 python3 $BENCH --skip hf,hf_static,hf_lookup --out "$R/bench_auto" ;;
-    profile) run profile 70 python3 scripts/profile_engine.py --skip hf --budget 50 \
+    profile) run profile 70 python3 scripts/bench/profile_engine.py --skip hf --budget 50 \
                --out "$R/profile_engine" ;;
     summary) ;;
     *) echo "kernels.sh: unknown step $step (engine, kernels, bench, auto, profile)" ;;

@@ -40,7 +40,7 @@ trap bring_back EXIT
 apply() {  # apply [runner apply args...] within $LIMIT seconds; progress bars dropped
   # (none left: skipped, since `timeout 0` would not limit it at all)
   [ "$LIMIT" -gt 0 ] || { echo "runner apply $*: skipped, no time left of the phase"; return; }
-  timeout --signal=INT "$LIMIT" python3 -m runner apply "$SPEC" -o "stages.train.kernels=$(cat ~/stage/train_kernels)" \
+  timeout --signal=INT "$LIMIT" python3 -m eagle3_runner.runner apply "$SPEC" -o "stages.train.kernels=$(cat ~/stage/train_kernels)" \
     $(cat ~/stage/extra_o 2>/dev/null) "$@" 2>&1 | tr '\r' '\n' | grep -v "it/s\]$\|tok/s\]$\|prompt/s\]$\|s/it\]$" | tail -40
 }
 phase=$1; LIMIT=$2; shift 2
@@ -67,12 +67,12 @@ case $phase in
     apply --only regenerate ;;
   train) apply --variant base --only train ;;  # the train stage alone (its call's whole limit)
   apply) apply --variant base ;;
-  gen) timeout "$LIMIT" python3 scripts/bench_generate.py --mode compare --prompts 512 --new 256 \
+  gen) timeout "$LIMIT" python3 scripts/bench/bench_generate.py --mode compare --prompts 512 --new 256 \
          --rows 512 --hf-batch 512 --cuda-graph --quiet --out "$OUT/r/bench_generate" 2>&1 | tail -12 ;;
   step)
     for kn in torch triton; do  # HF generate once (with torch), the same prompts
       HF=512; [ $kn = triton ] && HF=0
-      timeout $((LIMIT - (SECONDS - T0))) python3 scripts/bench_generate.py --mode step --random-target \
+      timeout $((LIMIT - (SECONDS - T0))) python3 scripts/bench/bench_generate.py --mode step --random-target \
         --modes greedy --prompts 1024 --rows 512 --prompt-len 128 --new 256 --hf-batch $HF \
         --cuda-graph --kernels $kn --out "$OUT/r/bench_step_$kn" 2>&1 | grep -v -i warn | tail -14
     done
@@ -86,13 +86,13 @@ except Exception:  # a failed run: the default path
     print("torch")
 PY
     ;;
-  profile)  # where the time goes: the train step's phases and kernels (scripts/profile_train.py) on
+  profile)  # where the time goes: the train step's phases and kernels (scripts/bench/profile_train.py) on
     # the brought-back conversations, then 90 s of regeneration sampled by py-spy (host stacks)
-    timeout $((LIMIT / 2)) python3 scripts/profile_train.py specs/smollm2-scale-gpu-trained.yaml \
+    timeout $((LIMIT / 2)) python3 scripts/bench/profile_train.py specs/smollm2-scale-gpu-trained.yaml \
       -o stages.train.kernels=triton --steps 30 --warm 40 --out "$OUT/r" 2>&1 | grep -v Warn | tail -45
     PS=/tmp/site/bin/py-spy; LIMIT=$((LIMIT - (SECONDS - T0)))
     timeout --signal=INT $LIMIT $PS record -r 50 --format raw -o "$OUT/r/regen_spy.txt" -- \
-      python3 -m runner apply specs/smollm2-scale-gpu.yaml --only regenerate \
+      python3 -m eagle3_runner.runner apply specs/smollm2-scale-gpu.yaml --only regenerate \
       -o stages.regenerate.kernels=triton -o stages.regenerate.max_minutes=1.5 2>&1 \
       | tr '\r' '\n' | grep -v "it/s\]$\|tok/s\]$" | tail -15
     python3 -c "import json,glob; [print(f, {k: v for k, v in json.load(open(f))['regenerate'].items() if 'share' in k or 'use' in k or 'per_s' in k or 'seconds' in k}) for f in glob.glob('runs/smollm2-scale-gpu/regenerate/*/report.json')]" ;;
@@ -103,6 +103,6 @@ PY
     wait
     for v in "$@"; do echo "== $v"; tail -12 "/tmp/sweep_$v.log"; done ;;
 esac
-python3 -m runner query "SELECT variant, stage, round(duration_s,1) s FROM stages ORDER BY started_at" --results "$RES" 2>&1 | tail -20
-python3 -m runner query "SELECT variant, train_samples, prompt_set, num_steps, eagle_topk k, num_draft_tokens n, round(tau,3) tau, round(spec_tok_s,1) spec, round(base_tok_s,1) base, round(speedup,3) x, lossless FROM bench_summary ORDER BY 1,3,4,5" --results "$RES" 2>&1 | tail -20
+python3 -m eagle3_runner.runner query "SELECT variant, stage, round(duration_s,1) s FROM stages ORDER BY started_at" --results "$RES" 2>&1 | tail -20
+python3 -m eagle3_runner.runner query "SELECT variant, train_samples, prompt_set, num_steps, eagle_topk k, num_draft_tokens n, round(tau,3) tau, round(spec_tok_s,1) spec, round(base_tok_s,1) base, round(speedup,3) x, lossless FROM bench_summary ORDER BY 1,3,4,5" --results "$RES" 2>&1 | tail -20
 echo "phase $phase: $((SECONDS - T0)) s"

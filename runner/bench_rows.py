@@ -1,0 +1,183 @@
+"""What the bench stage records, for every backend (jobs/bench.py embedded, target/sglang.py):
+the `bench` row per (configuration, prompt), the `bench_summary` row per configuration, the speed
+model behind the summaries, and `train_samples`. Columns: runner/store.py SCHEMA. No torch.
+
+Metric definitions (docs/eagle3-format.md): tau = tokens per target verify pass INCLUDING the
+bonus token; mean_accepted = tau - 1; accept_rate = tau / num_draft_tokens (the seed's logs);
+accept_per_pos[j] = fraction of verify rounds in which draft j+1 was accepted; speedup =
+spec tok/s / baseline tok/s; base_ms_per_token = 1000 / baseline tok/s.
+Losslessness (temperature 0): lossless = the speculative tokens equal the baseline's; where they
+do not, diverge_at / diverge_margin / diverge_runner_up say where and how close the target's own
+choice was there (the embedded backend's jobs.bench.divergence), and the summary tells near-ties
+(margin < NEAR_TIE) from bugs (lossless_verdict).
+train_samples = the samples the drafter was actually trained on, read from the export's
+provenance.json (the train stage's summary), the same for every backend, so data-scaling plots
+(runner/report.py) never mix definitions.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from eagle3_runner.runner.files import atomic_write
+
+
+def train_samples(export_dir: Path) -> int | None:
+    """Samples the drafter was trained on: provenance.json's train_metrics.summary.train_samples
+    (jobs/export.py copies the train stage's summary there); None when the export has none."""
+    try:
+        prov = json.loads((Path(export_dir) / "provenance.json").read_text())
+        return int(prov["train_metrics"]["summary"]["train_samples"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+def config_id(c, cuda_graph: bool, max_new: int) -> str:
+    return f"s{c.num_steps}-k{c.eagle_topk}-n{c.draft_tokens}-cg{int(cuda_graph)}-m{max_new}"
+
+
+NEAR_TIE = 0.5
+"""Target logits (float32 units of lm_head's output): a first divergence where the target's own
+top1 - top2 gap is below this is a bf16 near-tie, at or above it a bug. bf16 keeps 8 significant
+bits, so a logit of magnitude ~20 (in [16, 32): spacing 2^4 / 2^7 = 0.125) carries up to ~0.06
+of rounding from its last operation alone, and a tree verify accumulates the layers' sums in
+another order than a decode does: a few such steps flip an argmax whose gap is below ~0.5."""
+
+
+def first_divergence(spec: list[int], base: list[int]) -> int | None:
+    """0-based index into the new tokens of the first token where spec differs from base (the
+    shorter one's length when one is a prefix of the other); None when they are equal."""
+    if spec == base:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(spec, base)) if a != b),
+                min(len(spec), len(base)))
+
+
+def flags_for(tau: float, speedup: float | None, lossless: bool | None,
+              margin: float | None = None) -> list[str]:
+    """margin: the (worst) first-divergence logit margin of a row that is not lossless; None =
+    unknown (no target forward: sglang), flagged "not lossless" as a margin >= NEAR_TIE is."""
+    out = []
+    if tau == tau and tau < 1.05:
+        out.append("drafter broken")
+    if speedup is not None and speedup < 1:
+        out.append("slower than baseline")
+    if lossless is False:
+        near = margin is not None and margin < NEAR_TIE
+        out.append("not lossless (near-ties)" if near else "not lossless")
+    return out
+
+
+def lossless_verdict(rows: list[dict]) -> tuple[bool | None, int | None, float | None, str]:
+    """Over one configuration's `bench` rows (prompt_row): (lossless, lossless_prompts, the
+    largest first-divergence margin in logits (None when all are lossless or any margin is
+    unknown), a sentence for the explanation ("" when lossless or at temperature > 0)). E.g.
+    "17/30 prompts differ from the baseline; first divergences at target logit margins median
+    0.031 (max 0.12), ...: near-ties (< 0.5 logits)."
+    """
+    if not rows or rows[0]["lossless"] is None:
+        return None, None, None, ""
+    bad = [r for r in rows if not r["lossless"]]
+    n = len(rows) - len(bad)
+    if not bad:
+        return True, n, None, ""
+    text = f" {len(bad)}/{len(rows)} prompts differ from the baseline"
+    margins = [r["diverge_margin"] for r in bad]
+    if None in margins:
+        return False, n, None, text + " (no target margins on this backend)."
+    worst = max(bad, key=lambda r: r["diverge_margin"])
+    m = worst["diverge_margin"]
+    up = sum(bool(r["diverge_runner_up"]) for r in bad)
+    text += (f"; first divergences at target logit margins median {statistics.median(margins):.3g}"
+             f" (max {m:.3g}), the speculative token the target's runner-up in {up}/{len(bad)}")
+    if m < NEAR_TIE:
+        return False, n, m, text + f": near-ties (< {NEAR_TIE} logits)."
+    return False, n, m, (text + f"; margin {m:.3g} at prompt {worst['prompt_id']} (new token "
+                         f"{worst['diverge_at']}): not a near-tie, a bug.")
+
+
+def explain(tau: float, num_steps: int, draft_ms: float, verify_ms: float, other_ms: float,
+            base_ms: float) -> tuple[float, float, str]:
+    """Per-round cost model in numbers: a round costs draft + verify + other ms and yields tau
+    tokens, so speedup = tau * base_ms_per_token / round_ms and break-even tau = round_ms /
+    base_ms_per_token. All times in ms (per round; base per token).
+    Returns (speedup, break_even_tau, explanation). Example, the seed's case: tau 2.1 at 53
+    tok/s against 90 tok/s means a round cost 2.1/53 s = 39.6 ms vs 11.1 ms per baseline token,
+    so break-even tau was 3.57."""
+    round_ms = draft_ms + verify_ms + other_ms
+    speedup = tau * base_ms / round_ms if round_ms > 0 else float("nan")
+    be = round_ms / base_ms if base_ms > 0 else float("nan")
+    text = (f"tau {tau:.2f} tokens per round; one round = {num_steps} draft steps x "
+            f"{draft_ms / max(num_steps, 1):.2f} ms + verify {verify_ms:.2f} ms + other "
+            f"{other_ms:.2f} ms = {round_ms:.2f} ms -> {round_ms / tau:.2f} ms/token "
+            f"({1000 * tau / round_ms:.1f} tok/s) vs baseline {base_ms:.2f} ms/token "
+            f"({1000 / base_ms:.1f} tok/s): decode speedup {speedup:.2f}x. Break-even tau = round cost / "
+            f"baseline token cost = {round_ms:.2f}/{base_ms:.2f} = {be:.2f}"
+            + (f"; tau is {be - tau:.2f} short of it." if tau < be else "."))
+    return speedup, be, text
+
+
+# ----------------------------------------------------------------------------------------------
+# rows
+
+
+def config_fields(c, cuda_graph: bool, max_new: int, temperature: float, backend: str,
+                  prompt_set: str, train_samples: int | None, kernels: str | None = None) -> dict:
+    """The columns naming one measured configuration (c: a SpecParams: the tree shape
+    num_steps / eagle_topk / num_draft_tokens), shared by its `bench` rows and its
+    `bench_summary` row. kernels: the embedded engine's resolved decode path ("triton" = the
+    fused kernels, "torch"); None for a backend without the switch (sglang)."""
+    return dict(config_id=config_id(c, cuda_graph, max_new), backend=backend,
+                prompt_set=prompt_set, num_steps=c.num_steps, eagle_topk=c.eagle_topk,
+                num_draft_tokens=c.draft_tokens, cuda_graph=cuda_graph, max_new_tokens=max_new,
+                temperature=temperature, train_samples=train_samples, kernels=kernels)
+
+
+def _measured(cfg: dict, tau: float, spec_tok_s: float, base_tok_s: float,
+              lossless: bool | None, margin: float | None) -> dict:
+    speedup = spec_tok_s / base_tok_s
+    return dict(tau=tau, mean_accepted=tau - 1, accept_rate=tau / cfg["num_draft_tokens"],
+                spec_tok_s=spec_tok_s, base_tok_s=base_tok_s, speedup=speedup, lossless=lossless,
+                flags=", ".join(flags_for(tau, speedup, lossless, margin)))
+
+
+NO_DIVERGENCE = dict(diverge_at=None, diverge_margin=None, diverge_runner_up=None)
+
+
+def prompt_row(cfg: dict, prompt_id: str, tau: float, new_tokens: int, verify_ct: int,
+               spec_tok_s: float, base_tok_s: float, lossless: bool | None,
+               divergence: dict | None = None, **extra) -> dict:
+    """One `bench` row: one prompt under configuration `cfg` (config_fields). divergence: the
+    NO_DIVERGENCE keys of a temperature-0 row that is not lossless (jobs.bench.divergence);
+    None = NULLs (lossless, temperature > 0, or no target forward: sglang). extra: more
+    columns (accept_per_pos, draft_s, verify_s, other_s) and `_private` keys a backend keeps
+    for its summary (save_results drops them)."""
+    div = {**NO_DIVERGENCE, **(divergence or {})}
+    return {**cfg, "prompt_id": prompt_id, "new_tokens": new_tokens, "verify_ct": verify_ct,
+            **_measured(cfg, tau, spec_tok_s, base_tok_s, lossless, div["diverge_margin"]),
+            **div, **extra}
+
+
+def summary_row(cfg: dict, rows: list[dict], tau: float, spec_tok_s: float, base_tok_s: float,
+                break_even_tau: float, explanation: str, **extra) -> dict:
+    """One `bench_summary` row: configuration `cfg` over its `bench` rows (prompt_row; sums, not
+    means of ratios). lossless, lossless_prompts and the near-tie flag come from the rows
+    (lossless_verdict), whose sentence ends the explanation. extra: more columns
+    (accept_per_pos, draft/verify/other_ms_per_round)."""
+    lossless, n_lossless, margin, why = lossless_verdict(rows)
+    return {**cfg, "n_prompts": len(rows),
+            **_measured(cfg, tau, spec_tok_s, base_tok_s, lossless, margin),
+            "lossless_prompts": n_lossless, "base_ms_per_token": 1000 / base_tok_s,
+            "break_even_tau": break_even_tau, "explanation": explanation + why, **extra}
+
+
+def save_results(ctx, rows: list[dict], summaries: list[dict]) -> None:
+    """Emit the rows to the `bench` and `bench_summary` tables and write bench.json into the
+    stage's output (private `_keys` of the rows dropped)."""
+    rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+    ctx.emit("bench", rows)
+    ctx.emit("bench_summary", summaries)
+    atomic_write(Path(ctx.out_dir) / "bench.json",
+                 json.dumps({"summary": summaries, "rows": rows}, indent=1, default=str))

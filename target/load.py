@@ -1,0 +1,439 @@
+"""Loading the target: an HF folder or a GGUF file, on CPU (float32) or CUDA (bf16), on one
+device or split over several (target.device_map: accelerate dispatches the layers over this
+rank's GPU group, CPU memory or disk; runner/placement.py says which GPUs and whether it fits).
+
+Public API (other stages rely on these signatures):
+
+    load_target(target, device=None, dtype=None, split=None) -> (model, tokenizer, config: dict)
+    split_plan(target, gpus, headroom, first_gpu_reserve=0) -> from_pretrained kwargs (device map)
+    decoder_parts(model) -> (base, layers, norm);  input_device(model);  weight(module)
+    text_config(model) -> the language model's config (a multimodal wrapper's text_config)
+    load_tokenizer(target) -> tokenizer            # no weights; fast
+    hf_folder(target) -> Path                      # HF folder (converted GGUF, cached)
+    target_config(target) -> dict                  # HF config dict, `architectures` set
+    resolve_device(device) / resolve_dtype(dtype, device)
+    config_sha256(config) / tokenizer_sha256(tokenizer)
+
+`target` is a Spec, a spec's Target (runner/spec/schema.py), or a path (str/Path) to an HF folder
+(config.json + safetensors + tokenizer) or a .gguf file (or a folder holding exactly one).
+
+GGUF files are converted once: transformers dequantizes the GGUF into a plain float32
+LlamaForCausalLM (its `save_pretrained` refuses GGUF-loaded models, so we build the model from the
+config ourselves and load the dequantized state dict, without `from_pretrained(gguf_file=...)`).
+The result is cached as an HF folder under
+`runner.files.cache_dir()/converted/<sha256[:16] of the GGUF>/` (float32 safetensors, tokenizer,
+config.json with `architectures`), written to a temp dir and renamed, so concurrent converters
+never expose a half-written folder. SmolLM2 on 2 CPU cores: ~12 s to convert, ~1.5 s afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Any
+
+from eagle3_runner.runner.errors import StageError
+from eagle3_runner.runner.files import atomic_path, cache_dir, expand_path, sha256_file
+
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16",
+           "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_VOLATILE_CONFIG_KEYS = ("_name_or_path", "name_or_path", "transformers_version", "dtype",
+                         "torch_dtype", "quantization_config", "_commit_hash")
+
+
+# ----------------------------------------------------------------------------------------------
+# resolving what the spec says
+
+
+def _target_fields(target: Any) -> tuple[Path, str, str]:
+    """(path, dtype, device) from a Spec (its .target), a Target (.path, .dtype, .device) or a
+    path. Duck-typed, so this module's code hash does not cover the spec schema."""
+    target = getattr(target, "target", target)
+    if isinstance(target, (str, Path)):
+        return expand_path(str(target)), "auto", "auto"
+    return expand_path(target.path), target.dtype, target.device
+
+
+def _option(target: Any, name: str, default=None):
+    """A Target field (trust_remote_code, attn_implementation, device_map, max_memory) of a Spec
+    or Target; `default` for a bare path."""
+    return getattr(getattr(target, "target", target), name, default)
+
+
+def resolve_device(device: str | None = "auto") -> str:
+    """'auto'/None -> 'cuda' when available else 'cpu'. Raises StageError for cuda without CUDA."""
+    import torch
+    if device in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise StageError(f"target.device = {device!r}, but CUDA is not available on this machine. "
+                         "Use device: auto or cpu.")
+    return str(device)
+
+
+def resolve_dtype(dtype: str | None, device: str):
+    """'auto'/None -> float32 on CPU, bfloat16 on CUDA. Returns a torch.dtype."""
+    import torch
+    if dtype in (None, "auto"):
+        return torch.float32 if not str(device).startswith("cuda") else torch.bfloat16
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = _DTYPES.get(str(dtype).removeprefix("torch."))
+    if name is None:
+        raise StageError(f"target.dtype = {dtype!r}: use auto, float32, bfloat16 or float16")
+    return getattr(torch, name)
+
+
+def _find_model(path: Path) -> tuple[Path, Path | None]:
+    """(folder, gguf file or None). Raises StageError naming target.path when nothing loadable."""
+    if not path.exists():
+        raise StageError(f"target.path: {path} does not exist. Run `runner fetch smollm2` for the "
+                         "demo target, or point target.path at an HF folder or a .gguf file.")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise StageError(f"target.path: {path} is a file but not a .gguf; give an HF folder "
+                             "(config.json + weights) or a .gguf file")
+        return path.parent, path
+    if (path / "config.json").exists():
+        return path, None
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return path, ggufs[0]
+    raise StageError(f"target.path: {path} has no config.json and "
+                     f"{'several' if ggufs else 'no'} .gguf files; point it at one file")
+
+
+# ----------------------------------------------------------------------------------------------
+# GGUF -> cached HF folder
+
+
+def converted_dir(gguf: Path) -> Path:
+    """Where the HF copy of `gguf` lives: cache_dir()/converted/<sha256[:16]>."""
+    return cache_dir() / "converted" / sha256_file(gguf)[:16]
+
+
+def _complete(folder: Path) -> bool:
+    return (folder / "config.json").exists() and (folder / "model.safetensors").exists() and \
+        (folder / "tokenizer_config.json").exists()
+
+
+def ensurehf_folder(gguf: Path) -> Path:
+    """Convert a GGUF file to a float32 HF folder once (atomic); return the folder.
+
+    Raises StageError when transformers cannot read the GGUF (unsupported architecture)."""
+    sha = sha256_file(gguf)
+    dest = cache_dir() / "converted" / sha[:16]
+    if _complete(dest):
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with atomic_path(dest, tempfile.mkdtemp(prefix=f".tmp-{dest.name}-", dir=dest.parent)) \
+                as tmp:
+            _convert_gguf(gguf, sha, tmp)
+    except OSError:  # the rename failed: another process finished first, keep theirs
+        if not _complete(dest):
+            raise
+    return dest
+
+
+def _convert_gguf(gguf: Path, sha: str, out: Path) -> None:
+    """Dequantize `gguf` into the (existing, empty) folder `out`: float32 safetensors, tokenizer,
+    config.json with `architectures`, source.json. Raises StageError when transformers cannot
+    read it."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    try:
+        cfg = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        if hasattr(cfg, "quantization_config"):
+            delattr(cfg, "quantization_config")
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model,
+                                       torch_dtype=torch.float32)["tensors"]
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except (ValueError, KeyError, NotImplementedError, RuntimeError) as e:
+        raise StageError(f"target.path: transformers cannot convert {gguf}: {e}")
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
+    if missing or unexpected:
+        raise StageError(f"target.path: {gguf} converted with missing {missing[:5]} / "
+                         f"unexpected {unexpected[:5]} tensors")
+    model.tie_weights()
+    model.config.architectures = [type(model).__name__]
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    (out / "source.json").write_text(json.dumps({"gguf": str(gguf), "sha256": sha}))
+
+
+def hf_folder(target: Any) -> Path:
+    """The HF folder of the target (a GGUF is converted once and its cached folder returned)."""
+    folder, gguf = _find_model(_target_fields(target)[0])
+    return ensurehf_folder(gguf) if gguf is not None else folder
+
+
+# ----------------------------------------------------------------------------------------------
+# public loaders
+
+
+def load_tokenizer(target: Any):
+    """The target's tokenizer (with its chat template). A GGUF is converted first (once)."""
+    from transformers import AutoTokenizer
+    trust = bool(_option(target, "trust_remote_code"))
+    return AutoTokenizer.from_pretrained(str(hf_folder(target)), trust_remote_code=trust)
+
+
+def target_config(target: Any) -> dict:
+    """The target's HF config as a dict, with `architectures` set (no weights loaded)."""
+    folder = hf_folder(target)
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise StageError(f"target.path: {folder}/config.json unreadable: {e}")
+    if "text_config" in cfg and "hidden_size" not in cfg:
+        cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
+    return cfg
+
+
+def load_target(target: Any, device: str | None = None, dtype: Any = None,
+                split: dict | None = None):
+    """Load the target model for inference.
+
+    target: Spec, Target or path (HF folder or .gguf). device/dtype override the spec's
+    target.device/target.dtype ('auto': cuda if available; float32 on CPU, bfloat16 on CUDA).
+    split: from_pretrained's device-map kwargs (split_plan) to spread the model over several
+    devices with accelerate, or None for one device. target.trust_remote_code and
+    target.attn_implementation apply either way.
+    Returns (model in eval mode (on `device`, or dispatched), tokenizer, config dict). The model
+    is a transformers *ForCausalLM (or the multimodal wrapper of one); decoder_parts finds its
+    layers. Raises StageError for a missing/unloadable path, a CUDA request without CUDA, or a
+    split that had to spill onto disk or CPU memory nobody asked for."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    _, spec_dtype, spec_device = _target_fields(target)
+    dev = resolve_device(device if device is not None else spec_device)
+    dt = resolve_dtype(dtype if dtype is not None else spec_dtype, dev)
+    folder = hf_folder(target)
+    trust = bool(_option(target, "trust_remote_code"))
+    kw: dict = {"dtype": dt, "trust_remote_code": trust, **(split or {})}
+    if _option(target, "attn_implementation", "auto") not in (None, "auto"):
+        kw["attn_implementation"] = _option(target, "attn_implementation")
+    try:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(folder), **kw)
+        except ValueError as e:  # a multimodal wrapper (e.g. Kimi-K2.5 in transformers >= 5.2x)
+            if "Unrecognized configuration class" not in str(e):
+                raise
+            from transformers import AutoModelForImageTextToText
+            model = AutoModelForImageTextToText.from_pretrained(str(folder), **kw)
+    except (OSError, ValueError) as e:
+        hint = "" if trust or "trust_remote_code" not in str(e) else \
+            " (set target.trust_remote_code: true for a checkpoint that ships its code)"
+        raise StageError(f"target.path: cannot load {folder}: {e}{hint}")
+    if split is None:
+        model.to(dev)
+    else:
+        if split.get("offload_folder"):  # offloaded weights go when the model does
+            weakref.finalize(model, shutil.rmtree, split["offload_folder"], True)
+        _check_spill(model, split)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust)
+    cfg = model.config.to_dict()
+    if "text_config" in cfg and "hidden_size" not in cfg:  # the text model's geometry, as
+        cfg = {**cfg["text_config"], "architectures": cfg.get("architectures"),  # target_config
+               "model_type": cfg.get("model_type")}
+    if not cfg.get("architectures"):
+        cfg["architectures"] = [type(model).__name__]
+    return model, tok, cfg
+
+
+# ----------------------------------------------------------------------------------------------
+# a target split over devices (accelerate device maps; runner/placement.py says which GPUs)
+
+
+def decoder_parts(model) -> tuple[Any, Any, Any]:
+    """(base model, decoder layers, final norm) of a transformers *ForCausalLM or of a multimodal
+    wrapper of one (Kimi-K2.5: model.language_model / language_model.model). Raises StageError
+    when no module below the model has both `layers` and `norm`."""
+    seen, todo = set(), [model]
+    prefix = getattr(model, "base_model_prefix", "model")
+    while todo:
+        m = todo.pop(0)
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        if m is not model and getattr(m, "layers", None) is not None and \
+                getattr(m, "norm", None) is not None:
+            return m, m.layers, m.norm
+        todo += [c for name in (prefix, "model", "language_model", "text_model", "decoder")
+                 if (c := getattr(m, name, None)) is not None and len(seen) < 16]
+    raise StageError(f"target architecture {type(model).__name__}: no `layers`/`norm` on its "
+                     "base model; only Llama-style decoders are supported")
+
+
+def text_config(model):
+    """The config of the target's language model: model.config, or its text_config for a
+    multimodal wrapper (Kimi-K2.5). Has hidden_size, vocab_size, num_hidden_layers."""
+    cfg = model.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def input_device(model):
+    """The device the target's forward starts on (its embedding's execution device under an
+    accelerate device map, else its parameters' device): where input ids go and, by default,
+    where capture gathers the hidden states."""
+    emb = model.get_input_embeddings()
+    hook = getattr(emb, "_hf_hook", None)
+    if getattr(hook, "execution_device", None) is not None:
+        import torch
+        return torch.device(hook.execution_device if not isinstance(hook.execution_device, int)
+                            else f"cuda:{hook.execution_device}")
+    return emb.weight.device
+
+
+def weight(module):
+    """module.weight as a real tensor: an offloaded module (accelerate, cpu/disk) keeps it on the
+    meta device and the real one in its hook's weights_map."""
+    w = module.weight
+    if w.device.type == "meta":
+        hook = getattr(module, "_hf_hook", None)
+        wm = getattr(hook, "weights_map", None)
+        if wm is None:
+            raise StageError(f"{type(module).__name__}.weight is on the meta device and no "
+                             "offload hook holds it; map that module to a device "
+                             "(target.device_map)")
+        return wm["weight"]
+    return w
+
+
+def _names(model) -> tuple[str, list[tuple[str, bool]]]:
+    """(the decoder layers' qualified name, [(module, registered after the layers' branch)] for
+    every other child on the way from the model to them: what a layer map must also place."""
+    _, layers, _ = decoder_parts(model)
+    qual = {id(m): n for n, m in model.named_modules()}[id(layers)]
+    path, others, node = qual.split("."), [], model
+    for depth, part in enumerate(path):
+        after = False
+        for name, _child in node.named_children():
+            if name == part:
+                after = True
+            else:
+                others.append((".".join(path[:depth] + [name]), after))
+        node = getattr(node, part)
+    return qual, others
+
+
+def split_plan(target: Any, gpus: list[int], headroom: int = 0,
+               first_gpu_reserve: int = 0) -> dict:
+    """from_pretrained kwargs that split the target over the GPUs `gpus` (this rank's group,
+    runner/placement.py replica_gpus) per target.device_map:
+    - "auto": device_map "auto" (balanced; decoder layers never split) with max_memory per GPU =
+      target.max_memory (gpu / group index, GiB) or min(free, total x USABLE) - headroom (the
+      activations, runner/target_size.py) - first_gpu_reserve on gpus[0] (the drafter, online);
+      CPU memory only if target.max_memory.cpu. Without CUDA: the CPU.
+    - {layers: device}: decoder layers -> gpus[i] / cpu / disk (placement.layer_devices); the
+      modules before the layers (embedding) go with layer 0, those after (norm, lm_head) with
+      the last layer (a tied lm_head stays with the embedding it shares).
+    An offload_folder (a temp dir) is always given, so disk entries work. Raises StageError for
+    a GPU index outside the group or GPUs asked for without CUDA."""
+    import torch
+    from eagle3_runner.runner.placement import GIB, USABLE, layer_devices
+    dm, mm = _option(target, "device_map"), _option(target, "max_memory") or {}
+    off = {"offload_folder": tempfile.mkdtemp(prefix="eagle3-offload-")}
+    cuda = torch.cuda.is_available()
+    if dm == "auto":
+        budget: dict = {}
+        for j, g in enumerate(gpus if cuda else []):
+            want = mm.get(str(j), mm.get("gpu"))
+            if want is not None:
+                budget[g] = int(want * GIB)
+            else:
+                free, total = torch.cuda.mem_get_info(g)
+                budget[g] = max(0, int(min(free, total * USABLE)) - headroom
+                                - (first_gpu_reserve if j == 0 else 0))
+        if "cpu" in mm or not cuda:
+            budget["cpu"] = int(mm["cpu"] * GIB) if "cpu" in mm else _ram()
+        return {"device_map": "auto", "max_memory": budget, **off}
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+    trust = bool(_option(target, "trust_remote_code"))
+    cfg = AutoConfig.from_pretrained(str(hf_folder(target)), trust_remote_code=trust)
+    with init_empty_weights():
+        try:
+            meta = AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust)
+        except ValueError:
+            from transformers import AutoModelForImageTextToText
+            meta = AutoModelForImageTextToText.from_config(cfg, trust_remote_code=trust)
+    qual, others = _names(meta)
+    per_layer = layer_devices(dm, len(decoder_parts(meta)[1]))
+
+    def place(d):
+        if isinstance(d, str):
+            return d
+        if not cuda:
+            raise StageError(f"target.device_map maps layers to GPU {d}, but CUDA is not "
+                             "available here; map them to cpu or run on a GPU machine")
+        if d >= len(gpus):
+            raise StageError(f"target.device_map maps layers to GPU {d} of this rank's group, "
+                             f"which has {len(gpus)} GPU(s) ({gpus}); use 0..{len(gpus) - 1}")
+        return gpus[d]
+    out = {f"{qual}.{i}": place(d) for i, d in per_layer.items()}
+    first, last = place(per_layer[0]), place(per_layer[max(per_layer)])
+    out.update({name: last if after else first for name, after in others})
+    text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    head = meta.get_output_embeddings()
+    if getattr(text_cfg, "tie_word_embeddings", False) and head is not None:  # one tensor: keep
+        names = {id(m): n for n, m in meta.named_modules()}       # it where the embedding is
+        out[names[id(head)]] = first
+    return {"device_map": out, **off}
+
+
+def _ram() -> int:
+    """This machine's RAM in bytes (64 GiB when it cannot tell)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 64 << 30
+
+
+def _check_spill(model, split: dict) -> None:
+    """After a device_map "auto" load: modules on a device outside max_memory (accelerate puts
+    what does not fit on disk) mean the group's GPUs were too small. Raises StageError naming
+    the fix. An explicit map is taken as meant."""
+    if split.get("device_map") != "auto":
+        return
+    allowed = set(split.get("max_memory", {}))
+    spilled = sorted({str(d) for d in getattr(model, "hf_device_map", {}).values()} -
+                     {str(d) for d in allowed})
+    if spilled:
+        raise StageError(f"target.device_map auto: the target does not fit this rank's GPUs "
+                         f"(modules went to {', '.join(spilled)}); use fewer replicas "
+                         "(nproc_per_node), more GPUs, target.max_memory: {cpu: GiB} to offload "
+                         "to CPU memory, or a smaller batch (see `runner plan`'s memory lines)")
+
+
+# ----------------------------------------------------------------------------------------------
+# identity hashes (recorded in the features manifest)
+
+
+def config_sha256(config: dict) -> str:
+    """sha256 of the config's canonical JSON, minus keys that vary between loads (dtype, paths,
+    transformers version)."""
+    clean = {k: v for k, v in config.items() if k not in _VOLATILE_CONFIG_KEYS}
+    return hashlib.sha256(json.dumps(clean, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def tokenizer_sha256(tok) -> str:
+    """sha256 over the vocabulary, special tokens and chat template."""
+    h = hashlib.sha256()
+    h.update(json.dumps(sorted(tok.get_vocab().items()), ensure_ascii=False).encode())
+    h.update(json.dumps(tok.all_special_tokens).encode())
+    h.update(str(getattr(tok, "chat_template", None) or "").encode())
+    return h.hexdigest()

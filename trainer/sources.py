@@ -1,0 +1,162 @@
+"""Where the train stage's samples come from (stages.train.features):
+
+- offline (default): the extract artifact's features on disk (target/features.py), read sample by
+  sample from the memory-mapped shards.
+- online: the target itself, loaded by the train stage (each data-parallel rank its own copy).
+  Each batch of token lists (this rank's slice of a global batch) runs through the target with
+  target/capture.py `capture`, the code extract writes to disk with, and the features live on the
+  device only for that step. Nothing is written but checkpoints and the outputs: the train
+  artifact records the capture manifest (features.json, format ONLINE_FORMAT) and
+  target_config.json that export reads from extract's artifact otherwise.
+
+Both serve sample i as the i-th tokenised sample of the training data (extract's features
+keep that order through their sample ids), so the held-out split, num_samples, the draft vocab
+and the batch order (jobs/train.py batch_indices) are the same under either source, and so are
+the losses, up to float summation order (tests/test_train_online.py).
+
+A source: len(src) samples; src.batch(ids) -> [{input_ids [T] int64, loss_mask [T] uint8,
+aux_hidden [T, 3*Ht], last_hidden [T, Ht]}] (online: the hidden states on the target's
+device, in its dtype); src.token_masks(ids) -> (input_ids, loss_mask) per sample (the draft
+vocab counts them; online no target runs); src.identity (names the vocab cache); src.head()
+{embed_tokens, norm, lm_head}; src.target_config (HF config dict); src.where (for messages).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+
+import torch
+
+from eagle3_runner.trainer import vocab as V
+from eagle3_runner.target.capture import TargetData, capture, capture_manifest, load_target_data, target_head, \
+    write_json
+from eagle3_runner.target.features import MANIFEST, ONLINE_FORMAT, Features, open_features
+from eagle3_runner.runner.errors import StageError
+from eagle3_runner.runner.stage import StageContext
+
+
+class Offline:
+    """The extract artifact's features (target/features.py)."""
+
+    def __init__(self, feats: Features):
+        self.feats, self.where = feats, str(feats.root)
+        self.identity = V.features_identity(feats.root)
+        self.target_config = feats.target_config
+
+    def __len__(self) -> int:
+        return len(self.feats)
+
+    def batch(self, ids: list[int]) -> list[dict]:
+        return [self.feats.get(i) for i in ids]
+
+    def token_masks(self, ids):
+        return ((s["input_ids"], s["loss_mask"])
+                for s in (self.feats.get(i, ("input_ids", "loss_mask")) for i in ids))
+
+    def head(self) -> dict:
+        return self.feats.head()
+
+
+class Online:
+    """The target run on each batch (module docstring). td: target/capture.py TargetData."""
+
+    def __init__(self, td: TargetData, aux_ids: list[int], where: str):
+        self.td, self.aux_ids, self.where = td, list(aux_ids), where
+        self.target_config = td.cfg
+        h = hashlib.sha256(b"online-samples/1")
+        for ids, mask in td.samples:
+            h.update(torch.tensor(ids, dtype=torch.int64).numpy().tobytes())
+            h.update(bytes(mask) + b"\0")
+        self.identity = h.hexdigest()
+
+    def __len__(self) -> int:
+        return len(self.td.samples)
+
+    def batch(self, ids: list[int]) -> list[dict]:
+        """The samples `ids` with their features, captured in length groups (`length_groups`:
+        the target runs fewer padded tokens than one batch padded to its longest sample)."""
+        toks = [self.td.samples[i][0] for i in ids]
+        feats: list = [None] * len(ids)
+        for group in length_groups([len(t) for t in toks]):
+            aux, last = capture(self.td.model, [toks[j] for j in group], self.aux_ids,
+                                self.td.pad)
+            for g, j in enumerate(group):
+                feats[j] = (aux[g, :len(toks[j])], last[g, :len(toks[j])])
+        return [{"input_ids": torch.tensor(toks[j], dtype=torch.int64),
+                 "loss_mask": torch.tensor(self.td.samples[i][1], dtype=torch.uint8),
+                 "aux_hidden": feats[j][0], "last_hidden": feats[j][1]}
+                for j, i in enumerate(ids)]
+
+    def token_masks(self, ids):
+        return ((torch.tensor(self.td.samples[i][0], dtype=torch.int64),
+                 torch.tensor(self.td.samples[i][1], dtype=torch.uint8)) for i in ids)
+
+    def head(self) -> dict:
+        return target_head(self.td.model)
+
+
+GROUP_COST = 2048  # padded tokens one more target forward is worth (its launches, on CUDA)
+
+
+def length_groups(lengths: list[int], group_cost: int = GROUP_COST) -> list[list[int]]:
+    """Split one batch's samples (their token counts) into groups, each run as one right-padded
+    target forward: the sorted (longest first) samples cut into contiguous groups that minimise
+    sum(len(group) x its longest) + group_cost per group (dynamic programming, O(n^2)). A
+    batch of 16 ShareGPT samples ran 15.5k padded tokens for 5.9k real ones as one group (the
+    H200 profile, BENCHMARKS.md). Returns indices into `lengths`, every one exactly once."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    n = len(order)
+    best, cut = [0] + [None] * n, [0] * (n + 1)  # best[k]: cost of the first k sorted samples
+    for k in range(1, n + 1):
+        for a in range(k):  # the last group = sorted[a:k]; its longest is sorted[a]
+            c = best[a] + (k - a) * lengths[order[a]] + group_cost
+            if best[k] is None or c < best[k]:
+                best[k], cut[k] = c, a
+    groups, k = [], n
+    while k > 0:
+        groups.append(order[cut[k]:k])
+        k = cut[k]
+    return groups[::-1]
+
+
+def open_source(ctx: StageContext):
+    """The sample source of ctx's train stage (stages.train.features). Online, rank 0 writes the
+    capture manifest (features.json) and target_config.json into ctx.out_dir.
+    Raises StageError for a missing extract input (offline) or unusable data/target (online)."""
+    spec = ctx.spec
+    if ctx.params.features == "online":
+        td = load_target_data(ctx)
+        src = Online(td, spec.aux_ids, f"the target {spec.target.path} (features: online)")
+        if ctx.rank == 0:
+            out = Path(ctx.out_dir)
+            write_json(out / "target_config.json", td.cfg)
+            write_json(out / MANIFEST, {**capture_manifest(spec, td), "format": ONLINE_FORMAT,
+                                        "shards": [], "data_report": {
+                                            **td.data_report, "tokenize": td.tok_report}})
+        return src
+    if "extract" not in ctx.inputs:
+        raise StageError("stage train needs the extract stage's artifact (stages.extract), or "
+                         "stages.train.features: online to run the target itself.")
+    return Offline(open_features(ctx.inputs["extract"], spec.aux_ids, spec.feature_width))
+
+
+def batch_indices(step: int, n: int, bs: int, seed: int) -> list[int]:
+    """Training-sample indices of optimizer step `step`: a fresh permutation per epoch, a pure
+    function of (step, seed), so a resumed run sees exactly the uninterrupted run's batches."""
+    spe = math.ceil(n / bs)
+    epoch, b = divmod(step, spe)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+    return perm[b * bs:(b + 1) * bs].tolist()
+
+
+def split_samples(n_total: int, p) -> tuple[list[int], list[int]]:
+    """Held-out eval = the LAST eval_samples samples; train = the first num_samples of the rest."""
+    n_avail = n_total - p.eval_samples
+    if n_avail < 1:
+        raise StageError(f"train.eval_samples = {p.eval_samples} leaves no training samples: the "
+                         f"training data holds {n_total}. Lower train.eval_samples or use more "
+                         "data (data.max_samples).")
+    n = min(p.num_samples or n_avail, n_avail)
+    return list(range(n)), list(range(n_avail, n_total))
