@@ -53,8 +53,7 @@ from eagle3_runner.engine.steps import (accept_greedy, accept_sample, decode, dr
                                prefill, probs, sample, verify)
 from eagle3_runner.models.llama import Llama
 from eagle3_runner.engine.tree import check_shape, draft_tree, draft_tree_round, verify_tree
-from eagle3_runner.kernels.switch import geometry_problem
-from eagle3_runner.kernels.switch import resolve_kernels
+from eagle3_runner.kernels.switch import geometry_problem, resolve_kernels
 
 
 # ----------------------------------------------------------------------------------------------

@@ -18,8 +18,7 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from eagle3_runner.runner import disk
-from eagle3_runner.runner import placement
+from eagle3_runner.runner import disk, placement
 from eagle3_runner.runner.errors import PlanError, RunnerError
 from eagle3_runner.runner.files import atomic_write, cache_dir, expand_path, sha256_file
 from eagle3_runner.runner.spec.load import variant_spec

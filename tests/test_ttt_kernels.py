@@ -12,7 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from kernel_helpers import gpu_test as gpu  # noqa: E402
 
-from eagle3_runner.kernels.switch import _triton  # noqa: E402
+from eagle3_runner.kernels import _triton  # noqa: E402
 from eagle3_runner.kernels.soft_ce import fused_soft_ce, soft_ce_rows  # noqa: E402
 from eagle3_runner.kernels.ttt_attention import (Segments, dense_mask, ttt_attention,  # noqa: E402
                                    ttt_attention_flex)
