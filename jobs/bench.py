@@ -17,6 +17,8 @@ A temperature-0 prompt that is not lossless gets one more plain target forward (
 its tokens first leave the baseline's and the target's own top1 - top2 logit gap there, so the
 summary tells bf16 near-ties from bugs (jobs.bench_results.lossless_verdict, NEAR_TIE).
 
+The drafter: the export stage's artifact, or stages.bench.drafter (`drafter_dir`).
+
 backend: embedded = jobs.engine (chains and trees: every configuration of stages.bench.configs,
 each engine verifying its num_draft_tokens; stages.bench.kernels, resolved once for all engines by
 jobs.engine.engine_kernels, recorded in every row); sglang = jobs.sglang_backend.
@@ -32,6 +34,7 @@ from pathlib import Path
 from eagle3_runner.runner.bench_rows import (config_fields, explain, first_divergence, prompt_row,
                                 save_results, summary_row, train_samples)
 from eagle3_runner.runner.errors import StageError
+from eagle3_runner.runner.files import expand_path
 from eagle3_runner.runner.stage import StageContext
 
 SGLANG_EXTRA = "pip install 'eagle3-runner[sglang]'"
@@ -135,9 +138,29 @@ def load_engine_parts(spec, export_dir: Path):
     return target, drafter, tok, p.device
 
 
+def drafter_dir(ctx: StageContext) -> Path:
+    """The draft directory to bench: the export artifact, or stages.bench.drafter (an external
+    draft, e.g. scripts/bench/specforge_peer.py's), which `runner inspect` must pass first (for
+    drafter.sglang_version; export does this for its own). Raises StageError naming the errors."""
+    if ctx.params.drafter is None:
+        return Path(ctx.inputs["export"])
+    from eagle3_runner.runner.inspect import inspect_draft
+    d = expand_path(ctx.params.drafter)
+    target = ctx.spec.target.path
+    findings = inspect_draft(d, target=expand_path(target),
+                             sglang_version=ctx.spec.drafter.sglang_version)
+    errors = [f for f in findings if f.severity == "error"]
+    if errors:
+        raise StageError(f"stages.bench.drafter = {ctx.params.drafter!r} fails `runner inspect`:\n"
+                         + "\n".join(f"  {f.code}: {f.message}" for f in errors))
+    for f in findings:
+        print(f"bench: inspect {f.severity} {f.code}: {f.message}")
+    return d
+
+
 def run(ctx: StageContext) -> dict:
     p, spec = ctx.params, ctx.spec
-    export_dir = Path(ctx.inputs["export"])
+    export_dir = drafter_dir(ctx)
     check_backend(spec)
     if p.backend == "sglang":
         from eagle3_runner.target.sglang import run_bench
@@ -154,7 +177,10 @@ def run(ctx: StageContext) -> dict:
                 for q in load_prompt_set(s, spec, p.num_prompts)] for s in p.prompt_sets}
     Kmax = max(c.num_steps for c in p.configs)
     Nmax = max(c.draft_tokens for c in p.configs)
-    kn = engine_kernels(p.kernels, target, drafter)  # one resolved value for every engine
+    try:
+        kn = engine_kernels(p.kernels, target, drafter)  # one resolved value for every engine
+    except ValueError as e:
+        raise StageError(f"stages.bench.kernels = {p.kernels!r}: {e}")
     # bf16 on the torch path: one row count for all, so outputs match exactly (None when fused)
     width = default_width(target, Kmax, Nmax, kn)
     longest = max(ids.shape[1] for v in sets.values() for _, ids in v)
