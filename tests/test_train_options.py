@@ -316,3 +316,29 @@ def test_bench_drafter_must_exist_and_pass_inspect(tmp_path):
         assert drafter_dir(ctx(version)) == d
     with pytest.raises(StageError, match="(?s)stages.bench.drafter.*E_FLAG_IGNORED"):
         drafter_dir(ctx("0.5.6"))
+
+
+# ---------------------------------------------------------------------------------------------
+# the bench engine: torch runs EAGLE 3.1 (tests/test_engine_vs_train.py), the fused step refuses
+
+
+def test_fused_draft_step_refuses_eagle31_clearly(tmp_path):
+    from engine_helpers import export_drafter, tiny_hf_llama
+    from eagle3_runner.engine.speculative import engine_kernels
+    from eagle3_runner.kernels import _triton
+    from eagle3_runner.kernels.draft_decode import draft_forward
+    from eagle3_runner.models.draft_model import load_exported
+    from eagle3_runner.models.llama import from_hf_model
+    hf = tiny_hf_llama(vocab=64, heads=2, kv=1, seed=1)  # head_dim 32: the fused tiling's
+    target = from_hf_model(hf, (0, 1, 2))
+    d = load_exported(export_drafter(tmp_path / "d", hf.config, (0, 1, 2), norm_output=True),
+                      target.embed_tokens.weight)
+    assert engine_kernels("auto", target, d) == "torch"
+    if not _triton.interpreting():
+        pytest.skip("kernels triton needs CUDA or TRITON_INTERPRET=1")
+    with pytest.raises(ValueError, match="does not implement the drafter's norm_output"):
+        engine_kernels("triton", target, d)
+    with pytest.raises(ValueError, match="norm_output"):
+        draft_forward(d, None, None, torch.zeros(1, 1, dtype=torch.long), torch.zeros(1),
+                      torch.zeros(1), hidden=torch.zeros(1, 1, 64), rope=(None, None),
+                      kernels="triton")
