@@ -94,7 +94,7 @@ def test_gpu_compiled_capture_equals_the_hf_capture():
         for got, ref in ((a2[offs[i]:offs[i + 1]], aux[i, :len(x)]),
                          (l2[offs[i]:offs[i + 1]], last[i, :len(x)])):
             err = (got.float() - ref.float()).abs().max() / ref.float().abs().max()
-            assert err < 2e-2, (i, float(err))
+            assert err < 5e-2, (i, float(err))  # bf16: fused vs eager rounding
 
 
 @gpu

@@ -9,7 +9,7 @@ setup (its data, target and drafter).
         -o stages.train.kernels=triton --modes before,after --out runs/profile-train
 
 A case = (batch, draft vocab, mode). Batches (--random): b1 = one sample of 2,048 tokens (the
-step benchmark's shape); b64 = 64 samples of 16-1,024 tokens (seeded log-normal, mean ~340: the
+step benchmark's shape); bN = N samples of 16-1,024 tokens (seeded log-normal, mean ~340: the
 regenerated conversations' shape at max_length 1024), packed as the stage packs them. Each step
 takes the next batch of a pool of 4, so packing and lengths change as in a real run. Weights:
 a random HF LlamaForCausalLM of the geometry (bf16 on CUDA; SmolLM2-135M: 30 layers, aux 1/14/26)
@@ -67,7 +67,7 @@ CASES = [("b64", 32000, m) for m in ("before", "after", "resident")] + \
         [("b1", 32000, m) for m in ("before", "after", "resident")] + \
         [("b64", 16000, m) for m in ("before", "after", "resident")] + \
         [("b1", 16000, m) for m in ("before", "after")] + \
-        [("b64", 32000, m) for m in ("pinned", "embedded")]
+        [("b64", 32000, m) for m in ("pinned", "embedded")] + [("b128", 32000, "after")]
 PROFILED = "b64/32000/before,b64/32000/after,b1/32000/before,b1/32000/after"
 POOL = 4  # distinct batches per case, taken in turn
 
@@ -187,7 +187,7 @@ def kernel_split(prof, steps: int) -> tuple[dict, float, float]:
 
 
 def random_setup(a) -> SimpleNamespace:
-    """The random target of the geometry (HF LlamaForCausalLM) and the token pools of b1/b64."""
+    """The random target of the geometry (HF LlamaForCausalLM); token pools come from `pool`."""
     import torch
     import bench_train as bt
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -202,17 +202,29 @@ def random_setup(a) -> SimpleNamespace:
     with dev:
         target = LlamaForCausalLM(cfg).to(torch.bfloat16 if dev.type == "cuda" else
                                           torch.float32).eval().requires_grad_(False)
-    gen = torch.Generator().manual_seed(0)
-    long = a.seq
-    lens = {"b1": [long] * POOL,
-            "b64": [max(16, min(long // 2, int(math.exp(5.5 + 0.8 * float(torch.randn(
-                1, generator=gen)))))) for _ in range(64 * POOL)]}
-    if a.device == "cpu":  # the CPU test's sizes
-        lens = {"b1": [long] * POOL, "b64": [4 + (7 * i) % (long - 4) for i in range(8 * POOL)]}
-    toks = {b: [(torch.randint(0, g["vocab_size"], (n,), generator=gen).tolist(), [1] * n)
-                for n in ls] for b, ls in lens.items()}
-    return SimpleNamespace(target=target, cfg=cfg, aux=t["aux"], toks=toks, geometry=a.random,
-                           dev=dev)
+    return SimpleNamespace(target=target, cfg=cfg, aux=t["aux"], toks={}, geometry=a.random,
+                           dev=dev, seq=a.seq, cpu=dev.type == "cpu")
+
+
+def pool(r: SimpleNamespace, batch: str) -> list:
+    """The POOL batches of case batch "b<N>" as (token ids, loss mask) samples, N per batch:
+    b1 = samples of --seq tokens; N > 1: seeded log-normal lengths in [16, seq/2] (mean ~340;
+    on the CPU, the test's 4..seq-1). Made once per name."""
+    import torch
+    if batch not in r.toks:
+        n = int(batch[1:])
+        gen = torch.Generator().manual_seed(n)
+        if n == 1:
+            lens = [r.seq] * POOL
+        elif r.cpu:
+            lens = [4 + (7 * i) % (r.seq - 4) for i in range(min(n, 8) * POOL)]
+        else:
+            lens = [max(16, min(r.seq // 2, int(math.exp(5.5 + 0.8 * float(
+                torch.randn(1, generator=gen)))))) for _ in range(n * POOL)]
+        V = r.cfg.vocab_size
+        r.toks[batch] = [(torch.randint(0, V, (m,), generator=gen).tolist(), [1] * m)
+                         for m in lens]
+    return r.toks[batch]
 
 
 def random_case(r: SimpleNamespace, a, batch: str, vocab: int, mode: dict) -> SimpleNamespace:
@@ -222,7 +234,7 @@ def random_case(r: SimpleNamespace, a, batch: str, vocab: int, mode: dict) -> Si
     from eagle3_runner.trainer.sources import Online
     s = bt._setup(dict(device=a.device, geometry=r.geometry, vocab=vocab, seq=2, batch=1, K=a.k))
     learner = bt._learner(s, bt._impl(s, "triton" if r.dev.type == "cuda" else "torch"))
-    toks = r.toks[batch]
+    toks = pool(r, batch)
     td = TargetData(r.target, None, r.cfg.to_dict(), toks, {}, {}, 0)
     src = Online(td, r.aux, "profile", mode["capture"])
     per = len(toks) // POOL
@@ -407,10 +419,11 @@ def main(argv=None) -> int:
         cases = ([tuple(x.split("/")) for x in a.cases.split(",")] if a.cases else CASES)
         cases = [(b, int(v), m) for b, v, m in cases]
         make = lambda b, v, m: random_case(r, a, b, v, MODES[m])  # noqa: E731
+        b = pool(r, "b64")
         what = (f"random weights of {a.random}'s geometry ({r.cfg.num_hidden_layers} layers, "
-                f"aux {r.aux}); b1 = 1 x {a.seq} tokens, b64 = 64 samples of "
-                f"{min(map(len, (t for t, _ in r.toks['b64'])))}-"
-                f"{max(map(len, (t for t, _ in r.toks['b64'])))} tokens")
+                f"aux {r.aux}); b1 = 1 x {a.seq} tokens, bN = N samples of "
+                f"{min(len(t) for t, _ in b)}-{max(len(t) for t, _ in b)} tokens (b64: mean "
+                f"{sum(len(t) for t, _ in b) / len(b):.0f})")
         device = r.dev
     else:
         run = spec_setup(a)
