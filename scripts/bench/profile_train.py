@@ -21,7 +21,9 @@ and a random drafter, K = 7 (--k). Modes (the switches, all else equal):
   resident  the step alone on features captured beforehand and kept on the device: the upper
             bound of online training (its tok/s is the "x resident" denominator)
 Per case: --warm steps (compiles), then --steps steps back to back without a sync (the stage's
-loop): wall ms per step and tokens/s; per phase the HOST time (what the Python thread spent
+loop): wall ms per step and tokens/s, the host syncs per step that
+torch.cuda.set_sync_debug_mode("warn") flags (item(), .cpu(), blocking copies; not the waits of
+a copy from pageable memory, which the "pinned" mode removes); per phase the HOST time (what the Python thread spent
 enqueueing it, waits for the GPU included) and the GPU TIMELINE time (CUDA events on the step's
 stream at the phase boundaries: kernels plus the gaps while the GPU waited for the host). Then
 (CUDA, --profile-cases) a torch.profiler window of --profile-steps steps: KERNEL time per phase
@@ -50,6 +52,7 @@ import math
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -300,10 +303,19 @@ def measure(c: SimpleNamespace, mode: dict, a, profiled: bool) -> dict:
         warm_s = time.perf_counter() - t0
         ph = _ACTIVE[-1] = Phases(cuda)
         toks, t0 = 0, time.perf_counter()
-        for k in range(a.steps):
-            toks += step(a.warm + k, ph)[1]
+        with warnings.catch_warnings(record=True) as syncs:  # what set_sync_debug_mode flags
+            warnings.simplefilter("always")
+            if cuda:
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                for k in range(a.steps):
+                    toks += step(a.warm + k, ph)[1]
+            finally:
+                if cuda:
+                    torch.cuda.set_sync_debug_mode("default")
         sync()
         wall = (time.perf_counter() - t0) / a.steps
+        flagged = [str(w.message) for w in syncs if "synchroniz" in str(w.message)]
         phases = ph.exclusive(a.steps)
         kernels = None
         if cuda and profiled and a.profile_steps:
@@ -319,7 +331,8 @@ def measure(c: SimpleNamespace, mode: dict, a, profiled: bool) -> dict:
         C.PINNED_H2D = True
     res = {"loss_first": float(first.loss), "warm_s": warm_s, "wall_ms": wall * 1e3,
            "tokens_per_step": toks / a.steps, "tok_s": toks / a.steps / wall,
-           "phases": phases}
+           "host_syncs_per_step": len(flagged) / a.steps if cuda else None,
+           "sync_examples": sorted(set(m[:120] for m in flagged))[:3], "phases": phases}
     if kernels:
         for p, ms in kernels[0].items():
             res["phases"][p]["kernel_ms"] = ms
@@ -344,19 +357,20 @@ def markdown(rows: list[dict], meta: dict) -> str:
           f"steps back to back, profiler over {meta['profile_steps']}; torch {meta['torch']}, "
           f"commit {meta['commit']}; {meta['seconds']:.0f} s.", "",
           "| batch | draft vocab | mode | tokens/step | ms/step | tok/s | x before | x resident "
-          "| kernel ms/step | launches/step | peak MiB | first loss |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| kernel ms/step | launches/step | syncs/step | peak MiB | first loss |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         head = f"| {r['batch']} | {r['vocab']} | {r['mode']} |"
         if "error" in r:
-            md.append(f"{head} {r['error'][:90]} | | | | | | | | |")
+            md.append(f"{head} {r['error'][:90]} | | | | | | | | | |")
             continue
         k = (r["batch"], r["vocab"])
         xb = f(r["tok_s"] / ref[k], "{:.2f}") if k in ref else ""
         xr = f(r["tok_s"] / res[k], "{:.2f}") if k in res and r["mode"] != "resident" else ""
         md.append(f"{head} {r['tokens_per_step']:.0f} | {r['wall_ms']:.1f} | {r['tok_s']:,.0f} | "
                   f"{xb} | {xr} | {f(r.get('kernel_ms'))} | {f(r.get('launches'), '{:.0f}')} | "
-                  f"{f(r.get('peak_mib'), '{:.0f}')} | {r['loss_first']:.4f} |")
+                  f"{f(r.get('host_syncs_per_step'))} | {f(r.get('peak_mib'), '{:.0f}')} | "
+                  f"{r['loss_first']:.4f} |")
     for key, what in (("host_ms", "host ms per step (the Python thread, waits for the GPU "
                                   "included)"),
                       ("gpu_ms", "GPU timeline ms per step (CUDA events on the step's stream: "
