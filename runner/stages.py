@@ -118,6 +118,24 @@ class TrainStage(Strict):
         "online = the train stage runs the target itself on each batch (each data-parallel "
         "rank its own copy) and writes nothing but checkpoints and the drafter; the spec then "
         "has no stages.extract."))
+    online_capture: Literal["hf", "embedded"] = Field("hf", description=(
+        "How the train stage runs the target with features: online. hf = transformers' forward "
+        "over right-padded length groups with hooks on the aux layers (extract's capture); "
+        "embedded = our own Llama forward (models/llama.py) over the batch packed into one row "
+        "without padding, each layer one compiled graph on CUDA: for a plain Llama target on one "
+        "device (no target.device_map); the same features up to float rounding."))
+    prefetch: bool = Field(False, description=(
+        "With features: online on CUDA: the next step's target forward runs on a second CUDA "
+        "stream while this step trains (the same batches and results, overlapped)."))
+
+    @model_validator(mode="after")
+    def _online_options(self):
+        for name, off in (("online_capture", "hf"), ("prefetch", False)):
+            if self.features != "online" and getattr(self, name) != off:
+                raise ValueError(f"stages.train.{name}: set, but it applies to features: online "
+                                 f"only (this spec trains offline). Remove it, or set features: "
+                                 "online.")
+        return self
 
 
 class ExportStage(Strict):

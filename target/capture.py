@@ -41,6 +41,28 @@ def check_aux_ids(model, aux_ids: list[int]) -> None:
         raise StageError(problem)
 
 
+PINNED_H2D = True  # False: plain pageable copies (scripts/bench/profile_train.py's "before")
+
+
+def pin_for(device) -> bool:
+    """Whether host buffers bound for `device` should be allocated pinned (`h2d` then copies
+    them without staging)."""
+    return torch.device(device).type == "cuda" and PINNED_H2D
+
+
+def h2d(t: torch.Tensor, device) -> torch.Tensor:
+    """Host tensor t on `device`. To CUDA: staged through pinned memory (PyTorch's caching host
+    allocator) and copied non-blocking, so the host never waits for the stream's queued work: a
+    copy from pageable memory may wait for it (CUDA's cudaMemcpyAsync: "might be synchronous
+    with respect to host" for pageable memory), which stalls the host that should be enqueuing
+    the next kernels. Elsewhere (or t already there): t.to(device)."""
+    device = torch.device(device)
+    if device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return (t.pin_memory() if PINNED_H2D else t).to(device, non_blocking=True)  # pinned already
+    # (pack_samples with pin_for): pin_memory() returns t itself
+
+
 @torch.inference_mode()
 def capture(model, batch: list[list[int]], aux_ids: list[int], pad_id: int = 0,
             device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,7 +99,7 @@ def capture(model, batch: list[list[int]], aux_ids: list[int], pad_id: int = 0,
         # no attention mask: the batch is right-padded, so under the causal mask a real
         # position only ever sees real ones (padding comes after it). Without a padding mask
         # HF's SDPA runs its causal fused kernel, and builds no [n, 1, T, T] mask.
-        base(input_ids=ids.to(dev, non_blocking=True), use_cache=False)
+        base(input_ids=h2d(ids, dev), use_cache=False)
     finally:
         for h in hooks:
             h.remove()
