@@ -2,7 +2,7 @@
 tests: a fake `sglang.launch_server` that reads the argv the runner builds, picks the recorded
 server of the same shape, prints its log up to the ready line, then serves /health,
 /server_info and /generate with the recorded answers (the rest of its log printed at the first
-request); a recorded server that never became ready prints its log and exits 1, as it did
+request; which recorded server: `pick`); a recorded server that never became ready prints its log and exits 1, as it did
 (environment SGLANG_REPLAY_SERVER=<folder> picks a recorded server by name).
 
     fake_sglang(tmp_path, SET_DIR) -> a folder to put first on PYTHONPATH
@@ -53,13 +53,33 @@ def server_name(argv: list[str]) -> str:
             f"n{flag('--speculative-num-draft-tokens')}-cg{cg}")
 
 
-def pick(set_dir: Path, name: str) -> Path | None:
-    """The recorded server `name`, else one of the same shape with another cuda_graph setting."""
-    if (set_dir / name).is_dir():
-        return set_dir / name
+def signature(argv: list[str]) -> tuple:
+    """The speculative settings of an argv: (flag, value) of every --speculative-* flag but the
+    draft's path (ports, paths and the interpreter differ between a recording and a replay)."""
+    out = []
+    for i, a in enumerate(argv):
+        if a.startswith("--speculative") and a != "--speculative-draft-model-path":
+            nxt = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else ""
+            out.append((a, nxt))
+    return tuple(sorted(out))
+
+
+def pick(set_dir: Path, argv: list[str]) -> Path | None:
+    """The recorded server for a launch_server argv: the folder named like the draft's folder (a
+    lab case's variant), else the one recorded with the same speculative settings ("good" first
+    when several were), else by shape (server_name), any cuda_graph setting."""
+    draft = argv[argv.index("--speculative-draft-model-path") + 1] \
+        if "--speculative-draft-model-path" in argv else None
+    if draft and (set_dir / Path(draft).name / "argv.json").exists():
+        return set_dir / Path(draft).name
+    same = sorted(d for d in set_dir.iterdir() if (d / "argv.json").exists() and
+                  signature(json.loads((d / "argv.json").read_text())) == signature(argv))
+    if same:
+        return next((d for d in same if d.name == "good"), same[0])
+    name = server_name(argv)
     stem = re.sub(r"-cg\d$", "", name)
-    same = sorted(d for d in set_dir.glob(stem + "-cg*") if d.is_dir())
-    return same[0] if same else None
+    shaped = sorted(d for d in set_dir.glob(stem + "-cg*") if d.is_dir())
+    return set_dir / name if (set_dir / name).is_dir() else (shaped[0] if shaped else None)
 
 
 def fake_sglang(root: Path, set_dir: Path) -> Path:
@@ -78,7 +98,7 @@ def fake_sglang(root: Path, set_dir: Path) -> Path:
 
 def main(set_dir: str, argv: list[str]) -> int:
     forced = os.environ.get("SGLANG_REPLAY_SERVER")  # a recorded folder by name (a refusal)
-    folder = Path(set_dir) / forced if forced else pick(Path(set_dir), server_name(argv))
+    folder = Path(set_dir) / forced if forced else pick(Path(set_dir), argv)
     if folder is None:
         print(f"replay: no recorded server like {server_name(argv)} in {set_dir}", flush=True)
         return 3

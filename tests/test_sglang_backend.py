@@ -104,7 +104,8 @@ def test_tau_pools_requests_and_falls_back_without_correct_drafts():
 
 @pytest.mark.parametrize("rec", SETS, ids=lambda p: p.name)
 def test_error_line_names_why_a_recorded_server_refused(rec):
-    refused = [d for d in rec.iterdir() if d.is_dir() and not (d / "generate.jsonl").exists()]
+    refused = [d for d in rec.iterdir() if (d / "server.log").exists()
+               and not (d / "generate.jsonl").exists()]
     for d in refused:
         assert error_line((d / "server.log").read_text()), d
     for d in _spec_servers(rec):  # a server that worked has no error line
@@ -262,3 +263,27 @@ def test_missing_sglang_fails_at_validation_naming_the_extra():
     spec = load_spec(data=data, check_target=False)
     with pytest.raises(StageError, match=r"eagle3-runner\[sglang\]"):
         check_backend(spec)
+
+
+def test_fixture_script_keeps_what_the_tests_read(tmp_path):
+    """scripts/gpu/sglang_fixtures.py over a recorded bench folder: argv paths replaced, the
+    first prompts of every server, the ready line, decode lines and errors of each log kept."""
+    import importlib.util
+    path = Path(__file__).parents[1] / "scripts" / "gpu" / "sglang_fixtures.py"
+    spec = importlib.util.spec_from_file_location("sglang_fixtures", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "set"
+    assert mod.main(["--bench", str(HAND), "--out", str(out), "--prompts", "1"]) == 0
+    for d in HAND.iterdir():
+        assert (out / d.name / "server.log").exists()
+    argv = json.loads((out / "s3-k1-n4-cg1" / "argv.json").read_text())
+    assert argv[argv.index("--speculative-draft-model-path") + 1] == "/runs/export"
+    assert [r["prompt_id"] for r in load_generate(out / "plain-cg1")] == ["mtbench-81"]
+    log = (out / "s3-k1-n4-cg1" / "server.log").read_text()
+    assert "fired up and ready" in log and parse_accept_lens(log) == [2.45, 2.10, 1.00]
+    assert error_line((out / "refused-kv-dtype" / "server.log").read_text())
+    long = "\n".join([f"[t] Decode batch, #running-req: 1, accept len: 1.{i % 10}0, x"
+                      for i in range(100)] + ["[t] boring"] * 50 + ["[t] RuntimeError: boom"])
+    kept = mod.trim_log(long, 5)
+    assert len(parse_accept_lens(kept)) == 5 and "RuntimeError: boom" in kept

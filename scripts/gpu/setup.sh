@@ -12,7 +12,9 @@ if [ "$(cat /tmp/site/.wheels 2>/dev/null)" != "$WH" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site $S/*.whl && echo "$WH" > /tmp/site/.wheels
 fi
-export PYTHONPATH=/tmp/site:$PWD
+# the repository root is the package eagle3_runner: import it through a link of that name
+mkdir -p /tmp/pkg && ln -sfn "$PWD" /tmp/pkg/eagle3_runner
+export PYTHONPATH=/tmp/site:/tmp/pkg
 export EAGLE3_CACHE=~/eagle3-cache
 G=$EAGLE3_CACHE/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -f "$G" ] && [ -f $S/part00 ] && [ -f $S/part01 ]; then
