@@ -227,9 +227,7 @@ def run(ctx: StageContext) -> dict:
     if p.backend == "sglang":
         return run_sglang_only(ctx, export_dir)
     import torch
-    from tqdm import tqdm
 
-    from eagle3_runner.engine.speculative import Engine, default_width, engine_kernels, slots_needed
     from eagle3_runner.data.prompts import load_prompt_set, render
 
     target, drafter, tok, device = load_engine_parts(spec, export_dir)
@@ -237,11 +235,37 @@ def run(ctx: StageContext) -> dict:
     sets = {s: [(q["id"], torch.tensor([render(tok, q["messages"])], device=device))
                 for q in load_prompt_set(s, spec, p.num_prompts)] for s in p.prompt_sets}
     sgl_sets = {s: [(pid, ids[0].tolist()) for pid, ids in v] for s, v in sets.items()}
-    sgl, measured = None, None
+    sgl = None
     if p.backend == "both":  # its servers start while the engines below compile
         dtype = str(target.lm_head.weight.dtype).removeprefix("torch.")
         sgl = sglang_part(ctx, export_dir, sgl_sets, stop, dtype)
         sgl.start()
+    try:
+        rows, summaries, ours, measured = _embedded(ctx, export_dir, target, drafter, device,
+                                                    sets, stop, sgl)
+    finally:
+        if sgl is not None:
+            sgl.close()
+    compare = None
+    if measured is not None:
+        from eagle3_runner.target.sglang_bench import Compare
+        by_id = {s: dict(v) for s, v in sets.items()}
+        compare = Compare(ours, lambda s, pid, a, b: divergence(target, by_id[s][pid], a, b))
+    return finish(ctx, export_dir, rows, summaries, measured, sgl_sets, compare)
+
+
+def _embedded(ctx, export_dir: Path, target, drafter, device, sets: dict, stop: tuple, sgl):
+    """The embedded engine over every cuda_graph setting, configuration, prompt set and
+    max_new_tokens; measures the SGLang servers of `sgl` (started by the caller) once the first
+    engines are built, before any embedded decode. Returns (bench rows, summaries, the greedy
+    baseline tokens per (cuda_graph, prompt_set, max_new_tokens, prompt_id), SGLang's
+    measurements or None)."""
+    import torch
+    from tqdm import tqdm
+
+    from eagle3_runner.engine.speculative import Engine, default_width, engine_kernels, slots_needed
+    p = ctx.params
+    measured = None
     Kmax = max(c.num_steps for c in p.configs)
     Nmax = max(c.draft_tokens for c in p.configs)
     kn = engine_kernels(p.kernels, target, drafter)  # one resolved value for every engine
@@ -319,9 +343,4 @@ def run(ctx: StageContext) -> dict:
                                                               "cuda_graph ignored on cpu"] if x)
                     summaries.append(summ)
                     all_rows += rows
-    compare = None
-    if measured is not None:
-        from eagle3_runner.target.sglang_bench import Compare
-        by_id = {s: dict(v) for s, v in sets.items()}
-        compare = Compare(ours, lambda s, pid, a, b: divergence(target, by_id[s][pid], a, b))
-    return finish(ctx, export_dir, all_rows, summaries, measured, sgl_sets, compare)
+    return all_rows, summaries, ours, measured

@@ -152,6 +152,12 @@ class SglangBench:
         if self.started is None and self.waves:
             self.started = self._launch(self.waves[0])
 
+    def close(self) -> None:
+        """Stop the servers `start` launched and `measure` has not yet (a failure between)."""
+        if self.started:
+            stop_all(self.started)
+        self.started = None
+
     def measure(self) -> dict[str, Measured]:
         """Every wave: wait for its servers, measure them one after another, stop them.
         Returns {server name: Measured}. The servers are stopped whatever happens."""

@@ -49,11 +49,11 @@ class LabSettings:
     max_new: int = 128
     host: str = "127.0.0.1"
     dtype: str = "bfloat16"
-    mem_fraction_static: float | None = 0.05
+    mem_fraction_static: float | None = 0.5
     cuda_graph_max_bs: int | None = 1
     extra: list = field(default_factory=list)
     timeout_s: float = 300.0
-    request_timeout_s: float = 120.0
+    request_timeout_s: float = 60.0
     parallel: int = 32
     stop_ids: tuple = ()
 
@@ -219,7 +219,9 @@ def markdown(rows: list[dict], claims: list[dict], meta: dict) -> str:
            "ours |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         errs = [f["code"] for f in r["inspect"] if f["severity"] == "error"]
-        said = ", ".join(errs) or "no error"
+        warns = [f["code"] for f in r["inspect"] if f["severity"] == "warning"]
+        said = ", ".join(errs) or ("no error; warning " + ", ".join(warns) if warns else
+                                   "nothing")
         if r["spec"]:
             said += "; spec: " + "; ".join(s[:80] for s in r["spec"])
         tau = f"{r['tau']:.3f}" if isinstance(r.get("tau"), float) else "-"

@@ -243,6 +243,42 @@ def test_both_backends_in_one_stage_give_the_parity_table(smollm2_path, tmp_path
     assert row["plain_same_as_embedded"] == 0 and row["server_version"]
 
 
+def test_both_stops_its_servers_when_the_embedded_side_fails(smollm2_path, tmp_path,
+                                                             monkeypatch):
+    """The servers start before the engines compile; an engine that fails must not leave them
+    running (their ports, recorded in argv.json, are free again)."""
+    import socket
+    from eagle3_runner.engine import speculative
+    from eagle3_runner.jobs import bench
+    from eagle3_runner.runner.stage import StageContext
+    from sglang_replay import HAND, fake_sglang
+    from transformers import AutoConfig
+    target = _tiny_target(tmp_path / "target", smollm2_path)
+    fake = fake_sglang(tmp_path / "fake", HAND)
+    monkeypatch.setenv("PYTHONPATH", f"{fake}:{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.syspath_prepend(str(fake))
+    spec = _both_spec(target, HAND, "both")
+    export = export_drafter(tmp_path / "export", AutoConfig.from_pretrained(str(target)),
+                            spec.aux_ids, draft_vocab=2048)
+
+    def broken(*a, **kw):
+        raise RuntimeError("engine build failed")
+    monkeypatch.setattr(speculative.Engine, "__init__", broken)
+    out = tmp_path / "out"
+    out.mkdir()
+    ctx = StageContext(spec=spec, stage="bench", variant="base", run_id="x",
+                       inputs={"export": export}, out_dir=out, db_path=tmp_path / "r.duckdb")
+    with pytest.raises(RuntimeError, match="engine build failed"):
+        bench.run(ctx)
+    import time
+    time.sleep(1.5)  # a replayed server left running would have bound its port by now
+    argvs = [json.loads(f.read_text()) for f in (out / "sglang").glob("*/argv.json")]
+    assert len(argvs) == 2
+    for argv in argvs:
+        with socket.socket() as sock:
+            assert sock.connect_ex(("127.0.0.1", int(argv[argv.index("--port") + 1]))) != 0
+
+
 def test_sglang_only_stage_and_a_failed_server(smollm2_path, tmp_path, monkeypatch):
     """backend sglang (no torch model in this process): rows without margins or ref columns; a
     configuration whose server refuses to start is a failed summary row with its log, the other

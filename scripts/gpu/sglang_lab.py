@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""The SGLang conformance lab on a GPU (target/sglang_lab.py; the cases: runner/drafts/lab.py).
+r"""The SGLang conformance lab on a GPU (target/sglang_lab.py; the cases: runner/drafts/lab.py).
 
     python3 scripts/gpu/sglang_lab.py --draft runs/<spec>/export/<key> --target <GGUF or HF folder> \
         --python ~/sglang-python --out $OUT/lab [--prompts 4] [--max-new 128] [--parallel 32] \
-        [--mem-fraction 0.03] [--timeout 300] [--extra "--attention-backend triton ..."] \
+        [--mem-fraction 0.5] [--timeout 300] [--extra "--attention-backend triton ..."] \
         [--cases good,d2t_absolute] [--work /tmp/lab] [--dry-run]
 
 Writes the broken variants under --work, runs `runner inspect` (SGLang 0.5.14, with each server
@@ -13,6 +13,13 @@ MT-bench prompts (chat template, input_ids, greedy, --max-new tokens) to each, a
 --out: lab.json (rows + the claims map), lab.md (the table), lab-rec.tgz (per case: argv.json,
 server.log, server_info.json, generate.jsonl; scripts/gpu/sglang_fixtures.py --lab reads it).
 lab.json and lab.md are written whatever happens (a dry run or a failure: the rows so far).
+
+Memory, many servers on one GPU: SGLang 0.5.14 sizes its KV pool from the memory free when the
+server starts minus (1 - mem_fraction_static) x the memory free before it loaded its weights
+(model_executor/model_runner_kv_cache_mixin.py), and refuses to start when that is negative, so
+servers starting side by side can refuse each other when the fraction is SMALL (the others'
+weights and pools land in between). Give a LARGE fraction and cap the pool with
+`--max-total-tokens` in --extra: each server then holds ~1.5 GB (SmolLM2) whatever the fraction.
 """
 
 from __future__ import annotations
@@ -42,7 +49,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--parallel", type=int, default=32)
-    ap.add_argument("--mem-fraction", type=float, default=0.03)
+    ap.add_argument("--mem-fraction", type=float, default=0.5,
+                    help="--mem-fraction-static of every server (see the module docstring)")
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--extra", default="", help="launch flags for every server (one string)")
     ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
