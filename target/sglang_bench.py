@@ -193,11 +193,11 @@ class SglangBench:
                             rec.write(json.dumps(record(s, pid, mx, ids, p.temperature,
                                                         self.stop_ids, r, dt)) + "\n")
                             rec.flush()
-        except (ServerError, OSError, ValueError) as e:
-            tail = getattr(e, "log_tail", "") or srv.log_tail()
-            m.error = (str(e) if isinstance(e, ServerError) and tail in str(e) else
-                       f"sglang server {pl.name}: {type(e).__name__}: {e}; log {srv.log_path}:\n"
-                       f"{tail}")
+        except (ServerError, OSError, ValueError) as e:  # at startup wait_ready's message has
+            # the log tail; after it (a request failed, the server died) the tail is added
+            m.error = str(e) if srv.ready_s is None else (
+                f"sglang server {pl.name}: {type(e).__name__}: {e}; log {srv.log_path}:\n"
+                f"{srv.log_tail()}")
         return m
 
 

@@ -456,3 +456,49 @@ def test_the_embedded_bench_records_where_a_prompt_diverged(smollm2_path, tmp_pa
     _, ((n, flags, text),) = store.query("SELECT lossless_prompts, flags, explanation "
                                          "FROM bench_summary")
     assert n == 0 and "not lossless" in flags and "2/2 prompts differ from the baseline" in text
+
+
+# ----------------------------------------------------------------------------------------------
+# the speed model calibrated to SGLang
+
+
+def _sglang_summary(K, k, N, tau, round_ms, base_ms, prompt_set="mtbench"):
+    from eagle3_runner.runner.bench_rows import round_cost
+
+    class C:
+        num_steps, eagle_topk, draft_tokens = K, k, N
+    cfg = config_fields(C, True, 256, 0.0, "sglang", prompt_set, None)
+    rows = [prompt_row(cfg, "p", tau, 256, 100, 1.0, 1.0, True)]
+    _, _, cost = round_cost(round_ms * 100 / 1000, 100, base_ms * 256 / 1000, 256)
+    return summary_row(cfg, rows, tau, 1000 * tau / round_ms, 1000 / base_ms, cost, "x")
+
+
+def test_the_sglang_profile_predicts_the_embedded_rows_speed_in_sglang(tmp_path):
+    """A 3/1/4 round costing 3.2 ms against 1.28 ms per plain token (the first SGLang run on the
+    H200) is 2.5 plain tokens: tau 1.5 would give 0.6x, and the break-even tau is 2.5; a
+    configuration the profile lacks gets no prediction but a sentence; a file that is not a
+    profile is refused naming it."""
+    from eagle3_runner.runner.bench_rows import (PROFILE_FORMAT, predict, profile_entry,
+                                                 read_profile, speed_profile)
+    sums = [_sglang_summary(3, 1, 4, 1.19, 3.2, 1.28),
+            {**_sglang_summary(5, 1, 6, 1.2, 4.0, 1.28), "n_prompts": 0}]  # a failed one
+    prof = speed_profile(sums, "0.5.14", "/m")
+    assert prof["format"] == PROFILE_FORMAT and len(prof["configs"]) == 1
+    c = prof["configs"][0]
+    assert c["round_cost_tokens"] == pytest.approx(2.5) and c["round_ms"] == pytest.approx(3.2)
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(prof))
+    prof = read_profile(f)
+    emb = _summary(_rows([None]))  # tree 4/4/8: not in the profile
+    assert profile_entry(prof, emb) is None
+    predict(emb, prof, "p.json")
+    assert "predicted_speedup" not in emb and "no round cost for this configuration" in \
+        emb["explanation"]
+    chain = {**_sglang_summary(3, 1, 4, 1.5, 2.0, 1.0), "backend": "embedded"}
+    predict(chain, prof, "p.json")
+    assert chain["predicted_speedup"] == pytest.approx(1.5 / 2.5)
+    assert chain["predicted_break_even_tau"] == pytest.approx(2.5)
+    assert "0.60x (predicted" in chain["explanation"]
+    f.write_text(json.dumps({"configs": []}))
+    with pytest.raises(ValueError, match="not an SGLang speed profile"):
+        read_profile(f)

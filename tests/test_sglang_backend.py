@@ -105,11 +105,9 @@ def test_tau_pools_requests_and_falls_back_without_correct_drafts():
 @pytest.mark.parametrize("rec", SETS, ids=lambda p: p.name)
 def test_error_line_names_why_a_recorded_server_refused(rec):
     refused = [d for d in rec.iterdir() if (d / "server.log").exists()
-               and not (d / "generate.jsonl").exists()]
+               and not (d / "generate.jsonl").exists()]  # lab refusals: test_sglang_lab.py
     for d in refused:
         assert error_line((d / "server.log").read_text()), d
-    for d in _spec_servers(rec):  # a server that worked has no error line
-        assert error_line((d / "server.log").read_text()) is None, d
     assert error_line("[x] Ignore import error when loading sglang.srt.models.x: Can not import "
                       "FA3\nok") is None
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from draft_fixtures import TINY, make_draft, target_config  # noqa: E402
+from draft_fixtures import TINY, make_draft  # noqa: E402
 from sglang_replay import HAND, fake_sglang  # noqa: E402
 
 from eagle3_runner.runner.drafts.lab import (BY_NAME, CASES, CLAIMS, NO_ROW, OUTCOMES,  # noqa: E402
