@@ -56,11 +56,12 @@ case $phase in
       git log -1 --format='commit %h %s' 2>/dev/null || true
       nproc; df -h /tmp | tail -1
     } | tee "$OUT/r/versions.txt"
-    # the install proven while the drafter trains: the target served plain (converted by the
-    # train stage's first step; waits for it), one /generate, stopped
-    ( for _ in $(seq 120); do ls "$EAGLE3_CACHE"/converted/*/config.json >/dev/null 2>&1 && break; sleep 2; done
+    # the install proven while the drafter trains: the target served plain (the GGUF converted
+    # by the extract stage's first step: waited for, at most 120 s), one /generate, stopped;
+    # bounded (<= 360 s) so that it ends within the phase
+    ( for _ in $(seq 60); do ls "$EAGLE3_CACHE"/converted/*/config.json >/dev/null 2>&1 && break; sleep 2; done
       M=$(dirname "$(ls "$EAGLE3_CACHE"/converted/*/config.json | head -1)")
-      timeout 300 python3 - "$M" $EXTRA > "$OUT/r/smoke.log" 2>&1 <<'PY'
+      timeout 240 python3 - "$M" $EXTRA > "$OUT/r/smoke.log" 2>&1 <<'PY'
 import json, sys, time
 from pathlib import Path
 from eagle3_runner.target.sglang import (free_ports, generate, launch, server_argv, server_info,
@@ -71,7 +72,7 @@ srv = launch("smoke", server_argv("~/sglang-python", sys.argv[1], port, cuda_gra
                                   extra=sys.argv[2:]),
              "127.0.0.1", port, Path("/tmp/smoke-server.log"))
 try:
-    wait_ready(srv, 280)
+    wait_ready(srv, 220)
     print("ready in", round(srv.ready_s, 1), "s; version", server_info(srv.url).get("version"))
     r, dt = generate(srv.url, [1, 9690, 198, 2683, 359, 253], 32, 0.0, 60)
     print(json.dumps(r)[:600], f"client {dt:.3f} s")
