@@ -187,7 +187,8 @@ def finish(ctx, export_dir: Path, rows: list[dict], summaries: list[dict], measu
     save_results(ctx, rows, summaries)
     done = [s for s in summaries if s.get("n_prompts")]
     for s in done:
-        name = ("" if s["backend"] == "embedded" else "sglang/") + f"{s['prompt_set']}/{s['config_id']}"
+        name = (("" if s["backend"] == "embedded" else "sglang/")
+                + f"{s['prompt_set']}/{s['config_id']}")
         ctx.metric(f"tau/{name}", s["tau"])
         ctx.metric(f"speedup/{name}", s["speedup"], "x")
     if not done:
@@ -206,8 +207,8 @@ def run_sglang_only(ctx: StageContext, export_dir: Path) -> dict:
     from eagle3_runner.target.load import load_tokenizer
     p, spec = ctx.params, ctx.spec
     tok = load_tokenizer(spec)
-    sets = {s: [(q["id"], render(tok, q["messages"])) for q in load_prompt_set(s, spec, p.num_prompts)]
-            for s in p.prompt_sets}
+    sets = {s: [(q["id"], render(tok, q["messages"]))
+                for q in load_prompt_set(s, spec, p.num_prompts)] for s in p.prompt_sets}
     stop = tuple(i for i in [tok.eos_token_id] if i is not None)
     sgl = sglang_part(ctx, export_dir, sets, stop, _server_dtype(spec.target.dtype))
     sgl.start()

@@ -129,7 +129,8 @@ CLAIMS = {
     "rules.o_proj_bias_absent": f"o_proj_bias_absent = {_ROW.o_proj_bias_absent!r}: attention_bias "
                                 "without the tensor leaves a zero bias",
     "rules.reads_use_aux_hidden_state": f"reads_use_aux_hidden_state = "
-                                        f"{_ROW.reads_use_aux_hidden_state}: false turns capture off",
+                                        f"{_ROW.reads_use_aux_hidden_state}: false turns capture "
+                                        "off",
     "rules.uppercases_algorithm": f"uppercases_algorithm = {_ROW.uppercases_algorithm}: "
                                   "`eagle3` is accepted",
     "rules.deepseek_first_id_rule": f"deepseek_first_id_rule = {_ROW.deepseek_first_id_rule} "
