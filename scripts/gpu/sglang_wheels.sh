@@ -18,7 +18,8 @@ section() {  # the pins under "# [$1]"
 download() {  # download DIR REQ...: cp312 manylinux or pure-Python wheels, no dependencies
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 \
-    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$@"
+    --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$@"  # pip matches N exactly
 }
 mkdir -p "$W/repacked" "$R" "$D"
 download "$W" $(section sgl)
