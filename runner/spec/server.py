@@ -23,6 +23,9 @@ GUARDED_FLAGS = {
     "--disable-cuda-graph": "stages.bench.cuda_graph",
     "--cuda-graph-max-bs": "stages.bench.sglang.cuda_graph_max_bs",
     "--context-length": "stages.bench.context_length",
+    "--dtype": "target.dtype",
+    "--mem-fraction-static": "stages.bench.sglang.mem_fraction_static",
+    "--nccl-port": "stages.bench.sglang.port (the runner picks free ports)",
 }
 # aliases SGLang's parser accepts for the same settings
 ALIASES = {"--model": "--model-path", "--tp": "--tp-size", "--tensor-parallel-size": "--tp-size"}
