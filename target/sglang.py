@@ -130,14 +130,16 @@ def stop_server(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
 
 
 @contextmanager
-def server(argv: list[str], host: str, port: int, log_path: Path, startup_timeout_s: float):
-    """Start a server (own process group, output to log_path), wait until /health (or
-    /get_model_info) answers 200, yield its base URL, always stop it. Raises StageError when it
-    exits or does not become healthy in time (the log tail is in the message)."""
+def server(argv: list[str], host: str, port: int, log_path: Path, startup_timeout_s: float,
+           env: dict | None = None):
+    """Start a server (own process group, output to log_path, environment `env`, default this
+    process's), wait until /health (or /get_model_info) answers 200, yield its base URL, always
+    stop it. Raises StageError when it exits or does not become healthy in time (the log tail is
+    in the message)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, env=env)
     url = f"http://{host}:{port}"
     try:
         t0 = time.monotonic()
