@@ -456,10 +456,10 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
     # generation speed per source: the answers (real and synthetic conversations share the
     # answer phase's seconds) and the synthetic prompts written before them
     for src, n in st["by_source"].items():
-        m[f"answer_tokens_per_s_{src}"] = (n / max(st["seconds"], 1e-9), "tok/s")
-    m["answer_tokens_per_s"] = (st["new_tokens"] / max(st["seconds"], 1e-9), "tok/s")
+        m[f"tokens_per_s_answers_{src}"] = (n / max(st["seconds"], 1e-9), "tok/s")
+    m["tokens_per_s_answers"] = (st["new_tokens"] / max(st["seconds"], 1e-9), "tok/s")
     if syn and syn.get("seconds"):
-        m["synthesis_tokens_per_s"] = (syn["tokens"] / syn["seconds"], "tok/s")
+        m["tokens_per_s_synthesis"] = (syn["tokens"] / syn["seconds"], "tok/s")
     m["warmup_seconds"] = (warm_s, "s")
     m["resumed_conversations"] = writer.resumed
     m["prefill_tokens"] = (st["prefill_tokens"], "tok")

@@ -177,22 +177,22 @@ def sglang_version(python: str, timeout: float = 30.0) -> tuple[str | None, str]
 
 
 def server_info_problems(model_info: dict, server_info: dict, spec, role: str,
-                         where: str) -> list[str]:
+                         where: str, check_path: bool = True) -> list[str]:
     """What is wrong with a running server for `role` (GENERATE / CAPTURE), from its
     /model_info and /server_info answers (SGLang 0.5.14 http_server.py: /server_info holds every
-    ServerArgs field and "version"): another target (architectures against target.path's config
-    when it is readable here, else the model path's last part), another SGLang version than
-    target.sglang.version, a speculative server, and for capture the settings that keep the
-    captured rows aligned (return hidden states on, radix cache off, no chunked prefill)."""
+    ServerArgs field and "version"): another target (check_path: the model path's last part
+    against target.path's; a server the runner launched was given the target itself), another
+    SGLang version than target.sglang.version, a speculative server, and for capture the
+    settings that keep the captured rows aligned (radix cache off, no chunked prefill, hidden
+    states on for the json transport)."""
     out = []
     want = spec.target.sglang_options.version
     have = server_info.get("version")
     if want and have != want:
         out.append(f"{where} runs SGLang {have}, target.sglang.version is {want}")
-    path = str(model_info.get("model_path") or "")
+    path = str(model_info.get("model_path") or "").rstrip("/")
     tgt = str(spec.target.path).rstrip("/")
-    if path and path.rstrip("/").rsplit("/", 1)[-1] != tgt.rsplit("/", 1)[-1] and \
-            path.rstrip("/") != tgt:
+    if check_path and path and path.rsplit("/", 1)[-1] != tgt.rsplit("/", 1)[-1]:
         out.append(f"{where} serves {path}, the spec's target is {spec.target.path}")
     if server_info.get("speculative_algorithm"):
         out.append(f"{where} speculates ({server_info['speculative_algorithm']}): a target "

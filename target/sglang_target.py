@@ -75,7 +75,8 @@ class TargetServer:
     """A running SGLang server a stage talks to: url (http://host:port), role (GENERATE /
     CAPTURE), transport ("file" | "json", capture only), sink (the file transport's folder),
     width (capture: (n_aux + 1) x H floats per row), info (/server_info), timeout (seconds per
-    call), per_call (prompts per /generate call), context (the model's context length)."""
+    call), per_call (prompts per /generate call), context (the model's context length),
+    launched (the runner started it with the target's own folder)."""
 
     url: str
     role: str
@@ -86,6 +87,7 @@ class TargetServer:
     timeout: float = 3600.0
     per_call: int = 64
     context: int | None = None
+    launched: bool = False
 
 
 # ----------------------------------------------------------------------------------------------
@@ -187,7 +189,8 @@ def stage_server(spec, role: str, cfg: dict, log_dir: Path, rank: int = 0, world
     def made(url: str, sink: Path | None) -> TargetServer:
         srv = TargetServer(url, role, transport, sink, width, timeout=o.request_timeout_s,
                            per_call=o.requests_per_call,
-                           context=spec.target.max_position_embeddings)
+                           context=spec.target.max_position_embeddings,
+                           launched=o.server is None)
         srv.info = check_server(srv, spec)
         return srv
 
@@ -233,7 +236,7 @@ def check_server(srv: TargetServer, spec) -> dict:
     except (OSError, ValueError) as e:
         raise StageError(f"target.sglang: {srv.url} does not answer /model_info, /server_info "
                          f"({e})")
-    problems = server_info_problems(mi, si, spec, srv.role, srv.url)
+    problems = server_info_problems(mi, si, spec, srv.role, srv.url, not srv.launched)
     if problems:
         raise StageError("target.sglang: " + "; ".join(problems))
     if srv.role == CAPTURE:
