@@ -8,7 +8,8 @@ stream_call: our chat template renders them, the server's answers come back as o
 request as soon as it finishes), at most `rows` requests in flight over concurrent calls of up to
 `per_call` prompts. A call leaves as soon as that many slots are free (or, at the end of the
 work, with what is left), so the server's continuous batch stays full while the host renders the
-next turns: it waits only in `run`'s one blocking get (wait_s). Follow-up turns go first.
+next turns: it waits only in `run`'s one blocking get (wait_s). Results are handed to on_done
+in groups (up to a call's worth, or what arrived within GATHER_S). Follow-up turns go first.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ from typing import Callable, Iterable, Optional
 from eagle3_runner.engine.generate import Request, Result
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.target.sglang_target import TargetServer, sampling, stream_call
+
+# seconds a group of results may wait for more before on_done: requests finish one by one, and
+# on_done's batched decode and render cost ~ms per call (the embedded Generator calls it once per
+# host sync)
+GATHER_S = 0.02
 
 
 class SglangGenerator:
@@ -97,8 +103,12 @@ class SglangGenerator:
             tw = time.perf_counter()
             got = [done_q.get()]
             st["wait_s"] += time.perf_counter() - tw
-            while not done_q.empty():  # everything that arrived meanwhile: one on_done call
-                got.append(done_q.get_nowait())
+            end = time.perf_counter() + GATHER_S  # what arrives meanwhile: one on_done call
+            while len(got) < min(self.per_call, live) and (left := end - time.perf_counter()) > 0:
+                try:
+                    got.append(done_q.get(timeout=left))
+                except queue.Empty:
+                    break
             errors = [g for g in got if isinstance(g, BaseException)]
             if errors:
                 raise errors[0] if isinstance(errors[0], StageError) else \

@@ -57,12 +57,14 @@ def stage_role(spec, stage: str) -> str | None:
 
 
 def llama_target(spec, cfg: dict | None) -> bool | None:
-    """Whether the target is a Llama our engine loads (config.json architectures, or a GGUF's
-    model_type "llama"); False for a known non-standard family (target.family); None = unknown
-    (no config here)."""
-    if cfg:
-        archs = cfg.get("architectures") or []
-        return any(a in LLAMA_ARCHS for a in archs) or (not archs and cfg.get("model_type") == "llama")
+    """Whether the target is a Llama our engine loads: config.json `architectures`, else its
+    `model_type` (a GGUF's general.architecture); False for a known non-standard family
+    (target.family); None = unknown (no config here, or one that names neither)."""
+    archs = [a for a in (cfg or {}).get("architectures") or [] if isinstance(a, str)]
+    if archs:
+        return any(a in LLAMA_ARCHS for a in archs)
+    if (cfg or {}).get("model_type"):
+        return cfg["model_type"] == "llama"
     if spec.target.family not in (None, "standard"):
         return False
     return None

@@ -183,7 +183,8 @@ class TargetData(NamedTuple):
         """The features' dtype: the model's, or the server's --dtype."""
         if self.model is not None:
             return next(self.model.parameters()).dtype
-        return getattr(torch, str(self.server.info.get("dtype") or "bfloat16"))
+        dt = getattr(torch, str(self.server.info.get("dtype")), None)
+        return dt if isinstance(dt, torch.dtype) else torch.bfloat16  # "auto": bf16 on GPUs
 
     @property
     def device(self) -> torch.device:

@@ -98,6 +98,10 @@ class TargetSglang(Strict):
             if not self.server.startswith(("http://", "https://")):
                 problems.append(f"target.sglang.server = {self.server!r}: give a URL, e.g. "
                                 "http://127.0.0.1:30000")
+            if self.transport == "file":
+                problems.append("target.sglang.transport = 'file' needs a folder the server "
+                                "writes and the stage reads, which the runner makes for the "
+                                "servers it launches; with target.sglang.server use json")
             launch = sorted(set(_LAUNCH_ONLY) & self.model_fields_set)
             if launch:
                 problems.append(f"target.sglang.{launch[0]}: describes a server the runner "
