@@ -35,10 +35,11 @@ def key(ids) -> str:
 
 
 class Replay:
-    """A replay server of fixture `path` on a free loopback port (`url`), stopped by close().
-    sink: the folder the file transport's rows go to. calls: the /generate bodies received."""
+    """A replay server of fixture `path` on loopback `port` (0: a free one; `url`), stopped by
+    close(). sink: the folder the file transport's rows go to. calls: the /generate bodies
+    received."""
 
-    def __init__(self, path: Path, sink: Path | None = None):
+    def __init__(self, path: Path, sink: Path | None = None, port: int = 0):
         self.fx = json.loads(Path(path).read_text())
         self.gen = {key(g["input_ids"]): g for g in self.fx.get("generate", [])}
         self.cap = {key(c["input_ids"]): c for c in self.fx.get("capture", [])}
@@ -50,7 +51,7 @@ class Replay:
                 pass
 
             def do_GET(self):
-                body = {"/model_info": replay.fx["model_info"],
+                body = {"/model_info": replay.fx["model_info"], "/health": {},
                         "/server_info": replay.fx["server_info"]}.get(self.path)
                 if body is None:
                     return self._json(404, {"error": {"message": f"no {self.path}"}})
@@ -80,7 +81,7 @@ class Replay:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 

@@ -155,14 +155,15 @@ def replay(request, tmp_path):
     r.close()
 
 
-def _capture_spec(tmp_path, fx: dict, transport: str):
+def _capture_spec(tmp_path, fx: dict, transport: str, **sglang):
     g = fx["meta"]["geometry"] if "meta" in fx and "geometry" in fx["meta"] else \
         {"hidden_size": 576, "num_hidden_layers": 30, "aux_ids": [1, 14, 26]}
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
            "num_hidden_layers": g["num_hidden_layers"], "hidden_size": g["hidden_size"],
            "vocab_size": 49152, "num_attention_heads": 2, "num_key_value_heads": 2,
            "intermediate_size": 16}
-    s = spec_of(tmp_path, cfg=cfg, target={"engine": "sglang", "sglang": {"transport": transport}},
+    s = spec_of(tmp_path, cfg=cfg, target={"engine": "sglang",
+                                           "sglang": {"transport": transport, **sglang}},
                 overrides=[f"drafter.aux_layer_ids={g['aux_ids']}"])
     return s, cfg
 
@@ -241,6 +242,57 @@ def test_extract_shards_from_the_server_hold_its_rows(replay, tmp_path):
         rows = torch.tensor(caps[i]["json"]["meta_info"]["hidden_states"][0])
         assert torch.equal(t["aux_hidden"][off[k]:off[k + 1]].float(), rows[:, :n_aux * H])
         assert torch.equal(t["last_hidden"][off[k]:off[k + 1]].float(), rows[:, n_aux * H:])
+
+
+@pytest.mark.parametrize("transport", ["file", "json"])
+def test_a_stage_launches_its_capture_server_with_the_runner_flags_and_stops_it(
+        transport, tmp_path, monkeypatch):
+    """stage_server: `python -m sglang.launch_server` (here tests/fake_sglang_server.py serving
+    a capture fixture) with the capture flags and environment, checked before use (the probe),
+    captures through it, and the server is gone after the block."""
+    import socket
+    import stat
+    import sys
+    from eagle3_runner.target.capture import capture_sglang
+    from eagle3_runner.target.sglang_target import stage_server
+    fx_path = fixtures("capture")[0]
+    fx = json.loads(fx_path.read_text())
+    with socket.socket() as so:  # a free port
+        so.bind(("127.0.0.1", 0))
+        port = so.getsockname()[1]
+    py = tmp_path / "python"
+    py.write_text(f"#!/bin/sh\nexec {sys.executable} {ROOT / 'tests' / 'fake_sglang_server.py'} "
+                  '"$@"\n')
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    spec, cfg = _capture_spec(tmp_path, fx, transport, python=str(py), port=port,
+                              startup_timeout_s=60)
+    log = tmp_path / "fake.json"
+    monkeypatch.setenv("FAKE_SGLANG_LOG", str(log))
+    monkeypatch.setenv("FAKE_SGLANG_FIXTURE", str(fx_path))
+    H, n_aux = int(cfg["hidden_size"]), len(spec.aux_ids)
+    prompts = [c["input_ids"] for c in fx["capture"]]
+    with stage_server(spec, CAPTURE, cfg, tmp_path / "logs", max_prefill_tokens=4096) as srv:
+        assert srv.transport == transport and srv.launched and srv.width == (n_aux + 1) * H
+        aux, _last = capture_sglang(srv, prompts, n_aux, H)
+        url = srv.url
+    row = torch.tensor(fx["capture"][-1]["json"]["meta_info"]["hidden_states"][0])
+    assert torch.equal(aux[-1, :len(prompts[-1])].float(), row[:, :n_aux * H])
+    seen = json.loads(log.read_text())
+    argv = seen["argv"]
+    assert argv[:2] == ["-m", "sglang.launch_server"]
+    for flag in ("--disable-radix-cache", "--skip-tokenizer-init"):
+        assert flag in argv
+    assert argv[argv.index("--chunked-prefill-size") + 1] == "-1"
+    assert argv[argv.index("--max-prefill-tokens") + 1] == "4096"
+    assert ("--enable-return-hidden-states" in argv) == (transport == "json")
+    env = seen["env"]
+    assert env["SGLANG_EXTERNAL_MODEL_PACKAGE"] == "eagle3_runner.target.sglang_models"
+    assert env["EAGLE3_CAPTURE_LAYERS"] == ",".join(map(str, spec.aux_ids))
+    assert env["EAGLE3_CAPTURE_ARCHS"] == "LlamaForCausalLM"
+    assert ("EAGLE3_CAPTURE_SINK" in env) == (transport == "file")
+    from eagle3_runner.runner.engines import get_json
+    with pytest.raises(OSError):  # stopped
+        get_json(url + "/health", timeout=2)
 
 
 @pytest.mark.parametrize("replay", fixtures("generate"), indirect=True, ids=lambda p: p.name)
