@@ -132,7 +132,9 @@ def choose_engine(spec, stage: str, cfg: dict | None = None) -> Choice | None:
     size = target_params_b(spec, cfg)
     small = size is None or size <= EMBEDDED_MAX_B
     one_gpu = (t.sglang is None or t.sglang.gpus == 1) and t.device_map is None
-    what = ("a target" if size is None else f"a {size:,.2f}B-parameter target") + \
+    what = ("a target" if size is None else
+            f"a {size:,.0f}B-parameter target" if size >= 10 else
+            f"a {size:.2f}B-parameter target") + \
         {True: ", a Llama", False: " that is not a Llama", None: ""}[llama]
     if t.sglang is not None:
         if llama is not False and small and one_gpu:

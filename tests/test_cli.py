@@ -82,7 +82,7 @@ def test_plan_drafter_v2_here_without_weights():
     assert any(ln.startswith("memory: extract:") and ": fits;" in ln for ln in lines)
     # every stage that runs Kimi-K2.5 does it through SGLang, and the plan says why
     for stage in ("regenerate", "extract"):
-        assert any(ln.startswith(f"engine: {stage}: sglang (auto: a 1,026.00B-parameter target")
+        assert any(ln.startswith(f"engine: {stage}: sglang (auto: a 1,026B-parameter target")
                    for ln in lines), lines
 
 

@@ -14,6 +14,7 @@ hasattr(module, "EntryClass")), so importing this module imports no sglang.
 
 from __future__ import annotations
 
+import functools
 import os
 
 from eagle3_runner.target.sglang_hooks import Sink, install_capture
@@ -29,7 +30,7 @@ def _sink() -> Sink | None:
     folder = os.environ.get(SINK_ENV)
     if not folder:
         return None
-    from sglang.srt.distributed import get_tensor_model_parallel_rank
+    from sglang.srt.distributed.parallel_state import get_tensor_model_parallel_rank
     return Sink(folder) if get_tensor_model_parallel_rank() == 0 else None
 
 
@@ -42,8 +43,10 @@ def capturing(stock: type) -> type:
     return type(stock.__name__, (stock,), {"__init__": __init__, "__module__": __name__})
 
 
+@functools.lru_cache(maxsize=1)
 def entry_classes() -> list[type]:
-    """The capturing subclasses of the built-in classes named in EAGLE3_CAPTURE_ARCHS."""
+    """The capturing subclasses of the built-in classes named in EAGLE3_CAPTURE_ARCHS (made
+    once: the registry reads EntryClass twice)."""
     # the registry module is still running its last lines when it imports this package, but its
     # ModelRegistry (every built-in class) already exists
     from sglang.srt.models.registry import ModelRegistry
