@@ -5,8 +5,9 @@ inputs (the spec and the target's config), so a stage runs what the plan printed
 Roles (`stage_role`): regenerate GENERATEs (the embedded engine, engine/generate.py, or an SGLang
 server's /generate); extract and the online train stage CAPTURE (transformers with forward hooks,
 target/capture.py, or an SGLang capture server, target/sglang_target.py). Engines:
-- embedded: generate on our Llama (Llama targets only); capture through transformers (the
-  embedded engine has no capture of its own; the features are transformers').
+- embedded: generate on our Llama (Llama targets only); capture through transformers (extract
+  has no embedded capture; online training's is chosen by stages.train.online_capture, which
+  applies to either local engine and never beside SGLang).
 - hf: capture through transformers; there is no HF generation path (refused for regenerate).
 - sglang: an SGLang server for every stage that runs the target (target.sglang: launched on the
   stage's GPUs with tp/ep/dp, or `server`, a URL of one you run).
@@ -107,6 +108,19 @@ def choose_engine(spec, stage: str, cfg: dict | None = None) -> Choice | None:
     role = stage_role(spec, stage)
     if role is None:
         return None
+    choice = _choose(spec, stage, role, cfg)
+    if stage == "train" and spec.stages.train.online_capture == EMBEDDED:
+        if choice.engine == SGLANG:
+            raise ValueError("stages.train.online_capture = 'embedded' runs the target on our "
+                             "Llama in the train stage, but target.engine puts it on SGLang ("
+                             f"{choice.why}); remove online_capture or set target.engine: hf")
+        return Choice(EMBEDDED, choice.why + "; stages.train.online_capture: embedded (our "
+                                             "Llama, the batch packed into one row)")
+    return choice
+
+
+def _choose(spec, stage: str, role: str, cfg: dict | None) -> Choice:
+    """choose_engine's rule for a stage that runs the target (module docstring)."""
     t, declared = spec.target, spec.target.engine
     llama = llama_target(spec, cfg)
     if declared == SGLANG:
@@ -119,8 +133,8 @@ def choose_engine(spec, stage: str, cfg: dict | None = None) -> Choice | None:
         return Choice(HF, "target.engine: hf")
     if declared == EMBEDDED:
         if role == CAPTURE:
-            return Choice(HF, "target.engine: embedded (the embedded engine has no capture of its "
-                              "own: the features come from transformers)")
+            return Choice(HF, "target.engine: embedded (captures through transformers; online "
+                              "training's embedded capture is stages.train.online_capture)")
         if llama is False:
             raise ValueError(f"target.engine = 'embedded': stage {stage} runs the target on our "
                              "Llama, and this target is not one; use sglang (target.sglang)")

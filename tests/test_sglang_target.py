@@ -86,9 +86,15 @@ def test_declared_engines_that_cannot_run_a_stage_are_refused_at_validation(tmp_
         spec_of(tmp_path, target={"engine": "embedded"}, cfg=deepseek,
                 stages={"regenerate": {}, "extract": {}, "train": {}},
                 overrides=["drafter.aux_layer_ids=[1,3,5]"])
-    # embedded captures through transformers
+    # embedded captures through transformers; online training's own embedded capture is
+    # stages.train.online_capture, never beside an SGLang target
     s = spec_of(tmp_path, target={"engine": "embedded"})
     assert choose_engine(s, "extract", cfg_of(s)).engine == "hf"
+    online = {"train": {"features": "online", "online_capture": "embedded"}}
+    s = spec_of(tmp_path, stages=online)
+    assert choose_engine(s, "train", cfg_of(s)).engine == "embedded"
+    with pytest.raises(SpecError, match="online_capture = 'embedded' runs the target on our"):
+        spec_of(tmp_path, target={"engine": "sglang"}, stages=online)
 
 
 def test_target_sglang_refuses_runner_flags_a_public_host_and_launch_fields_with_a_server(
