@@ -10,8 +10,9 @@
 #            Generator (1,024 rows, CUDA graphs), same answer lengths; regenerate() end to end
 #            through SGLang for 1 minute (10k real + 90k synthetic asked); a recorded small run ~230 s
 #   capture  bench_sglang_target.py capture: 512 ShareGPT samples (max_length 2048) through
-#            transformers and one SGLang capture server (json and file transports), 25 s boxes;
-#            a recorded capture of short prompts                                              ~180 s
+#            transformers, our packed Llama capture (online training's embedded path) and one
+#            SGLang capture server (json and file transports), 20 s boxes; a recorded capture of
+#            short prompts                                                                     ~220 s
 #   equal    tests/test_sglang_target_gpu.py -m gpu: the runner's capture server (file, json)
 #            equals the HF features within bf16 tolerance, same manifest                       ~170 s
 #   stage    regenerate() through SGLang for 4.5 minutes (the 100k-conversations target; no
@@ -31,7 +32,7 @@ for step in ${@:-regen}; do
     regen) timeout 290 $B regen --prompts 2048 --new 256 --in-flight 1024 --per-call 64 \
              --rows 1024 --e2e-minutes 1 --box 40 --record "$R/raw" --out "$R/regen" \
              > "$R/regen.log" 2>&1; tail -25 "$R/regen.log" ;;
-    capture) timeout 240 $B capture --samples 512 --max-length 2048 --box 25 --record "$R/raw" \
+    capture) timeout 270 $B capture --samples 512 --max-length 2048 --box 20 --record "$R/raw" \
                --out "$R/capture" > "$R/capture.log" 2>&1; tail -25 "$R/capture.log" ;;
     equal) timeout 300 python3 -m pytest tests/test_sglang_target_gpu.py -m gpu -q -s \
              -p no:cacheprovider -rfEs > "$R/equal.txt" 2>&1; tail -20 "$R/equal.txt" ;;
