@@ -275,9 +275,10 @@ def _train_key(spec, d: dict) -> dict:
 
 
 def _target(d: dict) -> dict:
-    """The target fields every stage that runs the target depends on."""
+    """The target fields every stage that runs the target depends on (target.engine: the
+    engines' outputs agree to bf16 rounding only, so declaring another one reruns)."""
     return {k: d["target"][k] for k in ("path", "dtype", "num_hidden_layers", "hidden_size",
-                                        "vocab_size", "chat_template")}
+                                        "vocab_size", "chat_template", "engine")}
 
 
 def _train_check(spec, manifests: dict) -> str | None:

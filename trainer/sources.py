@@ -2,10 +2,11 @@
 
 - offline (default): the extract artifact's features on disk (target/features.py), read sample by
   sample from the memory-mapped shards.
-- online: the target itself, loaded by the train stage (each data-parallel rank its own copy).
-  Each batch of token lists (this rank's slice of a global batch) runs through the target with
-  target/capture.py `capture`, the code extract writes to disk with, and the features live on the
-  device only for that step. Nothing is written but checkpoints and the outputs: the train
+- online: the target itself, loaded by the train stage (each data-parallel rank its own copy), or
+  the stage's SGLang capture server (target.engine; jobs/train.py opens it around the stage with
+  target/capture.py capture_engine). Each batch of token lists (this rank's slice of a global
+  batch) runs through the target with target/capture.py `TargetData.capture_batch`, the code
+  extract writes to disk with, and the features live in memory only for that step. Nothing is written but checkpoints and the outputs: the train
   artifact records the capture manifest (features.json, format ONLINE_FORMAT) and
   target_config.json that export reads from extract's artifact otherwise.
 
@@ -31,8 +32,7 @@ from typing import Any
 import torch
 
 from eagle3_runner.trainer import vocab as V
-from eagle3_runner.target.capture import TargetData, capture, capture_manifest, load_target_data, target_head, \
-    write_json
+from eagle3_runner.target.capture import TargetData, capture_manifest, load_target_data, write_json
 from eagle3_runner.target.capture_embedded import EmbeddedCapture
 from eagle3_runner.target.features import MANIFEST, ONLINE_FORMAT, Features, open_features
 from eagle3_runner.runner.errors import StageError
@@ -83,18 +83,20 @@ class Online:
         return len(self.td.samples)
 
     def batch(self, ids: list[int]) -> list[dict]:
-        """The samples `ids` with their features: hf captures in length groups
-        (`length_groups`: the target runs fewer padded tokens than one batch padded to its
-        longest sample), embedded the whole batch as one packed row."""
+        """The samples `ids` with their features: hf (or an SGLang server) captures in length
+        groups (`length_groups`: the target runs fewer padded tokens than one batch padded to
+        its longest sample; a server pads nothing: one call), embedded the whole batch as one
+        packed row."""
         toks = [self.td.samples[i][0] for i in ids]
         if self._embedded is not None:
             aux, last, offs = self._embedded(toks)
             feats = [(aux[a:b], last[a:b]) for a, b in zip(offs, offs[1:])]
         else:
             feats = [None] * len(ids)
-            for group in length_groups([len(t) for t in toks]):
-                aux, last = capture(self.td.model, [toks[j] for j in group], self.aux_ids,
-                                    self.td.pad)
+            groups = [list(range(len(ids)))] if self.td.server is not None else \
+                length_groups([len(t) for t in toks])
+            for group in groups:
+                aux, last = self.td.capture_batch([toks[j] for j in group], self.aux_ids)
                 for g, j in enumerate(group):
                     feats[j] = (aux[g, :len(toks[j])], last[g, :len(toks[j])])
         return [{"input_ids": torch.tensor(toks[j], dtype=torch.int64),
@@ -107,7 +109,7 @@ class Online:
                  torch.tensor(self.td.samples[i][1], dtype=torch.uint8)) for i in ids)
 
     def head(self) -> dict:
-        return target_head(self.td.model)
+        return self.td.head()
 
 
 class Prefetch:
