@@ -33,6 +33,13 @@ def _skip_unless_ready(smollm2_path):
     return version
 
 
+def _conversations() -> dict:
+    """The fetched ShareGPT, or the subset the device's SGLang staging carries instead of it."""
+    from eagle3_runner.runner.files import cache_dir
+    sub = sorted((cache_dir() / "sharegpt").glob("sharegpt-*.jsonl.gz"))
+    return {"source": "jsonl", "path": str(sub[0])} if sub else {"source": "sharegpt"}
+
+
 def _spec(tmp_path, smollm2_path, transport: str):
     from eagle3_runner.runner.spec.load import load_spec
     return load_spec(data={
@@ -45,7 +52,7 @@ def _spec(tmp_path, smollm2_path, transport: str):
                                              "--sampling-backend", "pytorch",
                                              "--grammar-backend", "none"]}},
         "drafter": {"aux_layer_ids": [1, 14, 26], "draft_vocab_size": 4096},
-        "data": {"source": "sharegpt", "max_length": 512, "max_samples": 24},
+        "data": {**_conversations(), "max_length": 512, "max_samples": 24},
         "stages": {"extract": {"batch_tokens": 4096}, "train": {}},
         "results": {"path": str(tmp_path / "r.duckdb")}})
 

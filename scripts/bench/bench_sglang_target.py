@@ -67,9 +67,12 @@ def spec_for(a, work: Path, transport: str = "file"):
                               "max_running_requests": a.graph_bs,
                               "startup_timeout_s": 600, "extra_args": DEVICE_FLAGS}},
         "drafter": {"aux_layer_ids": [1, 14, 26], "draft_vocab_size": 4096},
-        "data": {"source": "sharegpt", "max_length": a.max_length, "max_samples": a.samples},
+        "data": {**SOURCE, "max_length": a.max_length, "max_samples": a.samples},
         "stages": {"regenerate": {"max_new_tokens": a.new, "batch_size": a.in_flight}},
         "results": {"path": str(work / "r.duckdb")}})
+
+
+SOURCE = {"source": "sharegpt"}  # the conversations every mode reads (--data: a JSONL file instead)
 
 
 def first_turns(tok, n: int, max_length: int) -> list[list[int]]:
@@ -77,7 +80,8 @@ def first_turns(tok, n: int, max_length: int) -> list[list[int]]:
     from eagle3_runner.data.conversations import load_conversations
     from eagle3_runner.data.prompts import render
     from eagle3_runner.runner.spec.schema import Data
-    convs, _, _ = load_conversations(Data(max_samples=max(2 * n, 64), max_length=max_length))
+    convs, _, _ = load_conversations(Data(**SOURCE, max_samples=max(2 * n, 64),
+                                          max_length=max_length))
     out = []
     for c in convs:
         msgs = [t for t in c if t["role"] == "system"][:1] + \
@@ -194,7 +198,7 @@ def stage_e2e(a, spec, tok, srv) -> dict:
     from eagle3_runner.jobs.regenerate import regenerate
     from eagle3_runner.runner.spec.schema import Data
     from eagle3_runner.runner.stages import RegenerateStage
-    real = load_conversations(Data(max_samples=a.e2e_real, max_length=a.max_length))[0] \
+    real = load_conversations(Data(**SOURCE, max_samples=a.e2e_real, max_length=a.max_length))[0] \
         if a.e2e_real else []
     p = RegenerateStage(max_new_tokens=a.new, batch_size=a.in_flight,
                         synthetic_prompts=a.e2e_synthetic, synthetic_max_tokens=128,
@@ -223,7 +227,7 @@ def record_regen(a, spec, tok, srv) -> None:
     from eagle3_runner.runner.stages import RegenerateStage
     from sglang_record import Recorder
     raw = Path(a.record)
-    convs = load_conversations(Data(max_samples=8, max_length=512))[0]
+    convs = load_conversations(Data(**SOURCE, max_samples=8, max_length=512))[0]
     convs = sorted(convs, key=lambda c: -len(c))[:6]  # multi-turn ones first
     p = RegenerateStage(max_new_tokens=24, batch_size=4, max_turns=2, shard_conversations=64)
     rec = Recorder(srv.url, raw / "generate.jsonl")
@@ -412,7 +416,12 @@ def main(argv=None):
     ap.add_argument("--box", type=float, default=30.0, help="seconds per timed phase")
     ap.add_argument("--record", default=None, help="raw recordings for the CPU tests go here")
     ap.add_argument("--out", default="bench_sglang_target")
+    ap.add_argument("--data", default=None, help="a JSONL/gzip file of conversations instead of "
+                    "the fetched ShareGPT (the device carries a 4,000-conversation subset)")
     a = ap.parse_args(argv)
+    if a.data:
+        SOURCE.clear()
+        SOURCE.update(source="jsonl", path=a.data)
     import torch
     out = Path(a.out)
     res = {"mode": a.mode, "args": vars(a),

@@ -25,7 +25,10 @@ export EAGLE3_CACHE=${EAGLE3_CACHE:-$HOME/eagle3-cache}
 export EAGLE3_SGLANG_PYTHON=${SGLANG_PYTHON:-$HOME/sglang-python}
 mkdir -p "$R/logs" "$R/raw" "$R/fixtures"
 "$EAGLE3_SGLANG_PYTHON" -c "import sglang; print('sglang', sglang.__version__)" >> "$R/machine.txt" 2>&1
-B="python3 scripts/bench/bench_sglang_target.py --sglang-python $EAGLE3_SGLANG_PYTHON"
+# the ShareGPT subset of the SGLang staging chain (scripts/gpu/sglang_wheels.sh) when the full
+# dataset was not fetched
+SUB=$(ls "$EAGLE3_CACHE"/sharegpt/sharegpt-*.jsonl.gz 2>/dev/null | head -1)
+B="python3 scripts/bench/bench_sglang_target.py --sglang-python $EAGLE3_SGLANG_PYTHON ${SUB:+--data $SUB}"
 for step in ${@:-regen}; do
   t0=$(date +%s)
   case $step in
