@@ -4,6 +4,9 @@
 R=${OUT:-/tmp/out}/r; mkdir -p "$R"
 if [ ! -d /tmp/site/pydantic ] && [ -d .stage/w ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .stage/w/*.whl
+elif [ ! -d /tmp/site/specforge ] && ls .stage/w/specforge-*.whl >/dev/null 2>&1; then
+  # after an SGLang staging chain (its runner wheels are in): SpecForge alone, for the peer rows
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .stage/w/specforge-*.whl
 fi
 # the repository root is the package eagle3_runner: import it through a link of that name
 mkdir -p /tmp/pkg && ln -sfn "$PWD" /tmp/pkg/eagle3_runner
