@@ -54,4 +54,7 @@ for kind in generate capture; do
   fi
 done
 tar czf "$R/logs.tgz" -C "$R" logs raw 2>/dev/null && rm -rf "$R/logs" "$R/raw"
-ls -la "$R"
+ls -laR "$R"
+# one call brings back at most 8 files: everything in one archive, the step summary beside it
+cp "$R/steps.txt" "$OUT/sglang_target-steps.txt" 2>/dev/null
+tar czf "$OUT/sglang_target.tgz" -C "$(dirname "$R")" "$(basename "$R")" && rm -rf "$R"
