@@ -19,9 +19,15 @@ summary tells bf16 near-ties from bugs (jobs.bench_results.lossless_verdict, NEA
 
 The drafter: the export stage's artifact, or stages.bench.drafter (`drafter_dir`).
 
-backend: embedded = jobs.engine (chains and trees: every configuration of stages.bench.configs,
-each engine verifying its num_draft_tokens; stages.bench.kernels, resolved once for all engines by
-jobs.engine.engine_kernels, recorded in every row); sglang = jobs.sglang_backend.
+backend: embedded = engine/speculative.py (chains and trees: every configuration of
+stages.bench.configs, each engine verifying its num_draft_tokens; stages.bench.kernels, resolved
+once for all engines by engine_kernels, recorded in every row); sglang = real SGLang servers
+(target/sglang_bench.py; this process imports no torch); both = the two on the same prompts in
+one stage: the servers start while the engines compile, decode while this process idles, and are
+stopped before the engines decode; then SGLang's outputs are compared with the embedded engine's
+greedy baseline, with margins from the target's own forward (divergence), and the embedded
+summaries get the speed SGLang would give (predicted_*) from the SGLang round-cost profile just
+measured (or stages.bench.speed_profile), next to what SGLang measured (view bench_parity).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from pathlib import Path
 from eagle3_runner.runner.bench_rows import (config_fields, explain, first_divergence, prompt_row,
                                 save_results, summary_row, train_samples)
 from eagle3_runner.runner.errors import StageError
-from eagle3_runner.runner.files import expand_path
+from eagle3_runner.runner.files import atomic_write, expand_path
 from eagle3_runner.runner.stage import StageContext
 
 SGLANG_EXTRA = "pip install 'eagle3-runner[sglang]'"
@@ -50,7 +56,7 @@ def check_backend(spec) -> None:
     from eagle3_runner.target.sglang import sglang_available
     ok, why = sglang_available(b.sglang.python)
     if not ok:
-        raise StageError(f"stages.bench.backend = sglang: sglang is not importable by "
+        raise StageError(f"stages.bench.backend = {b.backend}: sglang is not importable by "
                          f"{b.sglang.python!r} ({why}). Install the optional extra: "
                          f"`{SGLANG_EXTRA}`, or set stages.bench.sglang.python to an "
                          "interpreter that has it.")
@@ -146,8 +152,7 @@ def drafter_dir(ctx: StageContext) -> Path:
         return Path(ctx.inputs["export"])
     from eagle3_runner.runner.inspect import inspect_draft
     d = expand_path(ctx.params.drafter)
-    target = ctx.spec.target.path
-    findings = inspect_draft(d, target=expand_path(target),
+    findings = inspect_draft(d, target=expand_path(ctx.spec.target.path),
                              sglang_version=ctx.spec.drafter.sglang_version)
     errors = [f for f in findings if f.severity == "error"]
     if errors:
@@ -158,23 +163,131 @@ def drafter_dir(ctx: StageContext) -> Path:
     return d
 
 
+def sglang_part(ctx, export_dir: Path, sets: dict, stop_ids, dtype: str | None):
+    """The sglang backend's SglangBench for this stage (target/sglang_bench.py). sets:
+    {prompt_set: [(prompt_id, input ids list)]}. Raises StageError when the environment fakes
+    SGLang's acceptance (SGLANG_SIMULATE_ACC_LEN: the servers inherit it)."""
+    import os
+    from eagle3_runner.runner.drafts.server import simulate_acc_len_problem
+    from eagle3_runner.target.load import hf_folder
+    from eagle3_runner.target.sglang_bench import SglangBench
+    simulated = simulate_acc_len_problem(os.environ)
+    if simulated:
+        raise StageError(f"bench: {simulated}")
+    return SglangBench(ctx.spec, ctx.params, Path(ctx.out_dir), str(hf_folder(ctx.spec)),
+                       export_dir, sets, stop_ids, dtype)
+
+
+def finish(ctx, export_dir: Path, rows: list[dict], summaries: list[dict], measured,
+           sets: dict, compare=None) -> dict:
+    """The stage's end for every backend: the sglang rows (when SGLang ran) and its speed
+    profile (sglang_profile.json), the predicted SGLang speed on the embedded summaries
+    (stages.bench.speed_profile, else the profile just measured), the results saved; returns
+    the stage's metrics."""
+    from eagle3_runner.runner.bench_rows import predict, read_profile, speed_profile
+    p = ctx.params
+    profile, source = None, None
+    if measured is not None:
+        from eagle3_runner.target.load import hf_folder
+        from eagle3_runner.target.sglang_bench import rows_and_summaries
+        srows, ssums = rows_and_summaries(measured, p, sets, train_samples(export_dir), compare)
+        version = next((s.get("server_version") for s in ssums if s.get("server_version")), None)
+        profile = speed_profile(ssums, version, str(hf_folder(ctx.spec)))
+        atomic_write(Path(ctx.out_dir) / "sglang_profile.json", json.dumps(profile, indent=1))
+        source = "measured by this bench stage"
+        rows, summaries = rows + srows, summaries + ssums
+    if p.speed_profile:
+        try:
+            profile, source = read_profile(expand_path(p.speed_profile)), p.speed_profile
+        except ValueError as e:
+            raise StageError(f"stages.bench.speed_profile: {e}")
+    if profile is not None:
+        for s in summaries:
+            if s["backend"] == "embedded":
+                predict(s, profile, source)
+    save_results(ctx, rows, summaries)
+    done = [s for s in summaries if s.get("n_prompts")]
+    for s in done:
+        name = (("" if s["backend"] == "embedded" else "sglang/")
+                + f"{s['prompt_set']}/{s['config_id']}")
+        ctx.metric(f"tau/{name}", s["tau"])
+        ctx.metric(f"speedup/{name}", s["speedup"], "x")
+    if not done:
+        raise StageError("bench: no configuration was measured:\n" + "\n".join(
+            s["explanation"] for s in summaries))
+    taus = [s["tau"] for s in done]
+    return {"tau": statistics.mean(taus), "speedup": statistics.mean(s["speedup"] for s in done),
+            "min_tau": min(taus), "summaries": len(summaries),
+            "failed": len(summaries) - len(done),
+            "lossless": all(s["lossless"] is not False for s in done)}
+
+
+def run_sglang_only(ctx: StageContext, export_dir: Path) -> dict:
+    """backend sglang: no torch in this process, only the servers (no divergence margins)."""
+    from eagle3_runner.data.prompts import load_prompt_set, render
+    from eagle3_runner.target.load import load_tokenizer
+    p, spec = ctx.params, ctx.spec
+    tok = load_tokenizer(spec)
+    sets = {s: [(q["id"], render(tok, q["messages"]))
+                for q in load_prompt_set(s, spec, p.num_prompts)] for s in p.prompt_sets}
+    stop = tuple(i for i in [tok.eos_token_id] if i is not None)
+    sgl = sglang_part(ctx, export_dir, sets, stop, _server_dtype(spec.target.dtype))
+    sgl.start()
+    return finish(ctx, export_dir, [], [], sgl.measure(), sets)
+
+
+def _server_dtype(dtype: str) -> str:
+    """--dtype for the servers from target.dtype (auto: bfloat16, the GPU default of
+    target.load)."""
+    return "bfloat16" if dtype == "auto" else dtype
+
+
 def run(ctx: StageContext) -> dict:
     p, spec = ctx.params, ctx.spec
     export_dir = drafter_dir(ctx)
     check_backend(spec)
     if p.backend == "sglang":
-        from eagle3_runner.target.sglang import run_bench
-        return run_bench(ctx, export_dir)
+        return run_sglang_only(ctx, export_dir)
     import torch
-    from tqdm import tqdm
 
-    from eagle3_runner.engine.speculative import Engine, default_width, engine_kernels, slots_needed
     from eagle3_runner.data.prompts import load_prompt_set, render
 
     target, drafter, tok, device = load_engine_parts(spec, export_dir)
     stop = tuple(i for i in [tok.eos_token_id] if i is not None)
     sets = {s: [(q["id"], torch.tensor([render(tok, q["messages"])], device=device))
                 for q in load_prompt_set(s, spec, p.num_prompts)] for s in p.prompt_sets}
+    sgl_sets = {s: [(pid, ids[0].tolist()) for pid, ids in v] for s, v in sets.items()}
+    sgl = None
+    if p.backend == "both":  # its servers start while the engines below compile
+        dtype = str(target.lm_head.weight.dtype).removeprefix("torch.")
+        sgl = sglang_part(ctx, export_dir, sgl_sets, stop, dtype)
+        sgl.start()
+    try:
+        rows, summaries, ours, measured = _embedded(ctx, export_dir, target, drafter, device,
+                                                    sets, stop, sgl)
+    finally:
+        if sgl is not None:
+            sgl.close()
+    compare = None
+    if measured is not None:
+        from eagle3_runner.target.sglang_bench import Compare
+        by_id = {s: dict(v) for s, v in sets.items()}
+        compare = Compare(ours, lambda s, pid, a, b: divergence(target, by_id[s][pid], a, b))
+    return finish(ctx, export_dir, rows, summaries, measured, sgl_sets, compare)
+
+
+def _embedded(ctx, export_dir: Path, target, drafter, device, sets: dict, stop: tuple, sgl):
+    """The embedded engine over every cuda_graph setting, configuration, prompt set and
+    max_new_tokens; measures the SGLang servers of `sgl` (started by the caller) once the first
+    engines are built, before any embedded decode. Returns (bench rows, summaries, the greedy
+    baseline tokens per (cuda_graph, prompt_set, max_new_tokens, prompt_id), SGLang's
+    measurements or None)."""
+    import torch
+    from tqdm import tqdm
+
+    from eagle3_runner.engine.speculative import Engine, default_width, engine_kernels, slots_needed
+    p = ctx.params
+    measured = None
     Kmax = max(c.num_steps for c in p.configs)
     Nmax = max(c.draft_tokens for c in p.configs)
     try:
@@ -191,7 +304,7 @@ def run(ctx: StageContext) -> dict:
     # benches of other prompt sets (variants) reuse inductor's on-disk graph cache
     max_seq = -(-max_seq // 256) * 256
     trained_on = train_samples(export_dir)
-    all_rows, summaries = [], []
+    all_rows, summaries, ours = [], [], {}
     for cg in p.cuda_graph:
         warm = next(iter(sets.values()))[0][1]
         t0 = time.perf_counter()
@@ -213,6 +326,11 @@ def run(ctx: StageContext) -> dict:
             engines[c] = e
             print(f"bench: engine {c.num_steps}/{c.eagle_topk}/{c.draft_tokens} built and warmed "
                   f"in {time.perf_counter() - t0:.1f} s", flush=True)
+        if sgl is not None and measured is None:  # this process idles while SGLang decodes
+            t0 = time.perf_counter()
+            measured = sgl.measure()
+            print(f"bench: sglang servers measured in {time.perf_counter() - t0:.1f} s",
+                  flush=True)
         for set_name, prompts in sets.items():
             for max_new in p.max_new_tokens:
                 base = baseline_pass(plain, prompts, max_new, p, stop, f"bench {set_name} baseline")
@@ -221,6 +339,8 @@ def run(ctx: StageContext) -> dict:
                                              f"bench {set_name} baseline, {width} rows")
                     for pid in base:
                         base[pid]["tokens"] = ref_toks[pid]["tokens"]
+                for pid in base:
+                    ours[cg, set_name, max_new, pid] = base[pid]["tokens"]
                 for c, e in engines.items():
                     cfg = config_fields(c, cg, max_new, p.temperature, "embedded", set_name,
                                         trained_on, kn)
@@ -248,11 +368,4 @@ def run(ctx: StageContext) -> dict:
                                                               "cuda_graph ignored on cpu"] if x)
                     summaries.append(summ)
                     all_rows += rows
-    save_results(ctx, all_rows, summaries)
-    for s in summaries:
-        ctx.metric(f"tau/{s['prompt_set']}/{s['config_id']}", s["tau"])
-        ctx.metric(f"speedup/{s['prompt_set']}/{s['config_id']}", s["speedup"], "x")
-    taus = [s["tau"] for s in summaries]
-    return {"tau": statistics.mean(taus), "speedup": statistics.mean(s["speedup"] for s in summaries),
-            "min_tau": min(taus), "summaries": len(summaries),
-            "lossless": all(s["lossless"] is not False for s in summaries)}
+    return all_rows, summaries, ours, measured

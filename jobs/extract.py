@@ -35,11 +35,11 @@ from pathlib import Path
 import torch
 
 from eagle3_runner.runner import dist as D
-from eagle3_runner.target.capture import capture, capture_manifest, load_target_data, target_head, write_json
+from eagle3_runner.target.capture import (as_target, capture, capture_engine, capture_manifest,
+                                          load_target_data, write_json)
 from eagle3_runner.target.features import FORMAT, MANIFEST
 from eagle3_runner.target.shards import (drop_shard, reusable_sha, sha_record, shard_index, sync_shards,
                          write_atomic, write_shard)
-from eagle3_runner.target.load import input_device, text_config
 from eagle3_runner.runner.files import sha256_file
 from eagle3_runner.runner.stage import StageContext
 
@@ -78,15 +78,15 @@ def forward_features(model, batch: list[list[int]], aux_ids: list[int],
 
 
 # ----------------------------------------------------------------------------------------------
-def default_writers(model) -> int:
+def default_writers(target) -> int:
     """Shard writer threads: 1 on CPU (the cores compute); on CUDA up to 12, leaving 4 cores to
     the main thread. sha256 and file writes release the GIL, so writers overlap each other and
     the forward passes. Measured on an H200 (SmolLM2, 8x2048 bf16 shards of 75 MB, 16 cores):
     extract/plain = 0.49 with 4 writers, 0.67 with 8, 0.70-0.75 with 12, 0.65 with 16 (then
     with an fsync per shard, since replaced by one sync_shards pass per rank).
     Several ranks on one node (LOCAL_WORLD_SIZE) split the cores unless Slurm already pinned
-    this process to its share."""
-    if input_device(model).type == "cuda":
+    this process to its share. target: a loaded model or a TargetData."""
+    if as_target(target).device.type == "cuda":
         return max(1, min(12, _my_cores() - 4))
     return 1
 
@@ -126,11 +126,12 @@ def assign_shards(tokens: list[int], world: int) -> list[list[int]]:
     return [sorted(x) for x in out]
 
 
-def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: list[int],
+def extract_samples(target, samples: list[tuple[list[int], list[int]]], aux_ids: list[int],
                     out_dir: Path, shard_samples: int, batch_tokens: int, pad_id: int = 0,
                     progress: bool = True, writers: int | None = None, rank: int = 0,
                     world: int = 1, length_sorted: bool = True) -> dict:
-    """Write shards for `samples` into out_dir, resuming after complete shards.
+    """Write shards for `samples` into out_dir, resuming after complete shards. target: the
+    loaded model, or a TargetData (target/capture.py: the model or the SGLang capture server).
 
     Shard s holds the samples at positions s*shard_samples... of the length-sorted order
     (module docstring); length_sorted=False keeps the dataset order instead (the benchmark's
@@ -155,11 +156,12 @@ def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: 
         (out_dir / f".tmp-{SHARD.format(s)}" for s in mine)  # other ranks write theirs
     for f in stale:
         f.unlink(missing_ok=True)
-    H = text_config(model).hidden_size
+    td = as_target(target, pad_id)
+    H = td.hidden_size
     width = len(aux_ids) * H
-    dtype = next(model.parameters()).dtype
-    cuda = input_device(model).type == "cuda"
-    writers = writers or default_writers(model)
+    dtype = td.dtype
+    cuda = td.device.type == "cuda"
+    writers = writers or default_writers(td)
     shards, resumed, todo = [None] * len(groups), 0, []
     for s in mine:
         group = groups[s]
@@ -193,7 +195,7 @@ def extract_samples(model, samples: list[tuple[list[int], list[int]]], aux_ids: 
                     dtype).view(n_tok, H)
                 offs = idx["offsets"].tolist()
                 for b in plan_batches([len(x[0]) for x in group], batch_tokens):
-                    aux, last = capture(model, [group[i][0] for i in b], aux_ids, pad_id)
+                    aux, last = td.capture_batch([group[i][0] for i in b], aux_ids)
                     for j, i in enumerate(b):
                         a, e = offs[i], offs[i + 1]
                         aux_buf[a:e].copy_(aux[j, :e - a], non_blocking=cuda)
@@ -252,14 +254,15 @@ def gather_shards(res: dict) -> dict:
 # the stage
 
 
-def write_target_parts(model, config: dict, out_dir: Path) -> dict[str, str]:
+def write_target_parts(target, config: dict, out_dir: Path) -> dict[str, str]:
     """target_head.safetensors (embed_tokens, norm, lm_head; lm_head = embed copy when tied) and
-    target_config.json. Returns {relative path: sha256}."""
+    target_config.json. target: the loaded model or a TargetData. Returns {relative path:
+    sha256}."""
     from safetensors.torch import save
     write_json(out_dir / "target_config.json", config)
     if (out_dir / "target_head.safetensors").exists():  # atomic: present = complete (resume)
         return {"target_head.safetensors": sha256_file(out_dir / "target_head.safetensors")}
-    tensors = {k: v.cpu().clone().contiguous() for k, v in target_head(model).items()}
+    tensors = {k: v.cpu().clone().contiguous() for k, v in as_target(target).head().items()}
     hashes = {"target_head.safetensors": write_atomic(out_dir / "target_head.safetensors",
                                                       [save(tensors)])}
     return hashes
@@ -277,13 +280,14 @@ def run(ctx: StageContext) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     if not torch.cuda.is_available():
         torch.set_num_threads(min(torch.get_num_threads(), os.cpu_count() or 1))
-    td = load_target_data(ctx)
-    model, samples, tok_report, aux_ids = td.model, td.samples, td.tok_report, list(spec.aux_ids)
-    res = gather_shards(extract_samples(model, samples, aux_ids, out, p.shard_samples,
-                                        p.batch_tokens, td.pad, progress=rank == 0, rank=rank,
-                                        world=world))
+    with capture_engine(ctx):
+        td = load_target_data(ctx)
+        samples, tok_report, aux_ids = td.samples, td.tok_report, list(spec.aux_ids)
+        res = gather_shards(extract_samples(td, samples, aux_ids, out, p.shard_samples,
+                                            p.batch_tokens, td.pad, progress=rank == 0,
+                                            rank=rank, world=world))
     if rank == 0:
-        ctx.file_hashes.update(write_target_parts(model, td.cfg, out))
+        ctx.file_hashes.update(write_target_parts(td, td.cfg, out))
     ctx.file_hashes.update({s["file"]: s["sha256"] for s in res["shards"]})
     n_tok = sum(sh["num_tokens"] for sh in res["shards"])
     cm = capture_manifest(spec, td)

@@ -2,8 +2,12 @@
 answer prompts the target writes itself.
 
 EAGLE-3's recipe: a drafter trained on what the target itself says is accepted more often than
-one trained on another model's answers. Generation runs on the embedded engine
-(engine/generate.py: our Llama, static KV cache, continuous batching, a CUDA-graphed decode step).
+one trained on another model's answers. Generation runs on the stage's engine (runner/engines.py
+choose_engine, as `runner plan` prints it): the embedded engine (engine/generate.py: our Llama,
+static KV cache, continuous batching, a CUDA-graphed decode step) or an SGLang server
+(engine/sglang_generate.py: the same contract over the server's native /generate with our
+rendered token ids; target/sglang_target.py launches it with target.sglang's tp/ep/dp, or
+connects to target.sglang.server). Everything below is the same on both.
 
 Real conversations (jobs.data's training split; the holdout is never touched): every assistant
 answer (or the first `max_turns`) is rewritten in order, each prompt being the conversation so
@@ -278,7 +282,7 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
     conversation through `writer`. Without a budget, jobs start longest first (most turns,
     longest first turn), so the multi-turn ones do not form the tail; with one, in a shuffled
     order seeded by params.seed, and none starts once it is over (see the module docstring).
-    Returns the Generator's stats."""
+    Returns the Generator's stats and by_source {source: new answer tokens of this run}."""
     from tqdm import tqdm
     from eagle3_runner.data.chat import template_errors
     from eagle3_runner.data.prompts import render, render_batch
@@ -290,6 +294,7 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
         jobs = sorted(jobs, key=lambda j: j.id)
         random.Random(params.seed).shuffle(jobs)
     started = 0  # jobs[:started] were started: first_turns takes them in order
+    by_source: Counter = Counter()  # new answer tokens per source, this run
     bar = tqdm(unit="tok", desc="regenerate", disable=not progress, smoothing=0.1)
     finished = [0]
     refused = template_errors()
@@ -328,6 +333,7 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
 
     def record_answer(job: Conv, r, text: str) -> bool:
         """Record the answer `text` of job's current turn; True when the job goes on."""
+        by_source[job.source] += len(r.tokens)
         if not text:
             writer.add(job.stopped("empty_reply"))
             return False
@@ -359,7 +365,7 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
         writer.add(j.record(dropped="time_budget"))
     writer.flush()
     bar.close()
-    return st
+    return {**st, "by_source": dict(by_source)}
 
 
 def summarize(records: list, pre: Counter, syn: dict | None) -> dict:
@@ -390,17 +396,19 @@ def summarize(records: list, pre: Counter, syn: dict | None) -> dict:
 
 def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path, guard=None,
                progress: bool = True, compile_backend=None,
-               clock: Callable[[], float] = time.monotonic) -> dict:
+               clock: Callable[[], float] = time.monotonic, gen=None) -> dict:
     """Regenerate `convs` (+ params.synthetic_prompts synthetic ones) into out_dir's shards,
     resuming what an earlier run left there, within params.max_minutes (None = no budget;
-    clock: seconds, for the budget). target: our Llama (jobs.llama.from_hf_model).
+    clock: seconds, for the budget). target: our Llama (jobs.llama.from_hf_model), for the
+    embedded Generator (make_generator); gen: another engine with the Generator's run() contract
+    instead (engine/sglang_generate.py SglangGenerator; target is then unused).
     Returns the report: metrics (see summarize), generation tokens/s and sizes."""
     if not getattr(tok, "chat_template", None):
         raise StageError("target.chat_template: the target tokenizer has no chat template; "
                          "regenerate needs one")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    gen = make_generator(target, params, max_length, compile_backend)
+    gen = gen if gen is not None else make_generator(target, params, max_length, compile_backend)
     warm_s = warm_up(gen, tok, params)
     budget = Budget(params.max_minutes, clock)  # generation time: the compile is not in it
     jobs, pre = real_conversations(convs, params, guard)
@@ -425,7 +433,7 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
     todo = [j for j in jobs if j.id not in done_ids]
     st = answer(gen, tok, todo, params, max_length, writer, progress, budget) if todo else \
         {"new_tokens": 0, "seconds": 0.0, "prefill_tokens": 0, "reused_tokens": 0, "wait_s": 0.0,
-         "steps": 0}
+         "steps": 0, "by_source": {}}
     records = read_records(out_dir)
     ids = [r["id"] for r in records]
     if len(ids) != len(set(ids)) or set(ids) != {j.id for j in jobs}:
@@ -443,7 +451,15 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
     wait = st["wait_s"] + (syn or {}).get("wait_s", 0.0)
     slots = st["steps"] * gen.R + (syn or {}).get("row_steps", 0)
     m["host_wait_share"] = (wait / max(gen_secs, 1e-9), "fraction")
-    m["decode_slot_use"] = (gen_tokens / max(slots, 1), "fraction")
+    if slots:  # the embedded engine's decode steps (a server's are its own)
+        m["decode_slot_use"] = (gen_tokens / slots, "fraction")
+    # generation speed per source: the answers (real and synthetic conversations share the
+    # answer phase's seconds) and the synthetic prompts written before them
+    for src, n in st["by_source"].items():
+        m[f"tokens_per_s_answers_{src}"] = (n / max(st["seconds"], 1e-9), "tok/s")
+    m["tokens_per_s_answers"] = (st["new_tokens"] / max(st["seconds"], 1e-9), "tok/s")
+    if syn and syn.get("seconds"):
+        m["tokens_per_s_synthesis"] = (syn["tokens"] / syn["seconds"], "tok/s")
     m["warmup_seconds"] = (warm_s, "s")
     m["resumed_conversations"] = writer.resumed
     m["prefill_tokens"] = (st["prefill_tokens"], "tok")
@@ -457,24 +473,58 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
 
 
 def run(ctx: StageContext) -> dict:
-    """Regenerate the spec's training conversations (+ synthetic ones) into ctx.out_dir/shards."""
+    """Regenerate the spec's training conversations (+ synthetic ones) into ctx.out_dir/shards,
+    on the stage's engine (runner/engines.py stage_engine: embedded or sglang)."""
     from eagle3_runner.data.contamination import bench_guard
     from eagle3_runner.data.conversations import load_conversations, show_data_report
-    from eagle3_runner.models.llama import from_hf_model
-    from eagle3_runner.target.load import load_target
+    from eagle3_runner.runner.engines import SGLANG, stage_engine
     spec, p, out = ctx.spec, ctx.params, Path(ctx.out_dir)
+    try:
+        engine = stage_engine(spec, "regenerate")
+    except ValueError as e:
+        raise StageError(str(e))
     train, _holdout, data_report = load_conversations(spec.data)
     show_data_report(ctx, data_report)  # what the data lost, before any compute
     guard = bench_guard(spec)
-    hf, tok, _cfg = load_target(spec)
-    target = from_hf_model(hf)
-    del hf
-    m = regenerate(target, tok, train, p, spec.data.max_length, out, guard)
+    if engine.engine == SGLANG:
+        m, info = _regenerate_sglang(ctx, train, guard)
+    else:
+        m, info = _regenerate_embedded(ctx, train, guard), {}
     if not m["conversations"]:
         raise StageError(f"regenerate: no conversation kept ({m}); raise data.max_length "
                          "(prompts longer than it are cut) or check the target")
     atomic_write(out / "report.json", json.dumps(
         {"data": data_report, "bench_prompts_guarded": guard.size,
+         "engine": {"engine": engine.engine, "why": engine.why, **info},
          "regenerate": {k: (v[0] if isinstance(v, tuple) else v) for k, v in m.items()}},
         indent=1, default=str))
     return m
+
+
+def _regenerate_embedded(ctx: StageContext, train: list, guard) -> dict:
+    """regenerate() on the embedded Generator: the target loaded as our Llama."""
+    from eagle3_runner.models.llama import from_hf_model
+    from eagle3_runner.target.load import load_target
+    hf, tok, _cfg = load_target(ctx.spec)
+    target = from_hf_model(hf)
+    del hf
+    return regenerate(target, tok, train, ctx.params, ctx.spec.data.max_length,
+                      Path(ctx.out_dir), guard)
+
+
+def _regenerate_sglang(ctx: StageContext, train: list, guard) -> tuple[dict, dict]:
+    """regenerate() through the stage's SGLang server (target/sglang_target.py stage_server, its
+    log in out_dir/logs). Returns (metrics, {sglang_version, url})."""
+    from eagle3_runner.engine.sglang_generate import SglangGenerator
+    from eagle3_runner.runner.engines import GENERATE
+    from eagle3_runner.target.load import load_tokenizer, target_config
+    from eagle3_runner.target.sglang_target import stage_server
+    spec, p = ctx.spec, ctx.params
+    tok = load_tokenizer(spec)
+    width = max(p.max_new_tokens, p.synthetic_max_tokens if p.synthetic_prompts else 1)
+    with stage_server(spec, GENERATE, target_config(spec), Path(ctx.out_dir) / "logs") as srv:
+        gen = SglangGenerator(srv, p.batch_size, width)
+        m = regenerate(None, tok, train, p, spec.data.max_length, Path(ctx.out_dir), guard,
+                       gen=gen)
+    return m, {"sglang_version": srv.info.get("version"), "url": srv.url,
+               "tp": srv.info.get("tp_size"), "dp": srv.info.get("dp_size")}

@@ -77,16 +77,22 @@ class Attention(nn.Module):
         written to (per batch row when 2-D). kv_len: attend only cache slots < kv_len (cost
         follows the live lengths, not S). attn(q [B, nh, T, hd], k [B, nkv, S', hd], v, mask)
         -> [B, nh, T, hd] replaces SDPA (a decode kernel). rows [B] int64: the cache batch rows
-        these inputs use (default 0..B-1; batched prefill into freed rows). -> [B, T, H]"""
+        these inputs use (default 0..B-1; batched prefill into freed rows).
+        Without a cache (setup_cache never called: target/capture_embedded.py) the T new keys
+        and values are all there is: attn(q, k, v, mask) (or SDPA with mask) over them, slots,
+        kv_len and rows unused. -> [B, T, H]"""
         B, T, _ = x.shape
         c = self.c
         q = self.q_proj(x).view(B, T, c.num_attention_heads, c.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        write_cache(self.k_cache, k, slots, rows)  # static cache write
-        write_cache(self.v_cache, v, slots, rows)
-        kc, vc = self.k_cache, self.v_cache
+        if self.k_cache is None:
+            kc, vc, kv_len, rows = k, v, None, None
+        else:
+            write_cache(self.k_cache, k, slots, rows)  # static cache write
+            write_cache(self.v_cache, v, slots, rows)
+            kc, vc = self.k_cache, self.v_cache
         if kv_len is not None:
             kc, vc = kc[:, :, :kv_len], vc[:, :, :kv_len]
         if rows is not None:

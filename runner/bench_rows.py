@@ -13,6 +13,12 @@ choice was there (the embedded backend's jobs.bench.divergence), and the summary
 train_samples = the samples the drafter was actually trained on, read from the export's
 provenance.json (the train stage's summary), the same for every backend, so data-scaling plots
 (runner/report.py) never mix definitions.
+Backend sglang adds server_accept_length (SGLang's own spec_accept_length, the prefill's token
+counted) and, when the embedded engine ran in the same stage, ref_* = SGLang's plain greedy decode
+against the embedded engine's (target/sglang_bench.py). Speed model calibrated to SGLang: a
+round-cost profile measured by the sglang backend (speed_profile, written as
+sglang_profile.json; stages.bench.speed_profile reads one) gives the embedded rows the speedup and
+break-even tau SGLang would give (predicted_speedup, predicted_break_even_tau).
 """
 
 from __future__ import annotations
@@ -171,6 +177,91 @@ def summary_row(cfg: dict, rows: list[dict], tau: float, spec_tok_s: float, base
             **_measured(cfg, tau, spec_tok_s, base_tok_s, lossless, margin),
             "lossless_prompts": n_lossless, "base_ms_per_token": 1000 / base_tok_s,
             "break_even_tau": break_even_tau, "explanation": explanation + why, **extra}
+
+
+def failed_summary_row(cfg: dict, why: str) -> dict:
+    """The `bench_summary` row of a configuration that produced no measurement (an SGLang server
+    that did not start or died): n_prompts 0, every measured column NULL, flags "sglang server
+    failed", the reason (with the server's log tail) as the explanation."""
+    return {**cfg, "n_prompts": 0, "flags": "sglang server failed", "explanation": why}
+
+
+def round_cost(spec_s: float, rounds: int, base_s: float, base_tokens: int) -> tuple[float, float,
+                                                                                       float]:
+    """(round ms, baseline ms per token, round cost in baseline tokens = break-even tau) from
+    end-to-end times: a round is spec_s / rounds (prefill and first token spread over the
+    rounds), a baseline token base_s / base_tokens. NaN where a count is 0."""
+    nan = float("nan")
+    rms = 1000 * spec_s / rounds if rounds else nan
+    bms = 1000 * base_s / base_tokens if base_tokens else nan
+    return rms, bms, (rms / bms if bms == bms and bms > 0 else nan)
+
+
+# ----------------------------------------------------------------------------------------------
+# the speed model calibrated to the serving engine
+
+PROFILE_FORMAT = "eagle3-runner-sglang-profile/1"
+_SHAPE = ("num_steps", "eagle_topk", "num_draft_tokens", "cuda_graph")
+
+
+def speed_profile(summaries: list[dict], version: str | None, target: str) -> dict:
+    """SGLang's round-cost profile from the sglang backend's summaries of one bench stage (the
+    failed ones skipped): per configuration its round ms, the plain server's ms per token and
+    their ratio, the round cost in plain tokens (= break-even tau); the JSON
+    sglang_profile.json holds, which stages.bench.speed_profile reads back."""
+    configs = [{**{k: s[k] for k in (*_SHAPE, "prompt_set", "max_new_tokens", "n_prompts", "tau")},
+                "round_ms": s["break_even_tau"] * s["base_ms_per_token"],
+                "base_ms_per_token": s["base_ms_per_token"],
+                "round_cost_tokens": s["break_even_tau"]}
+               for s in summaries if s.get("backend") == "sglang" and s.get("n_prompts")]
+    return {"format": PROFILE_FORMAT, "sglang_version": version, "target": target,
+            "configs": configs}
+
+
+def read_profile(path) -> dict:
+    """A speed profile written by speed_profile (sglang_profile.json). Raises ValueError naming
+    the file when it is not one."""
+    try:
+        prof = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: cannot read the SGLang speed profile ({e})")
+    if not isinstance(prof, dict) or prof.get("format") != PROFILE_FORMAT or \
+            not isinstance(prof.get("configs"), list):
+        raise ValueError(f"{path}: not an SGLang speed profile (format {PROFILE_FORMAT}: the "
+                         "sglang_profile.json a bench stage with backend sglang or both writes)")
+    return prof
+
+
+def profile_entry(profile: dict, cfg: dict) -> dict | None:
+    """The profile's measurement of cfg's configuration (num_steps, eagle_topk,
+    num_draft_tokens, cuda_graph), preferring one of the same prompt set and max_new_tokens;
+    None when the profile has no such configuration."""
+    same = [c for c in profile["configs"] if all(c.get(k) == cfg[k] for k in _SHAPE)]
+    best = [c for c in same if (c.get("prompt_set"), c.get("max_new_tokens")) ==
+            (cfg["prompt_set"], cfg["max_new_tokens"])]
+    return (best or same or [None])[0]
+
+
+def predict(summary: dict, profile: dict, source: str) -> dict:
+    """Add to an embedded `bench_summary` row the speed SGLang would give at its tau: a round
+    costs the profile's round_cost_tokens plain tokens there, so predicted_speedup = tau /
+    round_cost_tokens and predicted_break_even_tau = round_cost_tokens (both NULL when the
+    profile lacks the configuration). Updates and returns `summary`; source names the profile
+    in the explanation."""
+    e = profile_entry(profile, summary)
+    v = profile.get("sglang_version") or "?"
+    if e is None:
+        summary["explanation"] += (f" Predicted for SGLang {v}: the profile ({source}) has no "
+                                   "round cost for this configuration.")
+        return summary
+    cost, tau = e["round_cost_tokens"], summary["tau"]
+    summary["predicted_break_even_tau"] = cost
+    summary["predicted_speedup"] = tau / cost
+    summary["explanation"] += (
+        f" Predicted for SGLang {v} ({source}): a round there costs {e['round_ms']:.2f} ms = "
+        f"{cost:.2f} plain tokens of {e['base_ms_per_token']:.2f} ms, so tau {tau:.2f} would "
+        f"give {tau / cost:.2f}x (predicted; break-even tau {cost:.2f}).")
+    return summary
 
 
 def save_results(ctx, rows: list[dict], summaries: list[dict]) -> None:

@@ -80,6 +80,7 @@ def _render_plan(plan) -> str:
     n = sum(p.action == "run" for p in plan.stages)
     lines.append(f"{n} stage(s) to run")
     lines += [f"warning: {w}" for w in plan.warnings]
+    lines += [f"engine: {sid}: {engine} ({why})" for sid, engine, why in plan.engines]
     if plan.disk:
         from eagle3_runner.runner.disk import render
         lines += render(plan.disk)

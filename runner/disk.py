@@ -155,6 +155,17 @@ def estimate(spec) -> dict:
                       f"{CHARS_PER_TOKEN:g} characters per token"}
 
 
+def train_share(spec, e: dict) -> dict:
+    """An online train stage's part of `estimate` e: its training samples (the held-out
+    stages.train.eval_samples left out, at most stages.train.num_samples) with their tokens and
+    what those would take as offline features. Epochs repeat the same samples: no more bytes."""
+    t = spec.stages.train
+    n = max(0, e["samples"] - t.eval_samples)
+    n = min(n, t.num_samples) if t.num_samples else n
+    tokens = round(e["tokens"] * n / e["samples"]) if e["samples"] else 0
+    return {**e, "samples": n, "tokens": tokens, "bytes": tokens * e["bytes_per_token"]}
+
+
 def free_bytes(work_dir: Path) -> tuple[int, str]:
     """(free bytes, the existing folder measured) of the filesystem work_dir is (or will be) on."""
     p = Path(work_dir).absolute()
@@ -170,7 +181,10 @@ def report(extracts: list[tuple[str, object]], online: list[tuple[str, object]],
     "extract": [{"stage", **estimate}], "online": [...], "extract_bytes", "fits", "advice"}."""
     free, where = free_bytes(work_dir)
     ex = [{"stage": sid, **estimate(s)} for sid, s in extracts]
-    on = [{"stage": sid, **estimate(s)} for sid, s in online]
+    on = []
+    for sid, s in online:
+        e = estimate(s)
+        on.append({"stage": sid, **(train_share(s, e) if "bytes" in e else e)})
     total = sum(e.get("bytes", 0) for e in ex)
     fits = total <= free
     advice = None if fits else (
@@ -194,8 +208,15 @@ def render(d: dict) -> list[str]:
                    f"tokens x {e['bytes_per_token']:,} B; {e['method']})" if "bytes" in e else
                    f"disk: {e['stage']}: {e['error']}")
     for e in d["online"]:
-        offline = f" (offline: ~{gb(e['bytes'])}, ~{e['tokens']:,} tokens)" if "bytes" in e else ""
-        out.append(f"disk: {e['stage']} runs the target online: no features written{offline}")
+        if "bytes" not in e:
+            out.append(f"disk: {e['stage']} runs the target online: no features written")
+            continue
+        more = (f": {e['bytes'] / max(d['free_bytes'], 1):.1f}x the {gb(d['free_bytes'])} free on "
+                f"{d['filesystem']}, more than an extract could write there"
+                if e["bytes"] > d["free_bytes"] else "")
+        out.append(f"disk: {e['stage']} runs the target online: no features written; it trains "
+                   f"on ~{e['tokens']:,} tokens ({e['samples']:,} samples), ~{gb(e['bytes'])} as "
+                   f"offline features{more}")
     out.append(f"disk: {gb(d['free_bytes'])} free on {d['filesystem']}")
     if d["advice"]:
         out.append(f"disk: NOT ENOUGH SPACE: {d['advice']}")

@@ -30,6 +30,15 @@ class StageError(RunnerError):
     The runner prints it without a traceback."""
 
 
+class ServerError(StageError):
+    """An SGLang server did not become ready, or died or failed a request (target/sglang.py);
+    the message names the server and ends with its log tail, `log_tail` holds the tail alone."""
+
+    def __init__(self, message: str, log_tail: str = ""):
+        self.log_tail = log_tail
+        super().__init__(message)
+
+
 class StoreError(RunnerError):
     """The DuckDB results store cannot be written or queried as asked."""
 

@@ -24,6 +24,13 @@ fp32 embedding and the target's lm_head copy on the group's first GPU (TTT activ
 counted). target.max_memory caps the weights per GPU (`gpu`, or a group index) and lets the rest
 go to CPU memory (`cpu`: accelerate offloads those layers and streams them to the GPU per
 forward). A plan whose target cannot fit is refused, naming the fix.
+
+A stage whose engine is SGLang (runner/engines.py choose_engine) holds no target itself: a server
+launched on GPUs 0 .. tp x dp - 1 of the stage's node holds it, dp replicas of tp GPUs each
+(`server_memory`); its weights per GPU ~ weights / tp (attention heads, MLP columns, experts within
+the ep group and the vocab all split over tp), within the share SGLang takes
+(target.sglang.mem_fraction_static, else SGLANG_FRACTION); what SGLang leaves of each GPU holds
+the online drafter. A server you run (target.sglang.server) is not checked.
 """
 
 from __future__ import annotations
@@ -31,12 +38,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from eagle3_runner.runner.engines import CAPTURE, SGLANG, choose_engine, stage_role
 from eagle3_runner.runner.errors import PlanError
 from eagle3_runner.runner.stages import stage_nproc
 from eagle3_runner.runner.target_size import DTYPE_BITS, FUSED_ATTENTION, activation_bytes, weight_bytes
 
 USABLE = 0.95  # of a GPU's memory, for tensors (CUDA context and allocator slack take the rest)
 GIB = 2 ** 30
+# the share of an H200 SGLang 0.5.14 takes when --mem-fraction-static is not given (server_args.py
+# _handle_gpu_memory_settings: (memory - reserved) / memory; ~0.81 with --chunked-prefill-size -1,
+# ~0.93 with 8k chunks): the lower end, for the fit check
+SGLANG_FRACTION = 0.8
+KV_SHARE = 0.1  # of SGLang's share, at least, left for the KV cache next to the weights
 
 
 # ----------------------------------------------------------------------------------------------
@@ -100,18 +113,25 @@ def layer_devices(device_map: dict, layers: int) -> dict[int, int | str]:
     return out
 
 
-def stage_target(spec, stage: str) -> str | None:
-    """How `stage` holds the target: "split" (may use target.device_map: extract, online train),
-    "whole" (regenerate: the embedded engine on one GPU), or None (it does not load it)."""
-    if stage == "extract" or (stage == "train" and spec.stages.train is not None
-                              and spec.stages.train.features == "online"):
-        return "split"
-    return "whole" if stage == "regenerate" else None
+def stage_target(spec, stage: str, cfg: dict | None = None) -> str | None:
+    """How `stage` holds the target: "server" (its engine is SGLang: a server holds it),
+    "split" (may use target.device_map: extract, online train), "whole" (regenerate: the
+    embedded engine on one GPU), or None (it does not run it). cfg: the target's config when
+    readable (the engine choice reads it). Raises PlanError when target.engine cannot run it."""
+    try:
+        choice = choose_engine(spec, stage, cfg)
+    except ValueError as e:
+        raise PlanError(str(e))
+    if choice is None:
+        return None
+    if choice.engine == SGLANG:
+        return "server"
+    return "split" if stage_role(spec, stage) == CAPTURE else "whole"
 
 
-def splits(spec, stage: str) -> bool:
+def splits(spec, stage: str, cfg: dict | None = None) -> bool:
     """Whether `stage`'s ranks each hold a target split over a GPU group."""
-    return spec.target.device_map is not None and stage_target(spec, stage) == "split"
+    return spec.target.device_map is not None and stage_target(spec, stage, cfg) == "split"
 
 
 def _stage_gpus(spec, stage: str) -> int | None:
@@ -201,9 +221,11 @@ def stage_memory(spec, stage: str, cfg: dict | None) -> dict:
     the verdict. {"stage", "layout", "replicas", "gpus_per_replica", "weights_gib",
     "per_gpu_gib", "activations_gib", "drafter_gib", "usable_gib", "fits" (True/False/None =
     not checked), "why", "how", "assumptions"}."""
-    t, kind = spec.target, stage_target(spec, stage)
+    t, kind = spec.target, stage_target(spec, stage, cfg)
+    if kind == "server":
+        return server_memory(spec, stage, cfg)
     ranks = stage_nproc(spec, stage)
-    split = splits(spec, stage)
+    split = splits(spec, stage, cfg)
     out: dict[str, Any] = {"stage": stage, "replicas": ranks, "fits": None}
     if t.device == "cpu":
         return {**out, "layout": f"{ranks} replica(s) on the CPU (target.device cpu)",
@@ -274,6 +296,65 @@ def stage_memory(spec, stage: str, cfg: dict | None) -> dict:
     return out
 
 
+def server_memory(spec, stage: str, cfg: dict | None) -> dict:
+    """The memory entry of a stage whose target is an SGLang server (module docstring): the same
+    keys as stage_memory. Raises PlanError when tp x dp exceeds the stage's GPUs, or an extract
+    asks for several ranks (one process feeds the server; its dp replicas parallelise)."""
+    o = spec.target.sglang_options
+    out: dict[str, Any] = {"stage": stage, "replicas": o.dp, "fits": None, "server": True}
+    if o.server is not None:
+        return {**out, "layout": f"the SGLang server at {o.server} (yours)",
+                "why": "a server you run: its memory is not checked"}
+    G, ranks = _stage_gpus(spec, stage), stage_nproc(spec, stage)
+    if G is not None and G < o.gpus:
+        raise PlanError(f"{stage}: target.sglang tp x dp = {o.tp} x {o.dp} = {o.gpus} GPUs, but "
+                        f"the stage has {G} (executor.gpus_per_node or executor.stages.{stage}."
+                        "gpus_per_node); lower tp or dp, or give the stage more GPUs")
+    if stage == "extract" and ranks > 1:
+        raise PlanError(f"extract through SGLang runs one process (the server's dp replicas "
+                        f"parallelise it), not {ranks}: set executor.stages.extract."
+                        "nproc_per_node: 1, or target.sglang.dp for more replicas")
+    ep = f", ep {o.ep}" if o.ep > 1 else ""
+    out["layout"] = (f"SGLang server, {o.dp} replica(s) x tp {o.tp}{ep} = GPUs 0-{o.gpus - 1}"
+                     + (f" of {G}" if G else "") + (f"; {ranks} training ranks beside it"
+                                                    if stage == "train" else ""))
+    out["gpus_per_replica"] = o.tp
+    w = weights(spec, cfg)
+    if w is None:
+        return {**out, "why": "target size unknown: make target.path readable or declare "
+                              "target.num_parameters_b and target.weight_bits"}
+    frac = o.mem_fraction_static or SGLANG_FRACTION
+    drafter = drafter_state_bytes(spec, cfg) if stage == "train" else 0
+    per = w["bytes"] / o.tp
+    out.update(weights_gib=w["bytes"] / GIB, parameters=w["parameters"], how=w["how"],
+               activations_gib=0.0, drafter_gib=drafter / GIB, weights_per_gpu_gib=per / GIB,
+               weights_first_gpu_gib=per / GIB, cpu_gib=0.0,
+               assumptions=f"weights / tp; SGLang takes {frac:g} of each GPU "
+                           f"({'target.sglang.mem_fraction_static' if o.mem_fraction_static else 'assumed: not declared'})"
+                           ", its KV cache and activations inside that share")
+    gib = spec.executor.gpu_memory_gb
+    if gib is None:
+        return {**out, "why": "GPU memory not declared (executor.gpu_memory_gb): not checked"}
+    share = gib * GIB * frac
+    out["usable_gib"] = share / GIB
+    out["per_gpu_gib"] = per / GIB + drafter / GIB
+    if per > share * (1 - KV_SHARE):
+        out["fits"] = False
+        out["why"] = (f"{stage}: the target needs ~{per / GIB:,.1f} GiB of weights per GPU at tp "
+                      f"{o.tp}, SGLang's share of a GPU is ~{share / GIB:,.1f} GiB and its KV "
+                      f"cache needs room beside them: raise target.sglang.tp (GPUs per replica) "
+                      f"or target.sglang.mem_fraction_static")
+    elif drafter and drafter > gib * GIB * (USABLE - frac):
+        out["fits"] = False
+        out["why"] = (f"train: the drafter's ~{drafter / GIB:,.1f} GiB of state does not fit "
+                      f"the {gib * (USABLE - frac):,.1f} GiB SGLang leaves of a GPU "
+                      f"(mem_fraction_static {frac:g}); lower target.sglang.mem_fraction_static "
+                      "or train offline (stages.extract)")
+    else:
+        out["fits"], out["why"] = True, "fits"
+    return out
+
+
 def _fix(stage, w, g, ranks, G, cap, act_b, drafter, split, fits_with) -> str:
     """The refusal: what does not fit, and the change that makes it fit (fits_with(n): whether
     n replicas over the node's G GPUs would)."""
@@ -315,7 +396,14 @@ def render(d: dict) -> list[str]:
         if "weights_gib" in m:
             lines.append(f"memory: {m['stage']}: target ~{m['parameters'] / 1e9:,.1f}B "
                          f"parameters, ~{m['weights_gib']:,.1f} GiB of weights ({m['how']})")
-        if m.get("per_gpu_gib") is not None:
+        if m.get("per_gpu_gib") is not None and m.get("server"):
+            beside = f" + ~{m['drafter_gib']:,.1f} GiB drafter state beside it" \
+                if m["drafter_gib"] else ""
+            lines.append(f"memory: {m['stage']}: ~{m['weights_per_gpu_gib']:,.1f} GiB weights "
+                         f"per GPU in SGLang's ~{m['usable_gib']:,.1f} GiB share{beside} "
+                         f"(executor.gpu_memory_gb, declared, not measured): {m['why']}; "
+                         f"{m['assumptions']}")
+        elif m.get("per_gpu_gib") is not None:
             weights = f"~{m['weights_per_gpu_gib']:,.1f} GiB weights" if not m["drafter_gib"] \
                 else (f"the first GPU ~{m['weights_first_gpu_gib']:,.1f} GiB weights + "
                       f"~{m['drafter_gib']:,.1f} GiB drafter state, the others up to "

@@ -18,13 +18,12 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from eagle3_runner.runner import disk, placement
-from eagle3_runner.runner.errors import PlanError, RunnerError
+from eagle3_runner.runner import disk, engines, placement
+from eagle3_runner.runner.errors import PlanError
 from eagle3_runner.runner.files import atomic_write, cache_dir, expand_path, sha256_file
 from eagle3_runner.runner.spec.load import variant_spec
 from eagle3_runner.runner.spec.schema import Spec
 from eagle3_runner.runner.stage import artifact_identity, read_manifest
-from eagle3_runner.runner.target_config import read_target_config
 from eagle3_runner.runner.stages import (STAGE_ORDER, enabled_stages, stage_files, stage_kind, stage_needs,
                            stage_slice)
 
@@ -60,6 +59,7 @@ class Plan:
     warnings: tuple[str, ...] = ()  # problems the executor's machines may not have
     disk: dict = field(default_factory=dict, compare=False)  # runner/disk.py report
     memory: dict = field(default_factory=dict, compare=False)  # runner/placement.py report
+    engines: tuple = ()  # (stage id, engine, why) of each stage that runs the target
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -351,21 +351,34 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
                 if p.stage == "extract" and p.action == "run"]
     online = [(p.id, specs[p.variant]) for p in planned if p.stage == "train"
               and p.shared_with is None and specs[p.variant].stages.train.features == "online"]
-    cfg = _target_config(spec)
+    cfg = engines.target_cfg(spec)
     holds = [(p.id, specs[p.variant], cfg) for p in planned if p.action == "run"
-             and p.shared_with is None and placement.stage_target(specs[p.variant], p.stage)]
+             and p.shared_with is None
+             and placement.stage_target(specs[p.variant], p.stage, cfg)]
+    chosen, checked = [], set()
+    for p in planned:
+        if p.action != "run" or p.shared_with is not None:
+            continue
+        vspec = specs[p.variant]
+        try:
+            c = engines.choose_engine(vspec, p.stage, cfg)
+        except ValueError as e:
+            raise PlanError(str(e))
+        if c is None:
+            continue
+        chosen.append((p.id, c.engine, c.why))
+        role = engines.stage_role(vspec, p.stage)
+        seen = (role, vspec.target.sglang_options.model_dump_json())
+        if c.engine == engines.SGLANG and seen not in checked:
+            checked.add(seen)
+            for problem in engines.check_sglang(vspec, role):
+                if ex == "slurm" and vspec.target.sglang_options.server is None:
+                    warnings.append(problem + " (checked here; the stage runs on a compute node)")
+                else:
+                    raise PlanError(f"{p.id}: {problem}")
     return Plan(spec.name, str(work), str(results), ex, tuple(planned),
                 tuple(dict.fromkeys(warnings)), disk.report(extracts, online, work),
-                placement.report(holds))
-
-
-def _target_config(spec: Spec) -> dict | None:
-    """The target's config.json / GGUF geometry for the memory estimate, or None when it cannot
-    be read here (a Slurm login node without the weights: the spec's declared sizes count)."""
-    try:
-        return read_target_config(expand_path(spec.target.path))
-    except (OSError, RunnerError):
-        return None
+                placement.report(holds), tuple(chosen))
 
 
 def _source(by_slot: dict, need: tuple[str, str]) -> PlannedStage:

@@ -65,7 +65,8 @@ def bench_rows(spec: Spec) -> list[dict]:
     # spec.name matches ^[A-Za-z0-9_.-]+$ (schema), so inlining it is safe
     cols, rows = store.query(
         "SELECT b.*, r.started_at AS run_started_at FROM bench_summary b JOIN runs r USING (run_id) "
-        f"WHERE r.spec_name = '{spec.name}' ORDER BY r.started_at, b.run_id")
+        f"WHERE r.spec_name = '{spec.name}' AND b.tau IS NOT NULL "  # failed servers: no tau
+        "ORDER BY r.started_at, b.run_id")
     if not rows:
         raise ReportError(f"no bench rows yet: {hint}")
     return [dict(zip(cols, r)) for r in rows]

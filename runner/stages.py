@@ -133,6 +133,24 @@ class TrainStage(Strict):
         "online = the train stage runs the target itself on each batch (each data-parallel "
         "rank its own copy) and writes nothing but checkpoints and the drafter; the spec then "
         "has no stages.extract."))
+    online_capture: Literal["hf", "embedded"] = Field("hf", description=(
+        "How the train stage runs the target with features: online. hf = transformers' forward "
+        "over right-padded length groups with hooks on the aux layers (extract's capture); "
+        "embedded = our own Llama forward (models/llama.py) over the batch packed into one row "
+        "without padding, each layer one compiled graph on CUDA: for a plain Llama target on one "
+        "device (no target.device_map); the same features up to float rounding."))
+    prefetch: bool = Field(False, description=(
+        "With features: online on CUDA: the next step's target forward runs on a second CUDA "
+        "stream while this step trains (the same batches and results, overlapped)."))
+
+    @model_validator(mode="after")
+    def _online_options(self):
+        for name, off in (("online_capture", "hf"), ("prefetch", False)):
+            if self.features != "online" and getattr(self, name) != off:
+                raise ValueError(f"stages.train.{name}: set, but it applies to features: online "
+                                 f"only (this spec trains offline). Remove it, or set features: "
+                                 "online.")
+        return self
 
 
 class ExportStage(Strict):
@@ -165,13 +183,25 @@ class SpecParams(Strict):
 class SglangOptions(Strict):
     """How the sglang backend launches servers."""
 
-    python: str = Field("python3", description="Interpreter that has sglang installed.")
+    python: str = Field("python3", description="Interpreter that has sglang installed: a name "
+                        "on PATH or a path (~ and ${VAR} expanded), e.g. a wrapper that sets "
+                        "PYTHONPATH to sglang's own folder (DEVELOPERS.md).")
     host: str = Field("127.0.0.1", description="Bind address: loopback only (127.0.0.1, ::1, "
                       "localhost).")
-    port: int = Field(30000, ge=1024, le=65535, description="Speculative server port; baseline "
-                      "uses port+1.")
+    port: Optional[int] = Field(None, ge=1024, le=65000, description="First port: each server "
+                                "takes two consecutive ones (HTTP, --nccl-port) from it; null = "
+                                "free ports picked per server.")
     tp: int = Field(1, ge=1, description="--tp-size.")
-    startup_timeout_s: float = Field(900, gt=0, description="Health-check timeout.")
+    parallel: int = Field(1, ge=1, description="Servers started at once on the GPU(s) (the plain "
+                          "one and the configurations); each decodes alone, one after another. "
+                          "Above 1, set mem_fraction_static and a --max-total-tokens in "
+                          "extra_args so that they fit together.")
+    mem_fraction_static: Optional[float] = Field(None, gt=0, lt=1, description="--mem-fraction-"
+                                                 "static of every server; null = SGLang's "
+                                                 "choice (most of the GPU: one server at a time).")
+    startup_timeout_s: float = Field(900, gt=0, description="Seconds from a server's launch to "
+                                     "ready; past it the server is stopped and its "
+                                     "configuration recorded as failed.")
     request_timeout_s: float = Field(600, gt=0, description="Per-request timeout.")
     cuda_graph_max_bs: Optional[int] = Field(None, ge=1, description="--cuda-graph-max-bs.")
     extra_args: list[str] = Field(default_factory=list, description="Extra server argv items "
@@ -190,8 +220,10 @@ class SglangOptions(Strict):
 class BenchStage(Strict):
     """Measure tau and tok/s against a no-speculation baseline in the same run."""
 
-    backend: Literal["embedded", "sglang"] = Field("embedded", description="embedded = our PyTorch "
-                                                   "engine; sglang = launch real servers.")
+    backend: Literal["embedded", "sglang", "both"] = Field(
+        "embedded", description="embedded = our PyTorch engine; sglang = real SGLang servers "
+        "(stages.bench.sglang); both = the two on the same prompts in one stage, SGLang's plain "
+        "greedy output compared with ours (view bench_parity).")
     prompt_sets: list[Literal["mtbench", "humaneval", "sharegpt"]] = Field(
         default_factory=lambda: ["mtbench"], min_length=1,
         description="Prompt sets; sharegpt = data.holdout.")
@@ -211,6 +243,12 @@ class BenchStage(Strict):
     context_length: Optional[int] = Field(None, ge=1, description="Serving context; the drafter's "
                                           "max_position_embeddings must cover it. Default = target's.")
     seed: int = Field(0, description="Sampling seed.")
+    speed_profile: Optional[str] = Field(None, description="An SGLang round-cost profile "
+                                         "(sglang_profile.json of a bench with backend sglang or "
+                                         "both): the embedded rows then also report the speedup "
+                                         "and break-even tau SGLang would give (predicted_*). "
+                                         "Default with backend both: the profile this stage "
+                                         "measures.")
     drafter: Optional[str] = Field(None, description=(
         "Bench this SGLang draft directory (config.json + model.safetensors, e.g. "
         "scripts/bench/specforge_peer.py's output) instead of the export stage's: the bench "
@@ -260,9 +298,10 @@ def _train_key(spec, d: dict) -> dict:
 
 
 def _target(d: dict) -> dict:
-    """The target fields every stage that runs the target depends on."""
+    """The target fields every stage that runs the target depends on (target.engine: the
+    engines' outputs agree to bf16 rounding only, so declaring another one reruns)."""
     return {k: d["target"][k] for k in ("path", "dtype", "num_hidden_layers", "hidden_size",
-                                        "vocab_size", "chat_template")}
+                                        "vocab_size", "chat_template", "engine")}
 
 
 def _train_check(spec, manifests: dict) -> str | None:

@@ -8,7 +8,7 @@ unlink never duplicates rows), then removes the files. The coordinator ingests a
 anyone may ingest at any time.
 
 Schema (README "Results schema"): runs, stages, metrics (long form), bench (per prompt),
-bench_summary (per configuration). One row per run (the latest status wins) and one row per
+bench_summary (per configuration); the view bench_parity (VIEWS). One row per run (the latest status wins) and one row per
 stage execution: the `running` row a stage writes when it starts is replaced by its outcome.
 """
 
@@ -43,7 +43,8 @@ SCHEMA = {
         accept_per_pos VARCHAR, new_tokens BIGINT, verify_ct BIGINT, spec_tok_s DOUBLE,
         base_tok_s DOUBLE, speedup DOUBLE, draft_s DOUBLE, verify_s DOUBLE, other_s DOUBLE,
         lossless BOOLEAN, flags VARCHAR, kernels VARCHAR, diverge_at INTEGER,
-        diverge_margin DOUBLE, diverge_runner_up BOOLEAN""",
+        diverge_margin DOUBLE, diverge_runner_up BOOLEAN, server_accept_length DOUBLE,
+        ref_same BOOLEAN, ref_diverge_at INTEGER, ref_diverge_margin DOUBLE""",
     "bench_summary": """run_id VARCHAR, variant VARCHAR, config_id VARCHAR, backend VARCHAR,
         prompt_set VARCHAR, num_steps INTEGER, eagle_topk INTEGER, num_draft_tokens INTEGER,
         cuda_graph BOOLEAN, max_new_tokens INTEGER, temperature DOUBLE, train_samples BIGINT,
@@ -51,7 +52,37 @@ SCHEMA = {
         accept_per_pos VARCHAR, spec_tok_s DOUBLE, base_tok_s DOUBLE, speedup DOUBLE,
         draft_ms_per_round DOUBLE, verify_ms_per_round DOUBLE, other_ms_per_round DOUBLE,
         base_ms_per_token DOUBLE, break_even_tau DOUBLE, lossless BOOLEAN, flags VARCHAR,
-        explanation VARCHAR, kernels VARCHAR, lossless_prompts INTEGER""",
+        explanation VARCHAR, kernels VARCHAR, lossless_prompts INTEGER,
+        server_accept_length DOUBLE, server_version VARCHAR, ref_same_prompts INTEGER,
+        ref_max_margin DOUBLE, predicted_speedup DOUBLE, predicted_break_even_tau DOUBLE""",
+}
+
+# Views, (re)created at every ingest after the tables. bench_parity: one row per configuration
+# benched by both backends in one stage (stages.bench.backend: both): the embedded engine's tau
+# next to SGLang's (same definition: 1 + accepted drafts / verify passes) and SGLang's own
+# accept length (prefill token counted); plain decode tok/s and the round cost in plain tokens
+# (break-even tau) of each engine; the speedups, SGLang's as measured and as the embedded
+# bench predicted it from the SGLang round-cost profile; losslessness in each engine, and how
+# many prompts SGLang's plain greedy decode equals the embedded engine's (ref_*).
+VIEWS = {
+    "bench_parity": """SELECT e.run_id, e.variant, e.prompt_set, e.num_steps, e.eagle_topk,
+        e.num_draft_tokens, e.cuda_graph, e.max_new_tokens, e.n_prompts, s.server_version,
+        e.tau AS tau_embedded, s.tau AS tau_sglang, s.tau / e.tau - 1 AS tau_rel_diff,
+        s.server_accept_length AS sglang_accept_length,
+        e.base_tok_s AS plain_tok_s_embedded, s.base_tok_s AS plain_tok_s_sglang,
+        e.break_even_tau AS round_cost_embedded, s.break_even_tau AS round_cost_sglang,
+        e.speedup AS speedup_embedded, s.speedup AS speedup_sglang,
+        e.predicted_speedup AS speedup_sglang_predicted,
+        e.predicted_speedup / s.speedup - 1 AS predicted_rel_err,
+        e.lossless_prompts AS lossless_embedded, s.lossless_prompts AS lossless_sglang,
+        s.ref_same_prompts AS plain_same_as_embedded, s.ref_max_margin AS plain_max_margin,
+        s.flags AS sglang_flags
+        FROM bench_summary e JOIN bench_summary s ON e.run_id = s.run_id
+        AND e.variant = s.variant AND e.prompt_set = s.prompt_set
+        AND e.num_steps = s.num_steps AND e.eagle_topk = s.eagle_topk
+        AND e.num_draft_tokens = s.num_draft_tokens AND e.cuda_graph = s.cuda_graph
+        AND e.max_new_tokens = s.max_new_tokens AND e.temperature = s.temperature
+        WHERE e.backend = 'embedded' AND s.backend = 'sglang'""",
 }
 
 
@@ -136,6 +167,8 @@ class Store:
                 if t in have and col[0] not in have[t]:
                     con.execute(f"ALTER TABLE {t} ADD COLUMN {col[0]} {col[1]}")
         con.execute("CREATE TABLE IF NOT EXISTS _ingested (file VARCHAR PRIMARY KEY, ts TIMESTAMP)")
+        for v, sql in VIEWS.items():
+            con.execute(f"CREATE OR REPLACE VIEW {v} AS {sql}")
 
     def ingest(self) -> int:
         """Move every spooled batch into DuckDB; returns the number of rows inserted.

@@ -15,4 +15,4 @@ if [ -f scripts/slurm-up.sh ] && [ "$(id -u)" = 0 ] && [ "${NO_SLURM:-0}" != 1 ]
     if [ "${CI:-}" = true ]; then echo "CI needs the real Slurm cluster" >&2; exit 1; fi
   fi
 fi
-python -m pytest -q "$@"  # no arguments: pyproject testpaths (tests/); or e.g. tests/test_spec.py -x
+python -m pytest -q --durations=15 "$@"  # no arguments: pyproject testpaths (tests/); or e.g. tests/test_spec.py -x

@@ -11,13 +11,23 @@ What is captured (SGLang convention, sglang/srt/models/llama.py + llama_eagle3.p
   `hidden_states` element is post-norm). Captured with a forward pre-hook on the final norm.
   Training derives the soft labels from it: norm + lm_head restricted to the draft vocab.
 The LM head is never run here (the base model is called directly).
+
+The same features come from an SGLang server when the stage's engine is sglang
+(runner/engines.py): `capture_sglang` asks the stage's capture server
+(target/sglang_target.py) for the same two things per prompt position, taken inside SGLang by
+target/sglang_hooks.py (aux: SGLang's set_eagle3_layers_to_capture; last: the final norm's
+pre-norm input), and pads them into the same tensors. `TargetData` carries either the loaded model
+or that server, and `capture_batch` / `head` / the geometry serve both, so extract and online
+training have one code path.
 """
 
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import torch
 
@@ -39,6 +49,57 @@ def check_aux_ids(model, aux_ids: list[int]) -> None:
     problem = model_aux_problem(aux_ids, len(decoder_parts(model)[1]), target_family(cfg))
     if problem:
         raise StageError(problem)
+
+
+PINNED_H2D = True  # False: plain pageable copies (scripts/bench/profile_train.py's "before")
+
+
+def pin_for(device) -> bool:
+    """Whether host buffers bound for `device` should be allocated pinned (`h2d` then copies
+    them without staging)."""
+    return torch.device(device).type == "cuda" and PINNED_H2D
+
+
+def h2d(t: torch.Tensor, device) -> torch.Tensor:
+    """Host tensor t on `device`. To CUDA: staged through pinned memory (PyTorch's caching host
+    allocator) and copied non-blocking, so the host never waits for the stream's queued work: a
+    copy from pageable memory may wait for it (CUDA's cudaMemcpyAsync: "might be synchronous
+    with respect to host" for pageable memory), which stalls the host that should be enqueuing
+    the next kernels. Elsewhere (or t already there): t.to(device)."""
+    device = torch.device(device)
+    if device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return (t.pin_memory() if PINNED_H2D else t).to(device, non_blocking=True)  # pinned already
+    # (pack_samples with pin_for): pin_memory() returns t itself
+
+
+def capture_sglang(srv, batch: list[list[int]], n_aux: int, hidden: int, dtype=torch.bfloat16,
+                   device=None, calls: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """capture() through an SGLang capture server `srv` (target/sglang_target.py TargetServer):
+    the batch's prompts split into up to `calls` /generate calls by tokens, in flight together
+    (the server batches them; this process converts one call's rows while the others compute).
+    Returns (aux [n, T, n_aux*H], last [n, T, H]) in `dtype` on `device` (default CPU), right-
+    padded with zeros like capture(). Raises StageError (sglang_target) for rows of another
+    shape."""
+    from eagle3_runner.target.sglang_target import capture_call, in_flight
+    n, T = len(batch), max(len(x) for x in batch)
+    aux = torch.zeros(n, T, n_aux * hidden, dtype=dtype)
+    last = torch.zeros(n, T, hidden, dtype=dtype)
+    order = sorted(range(n), key=lambda i: -len(batch[i]))
+    per = max(1, min(srv.per_call, -(-n // max(calls, 1))))
+    parts = [order[a:a + per] for a in range(0, n, per)]
+
+    def put(done):
+        part, rows = done
+        for i, r in zip(part, rows):
+            t = torch.from_numpy(r)
+            aux[i, :len(r)] = t[:, :n_aux * hidden].to(dtype)
+            last[i, :len(r)] = t[:, n_aux * hidden:].to(dtype)
+    in_flight(((lambda part=part: (part, capture_call(srv, [batch[i] for i in part])))
+               for part in parts), calls, put)
+    if device is not None:
+        aux, last = aux.to(device, non_blocking=True), last.to(device, non_blocking=True)
+    return aux, last
 
 
 @torch.inference_mode()
@@ -77,7 +138,7 @@ def capture(model, batch: list[list[int]], aux_ids: list[int], pad_id: int = 0,
         # no attention mask: the batch is right-padded, so under the causal mask a real
         # position only ever sees real ones (padding comes after it). Without a padding mask
         # HF's SDPA runs its causal fused kernel, and builds no [n, 1, T, T] mask.
-        base(input_ids=ids.to(dev, non_blocking=True), use_cache=False)
+        base(input_ids=h2d(ids, dev), use_cache=False)
     finally:
         for h in hooks:
             h.remove()
@@ -89,9 +150,10 @@ def capture(model, batch: list[list[int]], aux_ids: list[int], pad_id: int = 0,
 
 
 class TargetData(NamedTuple):
-    """The loaded target and its tokenised training samples (dataset order): model (eval, no
-    grad), tok, cfg (HF config dict), samples [(input_ids, loss_mask)] (lists of ints),
-    data_report / tok_report (data/conversations.py), pad (the padding id)."""
+    """The target and its tokenised training samples (dataset order): model (eval, no grad; None
+    when an SGLang server runs the target), tok, cfg (HF config dict), samples [(input_ids,
+    loss_mask)] (lists of ints), data_report / tok_report (data/conversations.py), pad (the
+    padding id), server (target/sglang_target.py TargetServer of the stage, or None), spec."""
     model: Any
     tok: Any
     cfg: dict
@@ -99,6 +161,90 @@ class TargetData(NamedTuple):
     data_report: dict
     tok_report: dict
     pad: int
+    server: Any = None
+    spec: Any = None
+
+    @property
+    def engine(self) -> str:
+        return "sglang" if self.server is not None else "hf"
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.cfg["hidden_size"]) if self.model is None else \
+            text_config(self.model).hidden_size
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.cfg["num_hidden_layers"]) if self.model is None else \
+            len(decoder_parts(self.model)[1])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The features' dtype: the model's, or the server's --dtype."""
+        if self.model is not None:
+            return next(self.model.parameters()).dtype
+        dt = getattr(torch, str(self.server.info.get("dtype")), None)
+        return dt if isinstance(dt, torch.dtype) else torch.bfloat16  # "auto": bf16 on GPUs
+
+    @property
+    def device(self) -> torch.device:
+        """Where capture_batch's tensors are: the model's input device, or the CPU (server)."""
+        return input_device(self.model) if self.model is not None else torch.device("cpu")
+
+    def capture_batch(self, batch: list[list[int]], aux_ids: list[int],
+                      device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """capture() or capture_sglang() of one batch of token lists: (aux [n, T, 3H],
+        last [n, T, H])."""
+        if self.model is not None:
+            return capture(self.model, batch, aux_ids, self.pad, device)
+        return capture_sglang(self.server, batch, len(aux_ids), self.hidden_size, self.dtype,
+                              device)
+
+    def head(self) -> dict[str, torch.Tensor]:
+        """{embed_tokens, norm, lm_head}: target_head of the model, or read from the
+        checkpoint's files (target/load.py load_head) when a server holds the model."""
+        if self.model is not None:
+            return target_head(self.model)
+        from eagle3_runner.target.load import load_head
+        return load_head(self.spec, self.dtype)
+
+
+def as_target(target, pad: int = 0) -> TargetData:
+    """`target` itself when it is a TargetData, else a TargetData around a loaded HF model
+    (padding with `pad`): what extract's shard loop captures from."""
+    return target if isinstance(target, TargetData) else \
+        TargetData(target, None, {}, [], {}, {}, pad)
+
+
+_SERVER: ContextVar = ContextVar("eagle3_capture_server", default=None)
+
+
+@contextmanager
+def capture_engine(ctx: StageContext) -> Iterator[Any]:
+    """The capture engine of ctx's stage (extract, online train) for the block: None when it is
+    transformers (the stage loads the model itself, load_target_data), else the SGLang capture
+    server started per target.sglang (target/sglang_target.py stage_server; its log in
+    out_dir/logs), which load_target_data then uses. runner/engines.py stage_engine decides,
+    as the plan did. Raises StageError when the engine cannot run or the server fails."""
+    from eagle3_runner.runner import placement as P
+    from eagle3_runner.runner.engines import CAPTURE, SGLANG, stage_engine
+    from eagle3_runner.target.load import target_config
+    from eagle3_runner.target.sglang_target import stage_server
+    try:
+        choice = stage_engine(ctx.spec, ctx.stage)
+    except ValueError as e:
+        raise StageError(str(e))
+    if choice is None or choice.engine != SGLANG:
+        yield None
+        return
+    tokens = P.batch_shape(ctx.spec, ctx.stage, ctx.world_size)[0]
+    with stage_server(ctx.spec, CAPTURE, target_config(ctx.spec), Path(ctx.out_dir) / "logs",
+                      ctx.rank, ctx.world_size, tokens) as srv:
+        token = _SERVER.set(srv)
+        try:
+            yield srv
+        finally:
+            _SERVER.reset(token)
 
 
 def conversations(ctx: StageContext) -> tuple[list, dict]:
@@ -133,30 +279,41 @@ def conversations(ctx: StageContext) -> tuple[list, dict]:
     return kept, {**report, "train": len(kept)}
 
 
-def load_target_data(ctx: StageContext) -> TargetData:
+def load_target_data(ctx: StageContext, server=None) -> TargetData:
     """Conversations, target (a GGUF converted once, by rank 0 first when data parallel) and
     tokenised samples, with the aux ids and hidden size checked against the real model; the
     drop report is printed and recorded (data/conversations.py show_data_report: dropped/<reason>,
-    bad_fraction) before any capture. Raises StageError for bad data, a tokenizer without chat
-    template, aux ids out of range or a hidden-size mismatch."""
+    bad_fraction) before any capture. server: the stage's SGLang capture server
+    (target/sglang_target.py stage_server; default: the one of the enclosing capture_engine
+    block) when the engine is sglang: then only the tokenizer and config are loaded here. Raises StageError for bad data, a tokenizer without chat template,
+    aux ids out of range or a hidden-size mismatch."""
     from eagle3_runner.data.conversations import show_data_report, tokenize_dataset
-    from eagle3_runner.target.load import hf_folder, load_target
+    from eagle3_runner.target.load import hf_config, hf_folder, load_target, load_tokenizer
     spec = ctx.spec
     rank, world = D.check(ctx)
     convs, data_report = conversations(ctx)
     if world > 1:
         D.rank0_first(rank, lambda: hf_folder(spec.target))
-    model, tok, cfg = load_target(spec, split=_split(ctx) if spec.target.device_map else None)
+    server = server if server is not None else _SERVER.get()
+    if server is None:
+        model, tok, cfg = load_target(spec, split=_split(ctx) if spec.target.device_map else None)
+        check_aux_ids(model, list(spec.aux_ids))
+        H = text_config(model).hidden_size
+    else:
+        model, tok, cfg = None, load_tokenizer(spec), hf_config(spec)
+        problem = model_aux_problem(list(spec.aux_ids), int(cfg["num_hidden_layers"]),
+                                    target_family(cfg))
+        if problem:
+            raise StageError(problem)
+        H = int(cfg["hidden_size"])
     samples, tok_report = tokenize_dataset(tok, convs, spec.target.chat_template,
                                            spec.data.max_length)
-    check_aux_ids(model, list(spec.aux_ids))
-    H = text_config(model).hidden_size
     if spec.target.hidden_size and spec.target.hidden_size != H:
         raise StageError(f"target.hidden_size = {spec.target.hidden_size}, but the loaded model "
                          f"has hidden_size {H}")
     show_data_report(ctx, data_report, tok_report)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    return TargetData(model, tok, cfg, samples, data_report, tok_report, pad)
+    return TargetData(model, tok, cfg, samples, data_report, tok_report, pad, server, spec)
 
 
 def _split(ctx: StageContext) -> dict:
@@ -180,18 +337,23 @@ def _split(ctx: StageContext) -> dict:
 def capture_manifest(spec, td: TargetData) -> dict:
     """The manifest fields that say what was captured and from what (extract's features.json and
     the online train artifact's, target/features.py): layer ids in both conventions, widths,
-    dtype, the target's and tokenizer's hashes, template, sample and token counts."""
+    dtype, the target's and tokenizer's hashes, template, sample and token counts, and the engine
+    that captured them (hf, or sglang with its version)."""
     from eagle3_runner.target.load import config_sha256, tokenizer_sha256
-    aux_ids, H = list(spec.aux_ids), text_config(td.model).hidden_size
+    aux_ids, H = list(spec.aux_ids), td.hidden_size
+    engine = {"engine": td.engine}
+    if td.server is not None:
+        engine.update(sglang_version=td.server.info.get("version"),
+                      transport=td.server.transport)
     return {"aux_layer_ids": aux_ids, "hf_hidden_indices": to_hf_indices(aux_ids),
             "hidden_size": H, "feature_width": len(aux_ids) * H,
-            "dtype": str(next(td.model.parameters()).dtype).removeprefix("torch."),
-            "num_hidden_layers": len(decoder_parts(td.model)[1]),
+            "dtype": str(td.dtype).removeprefix("torch."),
+            "num_hidden_layers": td.num_layers,
             "target_path": spec.target.path, "target_config_sha256": config_sha256(td.cfg),
             "tokenizer_sha256": tokenizer_sha256(td.tok),
             "chat_template": td.tok_report["template"], "max_length": spec.data.max_length,
             "num_samples": len(td.samples), "num_tokens": td.tok_report["tokens"],
-            "num_supervised_tokens": td.tok_report["supervised_tokens"]}
+            "num_supervised_tokens": td.tok_report["supervised_tokens"], "capture": engine}
 
 
 def write_json(path: Path, obj) -> None:

@@ -9,6 +9,7 @@ Public API (other stages rely on these signatures):
     decoder_parts(model) -> (base, layers, norm);  input_device(model);  weight(module)
     text_config(model) -> the language model's config (a multimodal wrapper's text_config)
     load_tokenizer(target) -> tokenizer            # no weights; fast
+    hf_config(target) -> load_target's config dict, no weights;  load_head(target, dtype)
     hf_folder(target) -> Path                      # HF folder (converted GGUF, cached)
     target_config(target) -> dict                  # HF config dict, `architectures` set
     resolve_device(device) / resolve_dtype(dtype, device)
@@ -245,13 +246,82 @@ def load_target(target: Any, device: str | None = None, dtype: Any = None,
     for p in model.parameters():
         p.requires_grad_(False)
     tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust)
-    cfg = model.config.to_dict()
-    if "text_config" in cfg and "hidden_size" not in cfg:  # the text model's geometry, as
-        cfg = {**cfg["text_config"], "architectures": cfg.get("architectures"),  # target_config
+    return model, tok, _config_dict(model.config, type(model).__name__)
+
+
+def _config_dict(config, arch: str | None = None) -> dict:
+    """A transformers config as the dict the stages record (target_config.json, the manifest's
+    config hash): the text model's geometry for a multimodal wrapper (as target_config), with
+    `architectures` (`arch` when the config has none)."""
+    cfg = config.to_dict()
+    if "text_config" in cfg and "hidden_size" not in cfg:
+        cfg = {**cfg["text_config"], "architectures": cfg.get("architectures"),
                "model_type": cfg.get("model_type")}
-    if not cfg.get("architectures"):
-        cfg["architectures"] = [type(model).__name__]
-    return model, tok, cfg
+    if not cfg.get("architectures") and arch:
+        cfg["architectures"] = [arch]
+    return cfg
+
+
+def hf_config(target: Any) -> dict:
+    """The dict load_target returns as its config, without loading weights (transformers'
+    AutoConfig of the HF folder): what a stage records when an SGLang server holds the model."""
+    from transformers import AutoConfig
+    folder = hf_folder(target)
+    trust = bool(_option(target, "trust_remote_code"))
+    try:
+        config = AutoConfig.from_pretrained(str(folder), trust_remote_code=trust)
+    except (OSError, ValueError) as e:
+        raise StageError(f"target.path: cannot read the config of {folder}: {e}")
+    archs = json.loads((folder / "config.json").read_text()).get("architectures")
+    return _config_dict(config, archs[0] if archs else None)
+
+
+# the checkpoint names of the head parts (suffixes; Llama: model.embed_tokens.weight, Kimi-K2.5:
+# language_model.model.embed_tokens.weight), in the order tried
+HEAD_NAMES = {"embed_tokens": ("model.embed_tokens.weight", "embed_tokens.weight"),
+              "norm": ("model.norm.weight",),
+              "lm_head": ("lm_head.weight",)}
+
+
+def load_head(target: Any, dtype=None) -> dict:
+    """{embed_tokens [V, H], norm [H], lm_head [V, H]} read from the target's safetensors
+    without building the model (an SGLang server holds it): each the shortest name ending in one
+    of HEAD_NAMES' suffixes outside a vision tower, lm_head = the embedding when the checkpoint
+    has none (tied). Cast to `dtype` when given. Raises StageError when a part is missing."""
+    from safetensors import safe_open
+    folder = hf_folder(target)
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        where = json.loads(index.read_text())["weight_map"]
+    else:
+        where = {}
+        for f in sorted(folder.glob("*.safetensors")):
+            with safe_open(str(f), "pt") as h:
+                where.update({k: f.name for k in h.keys()})
+
+    def find(part: str) -> str | None:
+        for suffix in HEAD_NAMES[part]:
+            hits = sorted((k for k in where if k.endswith(suffix) and ".layers." not in k
+                           and not any(v in k for v in ("vision", "visual", "mm_projector"))),
+                          key=len)
+            if hits:
+                return hits[0]
+        return None
+
+    names = {part: find(part) for part in HEAD_NAMES}
+    if names["embed_tokens"] is None or names["norm"] is None:
+        raise StageError(f"target.path: {folder}'s safetensors hold no "
+                         f"{'embed_tokens' if names['embed_tokens'] is None else 'final norm'} "
+                         f"weight ({', '.join(HEAD_NAMES['embed_tokens'] + HEAD_NAMES['norm'])})")
+    out = {}
+    for part, name in names.items():
+        if name is None:  # tied: the embedding is the head
+            out[part] = out["embed_tokens"]
+            continue
+        with safe_open(str(folder / where[name]), "pt") as h:
+            t = h.get_tensor(name)
+        out[part] = t.to(dtype) if dtype is not None else t
+    return out
 
 
 # ----------------------------------------------------------------------------------------------

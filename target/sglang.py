@@ -1,16 +1,27 @@
-"""Bench backend `sglang`: launch real SGLang servers (speculative and baseline), send the prompt
-sets through /generate, compute tau = sum(completion_tokens) / sum(spec_verify_ct) from meta_info,
-and cross-check with the scheduler's `accept len` decode log lines.
+"""The SGLang serving engine from the outside: the `sglang.launch_server` argv, servers started as
+subprocesses (each in its own process group, its output in a log file), readiness, stopping, and
+the HTTP calls (/generate, /server_info); the parsers of what a server says (decode-log accept
+lengths, meta_info, the error line of a log). Small functions meant to be reused by every caller
+that runs SGLang (the bench backend: target/sglang_bench.py; scripts/gpu/sglang_lab.py).
 
-Formats (recorded in tests/data/sglang/, from SGLang's scheduler metrics and tokenizer manager):
-- decode log: "... Decode batch[.,] #running-req: 1, #token: 389, token usage: 0.00,
-  accept len: 2.45, [accept rate: 0.61, ][cuda graph: True, ]gen throughput (token/s): 123.4, ..."
-- /generate response: {"text": ..., "meta_info": {"prompt_tokens", "completion_tokens",
-  "spec_verify_ct" (speculative servers only), "e2e_latency", "finish_reason", ...}}
+SGLang 0.5.14 facts used here (read from its source, then recorded on the H200 in
+tests/data/sglang/; docs/eagle3-format.md):
+- ready: the log line READY_LINE (entrypoints/http_server.py `_wait_and_warmup`, printed after
+  the warmup request), or GET /health answering 200 (it generates one token once the server is
+  up; 503 while starting);
+- POST /generate {"input_ids": [...], "sampling_params": {...}} -> {"text", "output_ids" (the
+  completion through the stop token), "meta_info": {"prompt_tokens", "completion_tokens",
+  "e2e_latency" (s), "finish_reason", ...}}; a speculative server adds, per finished request
+  that verified at least once, "spec_verify_ct" (verify passes), "spec_num_correct_drafts"
+  (accepted drafts, bonus excluded) and "spec_accept_length" = completion_tokens /
+  spec_verify_ct (tokenizer_manager.py `_calculate_spec_decoding_metrics`);
+- GET /server_info: every ServerArgs field and "version";
+- decode log line (scheduler metrics, every --decode-log-interval steps): "Decode batch,
+  #running-req: 1, ..., accept len: 2.45, accept rate: 0.61, ..." (0.5.6: "Decode batch. ...").
 
-Servers run as subprocesses in their own process group (argv is a LIST, never a shell string)
-and are stopped (SIGTERM, then SIGKILL of the group) even when the bench fails. sglang is the
-optional extra `pip install 'eagle3-runner[sglang]'`; nothing here imports it.
+Servers get an argv LIST (never a shell string) and are stopped (SIGTERM, then SIGKILL of the
+group) even when the caller fails. sglang is the optional extra `pip install
+'eagle3-runner[sglang]'` or any interpreter that has it (`interpreter`); nothing here imports it.
 """
 
 from __future__ import annotations
@@ -19,21 +30,34 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3_runner.runner.bench_rows import (config_fields, config_id, prompt_row, save_results, summary_row,
-                                train_samples)
 from eagle3_runner.runner.drafts.layout import ALGORITHM
-from eagle3_runner.runner.drafts.server import simulate_acc_len_problem
-from eagle3_runner.runner.errors import StageError
+from eagle3_runner.runner.errors import ServerError
+from eagle3_runner.runner.files import expand_path
 
+READY_LINE = "The server is fired up and ready to roll!"
 ACCEPT_LEN_RE = re.compile(r"accept len:\s*([0-9]+(?:\.[0-9]+)?)")
+# a log line that says why a server stopped; SGLang 0.5.14 logs "Ignore import error when
+# loading ... Can not import FA3" for model files it never uses (harmless without FA3)
+_ERROR_RE = re.compile(r"(Error|Exception|error:|Traceback|Assertion|CUDA error|Killed)")
+_HARMLESS_RE = re.compile(r"Ignore import error|Can not import FA3")
+# meta_info key of the accepted drafts per request (0.5.14; `spec_accepted_drafts` is its alias)
+CORRECT_KEYS = ("spec_num_correct_drafts", "spec_accepted_drafts")
+
+
+def interpreter(python: str) -> str:
+    """stages.bench.sglang.python as an executable: a path (with `/`, `~` or `$VAR`) expanded
+    like a spec path (runner.files.expand_path), a bare name (python3) left for PATH."""
+    return str(expand_path(python)) if any(c in python for c in "/~$") else python
 
 
 def sglang_available(python: str = "python3") -> tuple[bool, str]:
@@ -41,30 +65,54 @@ def sglang_available(python: str = "python3") -> tuple[bool, str]:
     (or the default), else runs `python -c 'import sglang'` (10 s timeout)."""
     import importlib.util
     import shutil
+    python = interpreter(python)
     if python in ("python3", "python", sys.executable) and \
             (shutil.which(python) in (None, sys.executable) or python == sys.executable):
         return (importlib.util.find_spec("sglang") is not None), "module 'sglang' not found"
     try:
-        r = subprocess.run([python, "-c", "import sglang"], capture_output=True, timeout=10)
+        r = subprocess.run([python, "-c", "import sglang"], capture_output=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
         return False, f"cannot run {python}: {e}"
     return r.returncode == 0, (r.stderr.decode(errors="replace").strip().splitlines() or ["?"])[-1]
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """n distinct free TCP ports on `host`: n sockets bound to port 0 AT ONCE (so the kernel hands
+    out n different ports), read, then closed. Another process could still take one before the
+    server binds it; a server that then fails to bind says so in its log (ServerError)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+            socks.append(s)
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def server_argv(python: str, model_path: str, port: int, host: str = "127.0.0.1", tp: int = 1,
                 draft_path: str | None = None, num_steps: int | None = None,
                 eagle_topk: int | None = None, num_draft_tokens: int | None = None,
                 cuda_graph: bool = True, cuda_graph_max_bs: int | None = None,
-                context_length: int | None = None, extra: list[str] = ()) -> list[str]:
-    """The sglang.launch_server argv as a list. With draft_path: --speculative-algorithm EAGLE3
-    (exactly; SGLang is_eagle3() matches only that string) and all three of steps/topk/draft
-    tokens (SGLang wants all or none). Without: the no-speculation baseline."""
-    argv = [python, "-m", "sglang.launch_server", "--model-path", str(model_path),
+                context_length: int | None = None, extra: list[str] = (), *,
+                dtype: str | None = None, mem_fraction_static: float | None = None,
+                nccl_port: int | None = None, algorithm: str = ALGORITHM) -> list[str]:
+    """The sglang.launch_server argv as a list. With draft_path: --speculative-algorithm
+    `algorithm` (EAGLE3 exactly: SGLang's is_eagle3() matches only that string; another value is
+    for the conformance lab) and all three of steps/topk/draft tokens (SGLang wants all or none).
+    Without: the no-speculation baseline. dtype: --dtype (the target's compute dtype; SGLang's
+    default `auto` follows config.json, float32 for a GGUF converted here); nccl_port: the port
+    torch.distributed binds even at tp 1 (pass a free one when servers start side by side).
+    Every flag set here is in runner/spec/server.py GUARDED_FLAGS. Raises ValueError when a
+    speculative server lacks one of the three counts."""
+    argv = [interpreter(python), "-m", "sglang.launch_server", "--model-path", str(model_path),
             "--host", host, "--port", str(port), "--tp-size", str(tp)]
     if draft_path is not None:
         if None in (num_steps, eagle_topk, num_draft_tokens):
             raise ValueError("speculative server needs num_steps, eagle_topk and num_draft_tokens")
-        argv += ["--speculative-algorithm", ALGORITHM,
+        argv += ["--speculative-algorithm", algorithm,
                  "--speculative-draft-model-path", str(draft_path),
                  "--speculative-num-steps", str(num_steps),
                  "--speculative-eagle-topk", str(eagle_topk),
@@ -75,7 +123,17 @@ def server_argv(python: str, model_path: str, port: int, host: str = "127.0.0.1"
         argv += ["--cuda-graph-max-bs", str(cuda_graph_max_bs)]
     if context_length is not None:
         argv += ["--context-length", str(context_length)]
+    if dtype is not None:
+        argv += ["--dtype", dtype]
+    if mem_fraction_static is not None:
+        argv += ["--mem-fraction-static", str(mem_fraction_static)]
+    if nccl_port is not None:
+        argv += ["--nccl-port", str(nccl_port)]
     return argv + [str(x) for x in extra]
+
+
+# ----------------------------------------------------------------------------------------------
+# what a server says
 
 
 def parse_accept_lens(log_text: str) -> list[float]:
@@ -84,33 +142,186 @@ def parse_accept_lens(log_text: str) -> list[float]:
             for m in [ACCEPT_LEN_RE.search(line)] if m]
 
 
+def error_line(log_text: str) -> str | None:
+    """The last line of a server log that names an error (a Python exception, an assertion, a
+    CUDA error, argparse's `error:`), SGLang's harmless FA3 import notes left out; None when
+    there is none."""
+    hits = [ln.strip() for ln in log_text.splitlines()
+            if _ERROR_RE.search(ln) and not _HARMLESS_RE.search(ln)]
+    return hits[-1] if hits else None
+
+
+def correct_drafts(meta: dict) -> int | None:
+    """Accepted drafts of one request (meta_info `spec_num_correct_drafts`), None when absent."""
+    return next((int(meta[k]) for k in CORRECT_KEYS if k in meta), None)
+
+
 def tau_from_meta(metas: list[dict]) -> float:
-    """tau = sum(completion_tokens) / sum(spec_verify_ct) (bonus token included).
-    Raises ValueError when no response carries spec_verify_ct (not a speculative server)."""
+    """tau of speculative responses, on the embedded engine's definition (engine/speculative.py
+    Stats.tau: tokens per verify pass, the bonus token included, the prefill's first token NOT
+    counted): 1 + sum(spec_num_correct_drafts) / sum(spec_verify_ct). A server that reports no
+    correct-draft count: (sum(completion_tokens) - n) / sum(spec_verify_ct), the same count up to
+    the tokens of the last round cut at max_new_tokens or a stop. SGLang's own
+    spec_accept_length also counts the prefill's token (server_accept_length).
+    Raises ValueError when a response carries no spec_verify_ct (not a speculative server, or a
+    request that never verified)."""
     if not metas or any("spec_verify_ct" not in m for m in metas):
         raise ValueError("meta_info has no spec_verify_ct: the server is not speculative (check "
                          "--speculative-algorithm EAGLE3)")
+    verify = sum(int(m["spec_verify_ct"]) for m in metas)
+    if not verify:
+        return float("nan")
+    correct = [correct_drafts(m) for m in metas]
+    if None not in correct:
+        return 1 + sum(correct) / verify
+    return (sum(int(m["completion_tokens"]) for m in metas) - len(metas)) / verify
+
+
+def server_accept_length(metas: list[dict]) -> float:
+    """SGLang's accept length over responses, as its meta_info `spec_accept_length` defines it
+    for one: sum(completion_tokens) / sum(spec_verify_ct) (the prefill's token counted, so ~1/
+    verify passes above tau_from_meta). Raises ValueError like tau_from_meta."""
+    tau_from_meta(metas)
     verify = sum(int(m["spec_verify_ct"]) for m in metas)
     return sum(int(m["completion_tokens"]) for m in metas) / verify if verify else float("nan")
 
 
 # ----------------------------------------------------------------------------------------------
-# processes and HTTP
+# HTTP
 
 
-def _get(url: str, timeout: float = 5.0) -> int:
+def get_json(url: str, timeout: float = 10.0) -> dict:
+    """GET url -> the JSON body. Raises OSError (urllib.error.URLError) or ValueError."""
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def _status(url: str, timeout: float = 5.0) -> int:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
     except (urllib.error.URLError, OSError):
         return 0
 
 
 def post_json(url: str, payload: dict, timeout: float) -> dict:
+    """POST a JSON body -> the JSON answer. An HTTP error status becomes ServerError with the
+    server's own message ({"error": {"message": ...}} on SGLang's 400s); a connection failure
+    stays OSError."""
     req = urllib.request.Request(url, data=json.dumps(payload).encode(),
                                  headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        body = e.read().decode(errors="replace")[:2000]
+        try:
+            body = json.loads(body)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            pass
+        raise ServerError(f"{url}: HTTP {e.code}: {body}", str(body))
+
+
+def server_info(url: str, timeout: float = 10.0) -> dict:
+    """GET /server_info (0.5.14; /get_server_info before it): server args, scheduler info and
+    "version". {} when neither answers."""
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            return get_json(url + path, timeout)
+        except (OSError, ValueError):
+            continue
+    return {}
+
+
+def generate(url: str, input_ids: list[int], max_new: int, temperature: float, timeout: float,
+             stop_ids=()) -> tuple[dict, float]:
+    """One /generate request -> (response JSON, client wall seconds). stop_ids: token ids that
+    end the completion besides the model's own EOS (`stop_token_ids`)."""
+    params = {"max_new_tokens": max_new, "temperature": temperature}
+    if stop_ids:
+        params["stop_token_ids"] = list(stop_ids)
+    t0 = time.perf_counter()
+    out = post_json(url + "/generate", {"input_ids": list(input_ids), "sampling_params": params},
+                    timeout)
+    return out, time.perf_counter() - t0
+
+
+# ----------------------------------------------------------------------------------------------
+# processes
+
+
+@dataclass
+class Server:
+    """One launched server process: its argv, address, log file and process (own group)."""
+
+    name: str
+    argv: list[str]
+    host: str
+    port: int
+    log_path: Path
+    proc: subprocess.Popen
+    started: float = field(default_factory=time.monotonic)
+    ready_s: float | None = None  # seconds from launch to ready (wait_ready)
+    _seen: int = 0  # log bytes already searched for READY_LINE
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, n: int = 30) -> str:
+        return "\n".join(self.log_text().splitlines()[-n:])
+
+    def said_ready(self) -> bool:
+        """Whether READY_LINE has appeared in the log since the last call (reads new bytes only)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(self._seen - len(READY_LINE), 0))
+                new = f.read()
+        except OSError:
+            return False
+        self._seen = max(self._seen - len(READY_LINE), 0) + len(new)
+        return READY_LINE.encode() in new
+
+
+def launch(name: str, argv: list[str], host: str, port: int, log_path: Path,
+           env: dict | None = None) -> Server:
+    """Start a server (own process group: start_new_session; stdout and stderr appended to
+    log_path) and return at once. env: the server's whole environment (None = this process's)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    return Server(name, list(argv), host, port, Path(log_path), proc)
+
+
+def wait_ready(srv: Server, timeout_s: float, poll_s: float = 1.0) -> None:
+    """Block until `srv` is ready (READY_LINE in its log, or GET /health 200); sets srv.ready_s.
+    Raises ServerError (message and log tail) when the process exits first, or after timeout_s
+    seconds from its launch (stages.bench.sglang.startup_timeout_s); the process is left
+    running for the caller to stop."""
+    while True:
+        if srv.proc.poll() is not None:
+            tail = srv.log_tail()
+            raise ServerError(f"sglang server {srv.name} exited with code {srv.proc.returncode} "
+                              f"during startup; log {srv.log_path}:\n{tail}", tail)
+        if srv.said_ready() or _status(srv.url + "/health") == 200:
+            srv.ready_s = time.monotonic() - srv.started
+            return
+        if time.monotonic() - srv.started > timeout_s:
+            tail = srv.log_tail()
+            raise ServerError(f"sglang server {srv.name} not ready after {timeout_s:.0f} s "
+                              f"(stages.bench.sglang.startup_timeout_s); log {srv.log_path}:\n"
+                              f"{tail}", tail)
+        time.sleep(poll_s)
 
 
 def stop_server(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
@@ -129,123 +340,25 @@ def stop_server(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
             continue
 
 
+def stop_all(servers: list[Server], grace_s: float = 30.0) -> None:
+    """Stop every server: SIGTERM to all groups first, then each waited for (and SIGKILLed)."""
+    for s in servers:
+        if s.proc.poll() is None:
+            try:
+                os.killpg(s.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    for s in servers:
+        stop_server(s.proc, grace_s)
+
+
 @contextmanager
-def server(argv: list[str], host: str, port: int, log_path: Path, startup_timeout_s: float):
-    """Start a server (own process group, output to log_path), wait until /health (or
-    /get_model_info) answers 200, yield its base URL, always stop it. Raises StageError when it
-    exits or does not become healthy in time (the log tail is in the message)."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    url = f"http://{host}:{port}"
-    try:
-        t0 = time.monotonic()
-        while True:
-            if proc.poll() is not None:
-                raise StageError(f"sglang server exited with code {proc.returncode} during "
-                                 f"startup; log {log_path}:\n{_tail(log_path)}")
-            if _get(url + "/health") == 200 or _get(url + "/get_model_info") == 200:
-                break
-            if time.monotonic() - t0 > startup_timeout_s:
-                raise StageError(f"sglang server not healthy after {startup_timeout_s:.0f} s "
-                                 f"(stages.bench.sglang.startup_timeout_s); log {log_path}:\n"
-                                 f"{_tail(log_path)}")
-            time.sleep(2.0)
-        yield url
-    finally:
-        stop_server(proc)
-
-
-def _tail(path: Path, n: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""
-
-
-def generate(url: str, input_ids: list[int], max_new: int, temperature: float,
-             timeout: float) -> tuple[dict, float]:
-    """One /generate request -> (response JSON, wall seconds)."""
-    t0 = time.perf_counter()
-    out = post_json(url + "/generate", {"input_ids": input_ids, "sampling_params": {
-        "max_new_tokens": max_new, "temperature": temperature}}, timeout)
-    return out, time.perf_counter() - t0
-
-
-# ----------------------------------------------------------------------------------------------
-# the bench
-
-
-def run_bench(ctx, export_dir: Path) -> dict:
-    """Bench through SGLang servers: per cuda_graph setting, one baseline server and one
-    speculative server per config; same prompts, sequential requests (batch 1)."""
-    import statistics
-    from eagle3_runner.data.prompts import load_prompt_set, render
-    from eagle3_runner.target.load import hf_folder, load_tokenizer
-    p, spec, o = ctx.params, ctx.spec, ctx.params.sglang
-    simulated = simulate_acc_len_problem(os.environ)  # the servers inherit this environment
-    if simulated:
-        raise StageError(f"bench: {simulated}")
-    model = str(hf_folder(spec))
-    tok = load_tokenizer(spec)
-    sets = {s: [(q["id"], render(tok, q["messages"])) for q in load_prompt_set(s, spec, p.num_prompts)]
-            for s in p.prompt_sets}
-    logs = Path(ctx.out_dir) / "logs"
-    trained_on = train_samples(export_dir)
-    rows_all, summaries = [], []
-
-    def run_all(url):
-        res = {}
-        for s, prompts in sets.items():
-            for m in p.max_new_tokens:
-                for pid, ids in prompts:
-                    res[s, m, pid] = generate(url, ids, m, p.temperature, o.request_timeout_s)
-        return res
-
-    for cg in p.cuda_graph:
-        argv = server_argv(o.python, model, o.port + 1, o.host, o.tp, cuda_graph=cg,
-                           cuda_graph_max_bs=o.cuda_graph_max_bs, context_length=p.context_length,
-                           extra=o.extra_args)
-        with server(argv, o.host, o.port + 1, logs / f"baseline-cg{int(cg)}.log",
-                    o.startup_timeout_s) as url:
-            base = run_all(url)
-        for c in p.configs:
-            log = logs / f"spec-{config_id(c, cg, 0)}.log"
-            argv = server_argv(o.python, model, o.port, o.host, o.tp, str(export_dir), c.num_steps,
-                               c.eagle_topk, c.draft_tokens, cg, o.cuda_graph_max_bs,
-                               p.context_length, o.extra_args)
-            with server(argv, o.host, o.port, log, o.startup_timeout_s) as url:
-                res = run_all(url)
-            log_taus = parse_accept_lens(_tail(log, 100000))
-            for s, prompts in sets.items():
-                for m in p.max_new_tokens:
-                    cfg = config_fields(c, cg, m, p.temperature, "sglang", s, trained_on)
-                    rows = []
-                    for pid, _ in prompts:
-                        (r, dt), (b, bdt) = res[s, m, pid], base[s, m, pid]
-                        mi, bi = r["meta_info"], b["meta_info"]
-                        lossless = (r.get("output_ids", r.get("text")) ==
-                                    b.get("output_ids", b.get("text"))) if p.temperature == 0 else None
-                        rows.append(prompt_row(  # no target forward: divergence NULLs
-                            cfg, pid, tau_from_meta([mi]), mi["completion_tokens"],
-                            mi["spec_verify_ct"], mi["completion_tokens"] / dt,
-                            bi["completion_tokens"] / bdt, lossless, None, _dt=dt, _bdt=bdt,
-                            _btoks=bi["completion_tokens"]))
-                    toks = sum(r["new_tokens"] for r in rows)
-                    tau = toks / max(sum(r["verify_ct"] for r in rows), 1)
-                    spec_tps = toks / sum(r["_dt"] for r in rows)
-                    base_tps = sum(r["_btoks"] for r in rows) / sum(r["_bdt"] for r in rows)
-                    sp = spec_tps / base_tps
-                    text = (f"sglang: tau {tau:.2f} (meta_info); decode-log accept len median "
-                            f"{statistics.median(log_taus):.2f} over {len(log_taus)} lines; "
-                            if log_taus else f"sglang: tau {tau:.2f}; no decode-log accept "
-                            "len lines; ")
-                    text += (f"{spec_tps:.1f} tok/s vs baseline {base_tps:.1f} tok/s -> {sp:.2f}x"
-                             f"; break-even tau = tau / speedup = {tau / sp:.2f}.")
-                    summaries.append(summary_row(cfg, rows, tau, spec_tps, base_tps, tau / sp,
-                                                 text))
-                    rows_all += rows
-    save_results(ctx, rows_all, summaries)
-    return {"tau": statistics.mean(s["tau"] for s in summaries),
-            "speedup": statistics.mean(s["speedup"] for s in summaries)}
+def server(argv: list[str], host: str, port: int, log_path: Path, startup_timeout_s: float,
+           env: dict | None = None, name: str = "server"):
+    """launch + wait_ready as a context: yields the base URL, always stops the server. Raises
+    ServerError when it exits or is not ready in time (the log tail is in the message)."""
+    srv = launch(name, argv, host, port, log_path, env)
+    with ExitStack() as stack:
+        stack.callback(stop_server, srv.proc)
+        wait_ready(srv, startup_timeout_s)
+        yield srv.url

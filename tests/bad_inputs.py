@@ -73,7 +73,7 @@ def base_spec(tmp: Path, executor: str = "local") -> dict:
         "extra_sbatch": {"comment": "x"}}
     return {
         "name": "bad", "work_dir": str(tmp / "work" / "${name}"),
-        "target": {"path": f["target"]},
+        "target": {"path": f["target"], "sglang": {"extra_args": ["--log-level", "info"]}},
         "drafter": {"aux_layer_ids": [1, 14, 26], "draft_vocab_size": 4096},
         "data": {"source": "jsonl", "path": f["data"], "max_samples": 10},
         "stages": {"regenerate": {}, "extract": {}, "train": {"num_samples": None},

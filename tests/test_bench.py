@@ -149,19 +149,7 @@ def test_bench_times_the_plain_decode_and_checks_tokens_against_the_wide_one(
 
 
 # ----------------------------------------------------------------------------------------------
-# one definition of the recorded rows for every backend
-
-def _fake_sglang_module(root: Path) -> Path:
-    """A `sglang.launch_server` under root: test_sglang_backend's fake server (health, /generate
-    answering the recorded speculative response), started with SGLang's argv."""
-    from test_sglang_backend import DATA, FAKE
-    fake = root / "sglang"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("")
-    (fake / "launch_server.py").write_text(
-        "import sys\nsys.argv = [sys.argv[0], sys.argv[sys.argv.index('--port') + 1], "
-        f"{str(DATA / 'generate_spec.json')!r}]\n" + FAKE)
-    return root
+# one definition of the recorded rows for every backend; both backends in one stage
 
 
 def _tiny_target(folder: Path, smollm2_path) -> Path:
@@ -176,53 +164,148 @@ def _tiny_target(folder: Path, smollm2_path) -> Path:
     return folder
 
 
-def test_both_backends_record_the_same_rows_and_train_samples(smollm2_path, tmp_path,
-                                                                monkeypatch):
-    """train_samples = the samples the drafter was trained on (the export's provenance), for the
-    embedded backend and for SGLang alike, never the spec's stages.train.num_samples; and every
-    column either backend writes is in the results schema."""
-    import socket
-    from eagle3_runner.jobs import bench
-    from eagle3_runner.target.sglang import run_bench
+def _both_spec(target: Path, rec: Path, backend: str, **sglang):
     from eagle3_runner.runner.spec.load import load_spec
+    from sglang_replay import load_generate, spec_servers
+    spec_dir = spec_servers(rec)[0]
+    K, k, N = (int(x[1:]) for x in spec_dir.name.split("-")[:3])
+    mx = load_generate(rec / "plain-cg1")[0]["max_new_tokens"]  # the recorded answers' length
+    return load_spec(data={
+        "name": "both", "target": {"path": str(target), "device": "cpu", "dtype": "float32"},
+        "drafter": {"draft_vocab_size": 2048, "aux_layer_ids": [0, 1, 2]},
+        "stages": {"extract": {}, "train": {"num_samples": 999},
+                   "bench": {"backend": backend, "prompt_sets": ["mtbench"], "num_prompts": 2,
+                             "max_new_tokens": [mx], "cuda_graph": [True],
+                             "configs": [{"num_steps": K, "eagle_topk": k,
+                                          "num_draft_tokens": N}],
+                             "sglang": {"python": sys.executable, "startup_timeout_s": 60,
+                                        "parallel": 2, **sglang}}}})
+
+
+@pytest.mark.parametrize("rec", __import__("sglang_replay").recording_sets(),
+                         ids=lambda p: p.name)
+def test_both_backends_in_one_stage_give_the_parity_table(smollm2_path, tmp_path, monkeypatch,
+                                                          rec):
+    """backend both, the SGLang servers replayed from a recording: one stage writes the embedded
+    and the sglang rows for the same prompts (every column in the schema; train_samples from the
+    export's provenance, never stages.train.num_samples), SGLang's plain output compared with
+    the embedded greedy baseline with margins from the target's own forward, the SGLang
+    round-cost profile (sglang_profile.json) and the embedded rows' prediction from it, its
+    recordings in the layout the replay reads; `runner query` shows bench_parity."""
+    from eagle3_runner.jobs import bench
+    from eagle3_runner.runner.bench_rows import read_profile
     from eagle3_runner.runner.stage import StageContext
     from eagle3_runner.runner.store import SCHEMA, Store
-    target = _tiny_target(tmp_path / "target", smollm2_path)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    fake = _fake_sglang_module(tmp_path / "fake")
-    monkeypatch.setenv("PYTHONPATH", f"{fake}:{os.environ.get('PYTHONPATH', '')}")
-    data = {"name": "both", "target": {"path": str(target), "device": "cpu", "dtype": "float32"},
-            "drafter": {"draft_vocab_size": 2048, "aux_layer_ids": [0, 1, 2]},
-            "stages": {"extract": {}, "train": {"num_samples": 999},
-                       "bench": {"prompt_sets": ["mtbench"], "num_prompts": 1,
-                                 "max_new_tokens": [4], "configs": [{"num_steps": 1}],
-                                 "sglang": {"python": sys.executable, "port": port,
-                                            "startup_timeout_s": 60}}}}
-    spec = load_spec(data=data)
+    from sglang_replay import fake_sglang, load_generate
     from transformers import AutoConfig
+    target = _tiny_target(tmp_path / "target", smollm2_path)
+    fake = fake_sglang(tmp_path / "fake", rec)
+    monkeypatch.setenv("PYTHONPATH", f"{fake}:{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.syspath_prepend(str(fake))  # check_backend imports sglang in this process
+    spec = _both_spec(target, rec, "both")
     export = export_drafter(tmp_path / "export", AutoConfig.from_pretrained(str(target)),
                             spec.aux_ids, draft_vocab=2048)
     (export / "provenance.json").write_text(json.dumps(
         {"train_metrics": {"summary": {"train_samples": 123}}}))
-    got = {}
-    for backend in ("embedded", "sglang"):
-        out = tmp_path / backend
-        out.mkdir()
-        ctx = StageContext(spec=spec, stage="bench", variant="base", run_id=backend,
-                           inputs={"export": export}, out_dir=out, db_path=tmp_path / "r.duckdb")
-        bench.run(ctx) if backend == "embedded" else run_bench(ctx, export)
-        got[backend] = json.loads((out / "bench.json").read_text())
-    for backend, res in got.items():
-        assert {r["train_samples"] for r in res["rows"] + res["summary"]} == {123}, backend
-        assert {r["backend"] for r in res["rows"] + res["summary"]} == {backend}
-        for table, rows in (("bench", res["rows"]), ("bench_summary", res["summary"])):
-            cols = {c.split()[0] for c in SCHEMA[table].replace("\n", " ").split(",")}
-            assert set(rows[0]) <= cols, (backend, table, set(rows[0]) - cols)
-    _, rows = Store(tmp_path / "r.duckdb").query(
-        "SELECT run_id, train_samples, count(*) FROM bench_summary GROUP BY 1, 2 ORDER BY 1")
-    assert rows == [("embedded", 123, 1), ("sglang", 123, 1)]  # every row landed in DuckDB
+    out = tmp_path / "out"
+    out.mkdir()
+    ctx = StageContext(spec=spec, stage="bench", variant="base", run_id="both",
+                       inputs={"export": export}, out_dir=out, db_path=tmp_path / "r.duckdb")
+    metrics = bench.run(ctx)
+    assert metrics["failed"] == 0 and metrics["summaries"] == 2
+    res = json.loads((out / "bench.json").read_text())
+    assert {r["backend"] for r in res["summary"]} == {"embedded", "sglang"}
+    assert {r["train_samples"] for r in res["rows"] + res["summary"]} == {123}
+    for table, rows in (("bench", res["rows"]), ("bench_summary", res["summary"])):
+        cols = {c.split()[0] for c in SCHEMA[table].replace("\n", " ").split(",")}
+        for r in rows:
+            assert set(r) <= cols, (table, set(r) - cols)
+    srows = [r for r in res["rows"] if r["backend"] == "sglang"]
+    assert {r["prompt_id"] for r in srows} == {"mtbench-81", "mtbench-82"}
+    for r in srows:  # the random tiny target never says what the recording says
+        assert r["ref_same"] is False and r["ref_diverge_margin"] >= 0
+    s = next(x for x in res["summary"] if x["backend"] == "sglang")
+    e = next(x for x in res["summary"] if x["backend"] == "embedded")
+    assert s["ref_same_prompts"] == 0 and "embedded engine's" in s["explanation"]
+    prof = read_profile(out / "sglang_profile.json")
+    assert prof["configs"][0]["round_cost_tokens"] == pytest.approx(s["break_even_tau"])
+    assert e["predicted_break_even_tau"] == pytest.approx(s["break_even_tau"])
+    assert e["predicted_speedup"] == pytest.approx(e["tau"] / s["break_even_tau"])
+    assert "(predicted" in e["explanation"]
+    for d in (out / "sglang").iterdir():  # the stage's recordings replay as a recorded set
+        assert json.loads((d / "argv.json").read_text())[1:3] == ["-m", "sglang.launch_server"]
+        assert load_generate(d) and (d / "server_info.json").exists()
+    cols, rows = Store(tmp_path / "r.duckdb").query("SELECT * FROM bench_parity")
+    assert len(rows) == 1
+    row = dict(zip(cols, rows[0]))
+    assert row["tau_sglang"] == pytest.approx(s["tau"]) and row["tau_embedded"] == e["tau"]
+    assert row["speedup_sglang_predicted"] == pytest.approx(e["predicted_speedup"])
+    assert row["plain_same_as_embedded"] == 0 and row["server_version"]
+
+
+def test_both_stops_its_servers_when_the_embedded_side_fails(smollm2_path, tmp_path,
+                                                             monkeypatch):
+    """The servers start before the engines compile; an engine that fails must not leave them
+    running (their ports, recorded in argv.json, are free again)."""
+    import socket
+    from eagle3_runner.engine import speculative
+    from eagle3_runner.jobs import bench
+    from eagle3_runner.runner.stage import StageContext
+    from sglang_replay import HAND, fake_sglang
+    from transformers import AutoConfig
+    target = _tiny_target(tmp_path / "target", smollm2_path)
+    fake = fake_sglang(tmp_path / "fake", HAND)
+    monkeypatch.setenv("PYTHONPATH", f"{fake}:{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.syspath_prepend(str(fake))
+    spec = _both_spec(target, HAND, "both")
+    export = export_drafter(tmp_path / "export", AutoConfig.from_pretrained(str(target)),
+                            spec.aux_ids, draft_vocab=2048)
+
+    def broken(*a, **kw):
+        raise RuntimeError("engine build failed")
+    monkeypatch.setattr(speculative.Engine, "__init__", broken)
+    out = tmp_path / "out"
+    out.mkdir()
+    ctx = StageContext(spec=spec, stage="bench", variant="base", run_id="x",
+                       inputs={"export": export}, out_dir=out, db_path=tmp_path / "r.duckdb")
+    with pytest.raises(RuntimeError, match="engine build failed"):
+        bench.run(ctx)
+    import time
+    time.sleep(1.5)  # a replayed server left running would have bound its port by now
+    argvs = [json.loads(f.read_text()) for f in (out / "sglang").glob("*/argv.json")]
+    assert len(argvs) == 2
+    for argv in argvs:
+        with socket.socket() as sock:
+            assert sock.connect_ex(("127.0.0.1", int(argv[argv.index("--port") + 1]))) != 0
+
+
+def test_sglang_only_stage_and_a_failed_server(smollm2_path, tmp_path, monkeypatch):
+    """backend sglang (no torch model in this process): rows without margins or ref columns; a
+    configuration whose server refuses to start is a failed summary row with its log, the other
+    one is measured."""
+    from eagle3_runner.jobs import bench
+    from eagle3_runner.runner.stage import StageContext
+    from sglang_replay import HAND, fake_sglang
+    from transformers import AutoConfig
+    target = _tiny_target(tmp_path / "target", smollm2_path)
+    fake = fake_sglang(tmp_path / "fake", HAND)
+    monkeypatch.setenv("PYTHONPATH", f"{fake}:{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.syspath_prepend(str(fake))
+    spec = _both_spec(target, HAND, "sglang")
+    spec.stages.bench.configs.append(type(spec.stages.bench.configs[0])(num_steps=2))
+    export = export_drafter(tmp_path / "export", AutoConfig.from_pretrained(str(target)),
+                            spec.aux_ids, draft_vocab=2048)
+    out = tmp_path / "out"
+    out.mkdir()
+    ctx = StageContext(spec=spec, stage="bench", variant="base", run_id="s",
+                       inputs={"export": export}, out_dir=out, db_path=tmp_path / "r.duckdb")
+    assert bench.run(ctx)["failed"] == 1
+    res = json.loads((out / "bench.json").read_text())
+    bad = next(x for x in res["summary"] if x["num_steps"] == 2)
+    assert bad["flags"] == "sglang server failed" and "no recorded server" in bad["explanation"]
+    good = next(x for x in res["summary"] if x["num_steps"] == 3)
+    assert good["tau"] == pytest.approx(1 + 9 / 8) and good["lossless_prompts"] == 1
+    assert all(r["diverge_margin"] is None and "ref_same" not in r for r in res["rows"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -373,3 +456,49 @@ def test_the_embedded_bench_records_where_a_prompt_diverged(smollm2_path, tmp_pa
     _, ((n, flags, text),) = store.query("SELECT lossless_prompts, flags, explanation "
                                          "FROM bench_summary")
     assert n == 0 and "not lossless" in flags and "2/2 prompts differ from the baseline" in text
+
+
+# ----------------------------------------------------------------------------------------------
+# the speed model calibrated to SGLang
+
+
+def _sglang_summary(K, k, N, tau, round_ms, base_ms, prompt_set="mtbench"):
+    from eagle3_runner.runner.bench_rows import round_cost
+
+    class C:
+        num_steps, eagle_topk, draft_tokens = K, k, N
+    cfg = config_fields(C, True, 256, 0.0, "sglang", prompt_set, None)
+    rows = [prompt_row(cfg, "p", tau, 256, 100, 1.0, 1.0, True)]
+    _, _, cost = round_cost(round_ms * 100 / 1000, 100, base_ms * 256 / 1000, 256)
+    return summary_row(cfg, rows, tau, 1000 * tau / round_ms, 1000 / base_ms, cost, "x")
+
+
+def test_the_sglang_profile_predicts_the_embedded_rows_speed_in_sglang(tmp_path):
+    """A 3/1/4 round costing 3.2 ms against 1.28 ms per plain token (the first SGLang run on the
+    H200) is 2.5 plain tokens: tau 1.5 would give 0.6x, and the break-even tau is 2.5; a
+    configuration the profile lacks gets no prediction but a sentence; a file that is not a
+    profile is refused naming it."""
+    from eagle3_runner.runner.bench_rows import (PROFILE_FORMAT, predict, profile_entry,
+                                                 read_profile, speed_profile)
+    sums = [_sglang_summary(3, 1, 4, 1.19, 3.2, 1.28),
+            {**_sglang_summary(5, 1, 6, 1.2, 4.0, 1.28), "n_prompts": 0}]  # a failed one
+    prof = speed_profile(sums, "0.5.14", "/m")
+    assert prof["format"] == PROFILE_FORMAT and len(prof["configs"]) == 1
+    c = prof["configs"][0]
+    assert c["round_cost_tokens"] == pytest.approx(2.5) and c["round_ms"] == pytest.approx(3.2)
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(prof))
+    prof = read_profile(f)
+    emb = _summary(_rows([None]))  # tree 4/4/8: not in the profile
+    assert profile_entry(prof, emb) is None
+    predict(emb, prof, "p.json")
+    assert "predicted_speedup" not in emb and "no round cost for this configuration" in \
+        emb["explanation"]
+    chain = {**_sglang_summary(3, 1, 4, 1.5, 2.0, 1.0), "backend": "embedded"}
+    predict(chain, prof, "p.json")
+    assert chain["predicted_speedup"] == pytest.approx(1.5 / 2.5)
+    assert chain["predicted_break_even_tau"] == pytest.approx(2.5)
+    assert "0.60x (predicted" in chain["explanation"]
+    f.write_text(json.dumps({"configs": []}))
+    with pytest.raises(ValueError, match="not an SGLang speed profile"):
+        read_profile(f)

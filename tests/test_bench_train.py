@@ -40,3 +40,10 @@ def test_rows_are_time_boxed_and_the_issue_suite_is_exact(tmp_path):
     assert sorted((r["geometry"], r["batch"], r["kind"]) for r in rows) == sorted(
         [("smollm2", b, k) for b in (1, 4) for k in kinds] + [("kimi-k2.5", 1, "fast-triton")])
     assert {(r["K"], r["seq"], r["vocab"]) for r in rows} == {(7, 2048, 32000)}
+    kimi = bt.SUITES["issue37"]["rows"]  # issue 37: the Kimi-K2.5 drafter, ours and SpecForge's
+    assert sorted((r["batch"], r["kind"]) for r in kimi) == sorted(
+        [(b, k) for b in (1, 2) for k in ("fast-triton", "specforge")] + [(4, "fast-triton")])
+    assert {(r["geometry"], r["K"], r["seq"], r["vocab"]) for r in kimi} == {
+        ("kimi-k2.5", 7, 2048, 32000)}
+    g = bt.GEOMETRIES["kimi-k2.5"]
+    assert (g["hidden_size"], 3 * g["hidden_size"]) == (7168, 21504)  # fc 21504 -> 7168

@@ -136,7 +136,7 @@ def test_extra_args_may_not_override_the_flags_the_runner_sets(tmp_path, arg):
 
 def test_harmless_extra_args_pass(tmp_path):
     load_spec(data=_spec(tmp_path, stages={"bench": {"sglang": {"extra_args": [
-        "--mem-fraction-static", "0.8", "--disable-cuda-graph-padding", "--log-level=info"]}}}))
+        "--max-total-tokens", "16384", "--disable-cuda-graph-padding", "--log-level=info"]}}}))
 
 
 @pytest.mark.parametrize("host, ok", [("0.0.0.0", False), ("10.1.2.3", False), ("::", False),
@@ -257,6 +257,7 @@ def test_every_flag_the_runner_gives_sglang_is_guarded():
     """runner/spec/server.py GUARDED_FLAGS must list what target/sglang.py server_argv sets."""
     from eagle3_runner.target.sglang import server_argv
     from eagle3_runner.runner.spec.server import GUARDED_FLAGS
-    argv = server_argv("python3", "/m", 30000, "127.0.0.1", 1, "/d", 3, 1, 4, True, 8, 4096)
+    argv = server_argv("python3", "/m", 30000, "127.0.0.1", 1, "/d", 3, 1, 4, True, 8, 4096,
+                       dtype="bfloat16", mem_fraction_static=0.1, nccl_port=30001)
     argv += server_argv("python3", "/m", 30000, cuda_graph=False)
     assert {a for a in argv if a.startswith("--")} <= set(GUARDED_FLAGS)

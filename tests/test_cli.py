@@ -76,10 +76,14 @@ def test_plan_drafter_v2_here_without_weights():
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith("plan drafter-v2") and "executor slurm" in lines[0]
-    order = [ln.split()[1] for ln in lines[1:5]]
-    assert order == ["extract", "train", "export", "bench"]
-    assert all(" key " in ln and "missing output" in ln for ln in lines[1:5])
+    order = [ln.split()[1] for ln in lines[1:6]]
+    assert order == ["regenerate", "extract", "train", "export", "bench"]
+    assert all(" key " in ln and "missing output" in ln for ln in lines[1:6])
     assert any(ln.startswith("memory: extract:") and ": fits;" in ln for ln in lines)
+    # every stage that runs Kimi-K2.5 does it through SGLang, and the plan says why
+    for stage in ("regenerate", "extract"):
+        assert any(ln.startswith(f"engine: {stage}: sglang (auto: a 1,026B-parameter target")
+                   for ln in lines), lines
 
 
 NO_TORCH = """

@@ -79,9 +79,16 @@ def test_plan_says_when_extract_will_not_fit_and_suggests_online(tmp_path):
     from eagle3_runner.runner.plan import build_plan
     p = build_plan(online)
     assert [s.stage for s in p.stages] == ["train"] and p.disk["fits"]
-    assert p.disk["online"][0]["tokens"] == 100 * 64
-    assert "runs the target online: no features written (offline: ~" in "\n".join(
-        disk.render(p.disk))
+    assert p.disk["online"][0]["tokens"] == 92 * 64  # eval_samples (8) are not trained on
+    text = "\n".join(disk.render(p.disk))
+    assert "runs the target online: no features written; it trains on ~5,888 tokens (92 " \
+           "samples), ~0.0 GB as offline features\n" in text
+    few = _spec(tmp_path, path, max_samples=100,
+                stages={"train": {"features": "online", "num_samples": 50, "eval_samples": 0}})
+    assert disk.train_share(few, disk.estimate(few))["tokens"] == 50 * 64
+    tight = {**p.disk, "free_bytes": 10**7}  # a disk smaller than the features (27.2 MB)
+    assert ("~0.0 GB as offline features: 2.7x the 0.0 GB free on " in
+            "\n".join(disk.render(tight)))
 
 
 def test_estimate_reads_gzip_and_zstd_data(tmp_path):

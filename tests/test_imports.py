@@ -6,6 +6,7 @@ imports jobs/: the stage code is reached only through the stage registry (runner
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import eagle3_runner.runner.plan as plan_mod
@@ -112,3 +113,33 @@ def test_every_folder_with_code_has_a_floor():
     code = {p.parent.relative_to(ROOT).parts[0] for p in ROOT.glob("*/**/*.py")
             if not p.relative_to(ROOT).parts[0].startswith(".")}
     assert sorted(code - skip) == sorted(FLOORS)
+
+
+def layout_rows(text: str) -> list[tuple[str, str]]:
+    """(first cell, whole row) of every table row of DEVELOPERS.md's "Layout" section."""
+    sec = text.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    return [(ln.split("|")[1].strip(), ln) for ln in sec.splitlines()
+            if ln.startswith("| `")]
+
+
+def unlisted_modules(text: str, root: Path = ROOT) -> list[str]:
+    """Module files of the package that DEVELOPERS.md's layout table does not name: a row names a
+    file by its path in backticks, or a folder row (`a/b/`) names it by its file name."""
+    rows = layout_rows(text)
+    out = []
+    for f in sorted({p for folder in FLOORS for p in (root / folder).rglob("*.py")}):
+        rel = f.relative_to(root).as_posix()
+        folder_rows = [r for c, r in rows if f"`{f.parent.relative_to(root).as_posix()}/`" in c]
+        if f"`{rel}`" not in "".join(r for _, r in rows) and \
+                not any(f"`{f.name}`" in r for r in folder_rows):
+            out.append(rel)
+    return out
+
+
+def test_the_layout_table_names_every_module_and_only_real_paths():
+    """DEVELOPERS.md "Layout" matches the tree: every module of the package has a row (or its
+    folder's row names it), and every path a first cell names exists."""
+    text = (ROOT / "DEVELOPERS.md").read_text()
+    assert unlisted_modules(text) == []
+    named = [p for c, _ in layout_rows(text) for p in re.findall(r"`([\w./-]+)`", c)]
+    assert named and [p for p in named if not (ROOT / p.rstrip("/")).exists()] == []

@@ -347,9 +347,14 @@ def test_plan_cli_json_and_no_torch(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "HEAVY []" in r.stderr
     d = json.loads(r.stdout)
-    assert [s["stage"] for s in d["stages"]] == ["extract", "train", "export", "bench"]
+    assert [s["stage"] for s in d["stages"]] == ["regenerate", "extract", "train", "export",
+                                                 "bench"]
     assert d["executor"] == "slurm"
-    assert [m["fits"] for m in d["memory"]["stages"]] == [True]  # the memory check, torch-free
+    # the memory check, torch-free: the SGLang server of each stage that runs the target
+    assert [(m["stage"], m["fits"]) for m in d["memory"]["stages"]] == \
+        [("regenerate", True), ("extract", True)]
+    assert [(e[0], e[1]) for e in d["engines"]] == [("regenerate", "sglang"),
+                                                    ("extract", "sglang")]
 
 
 def test_forced_or_selected_shared_stage_runs_once(tmp_path):

@@ -1,26 +1,36 @@
-"""SGLang backend: argv building, log/meta_info parsing against recorded formats, server
-lifecycle (health check, clean stop of the process group), the missing-extra error."""
+"""The SGLang serving engine from outside (target/sglang.py) and the sglang bench backend
+(target/sglang_bench.py), on recorded servers (tests/data/sglang/<set>/, replayed by
+tests/sglang_replay.py): argv building, the log and meta_info parsers against what servers said,
+the server lifecycle (ready line, free ports, several servers at once, clean stop, a refusal and a
+hang reported with the log), and the rows computed from recorded responses."""
 
 from __future__ import annotations
 
 import json
 import socket
 import sys
-import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from eagle3_runner.target.sglang import (parse_accept_lens, server, server_argv, sglang_available,
-                                 tau_from_meta, generate)
-from eagle3_runner.runner.errors import StageError
+sys.path.insert(0, str(Path(__file__).parent))
+from sglang_replay import HAND, fake_sglang, load_generate, recording_sets  # noqa: E402
+from sglang_replay import spec_servers as _spec_servers  # noqa: E402
 
-DATA = Path(__file__).parent / "data" / "sglang"
+from eagle3_runner.runner.errors import ServerError, StageError  # noqa: E402
+from eagle3_runner.target.sglang import (error_line, free_ports, generate, launch,  # noqa: E402
+                                         parse_accept_lens, server, server_accept_length,
+                                         server_argv, server_info, sglang_available, stop_all,
+                                         tau_from_meta, wait_ready)
+
+SETS = recording_sets()
 
 
 def test_spec_argv_is_a_list_with_eagle3_and_all_three_counts():
     argv = server_argv("python3", "/m/t", 30000, tp=2, draft_path="/m/d", num_steps=3,
-                       eagle_topk=1, num_draft_tokens=4, cuda_graph=True, cuda_graph_max_bs=8)
+                       eagle_topk=1, num_draft_tokens=4, cuda_graph=True, cuda_graph_max_bs=8,
+                       dtype="bfloat16", mem_fraction_static=0.1, nccl_port=30001)
     assert isinstance(argv, list) and all(isinstance(a, str) for a in argv)
     assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
     kv = dict(zip(argv[3::1], argv[4::1]))
@@ -30,30 +40,212 @@ def test_spec_argv_is_a_list_with_eagle3_and_all_three_counts():
             kv["--speculative-num-draft-tokens"]) == ("3", "1", "4")
     assert kv["--tp-size"] == "2" and kv["--port"] == "30000" and kv["--model-path"] == "/m/t"
     assert kv["--cuda-graph-max-bs"] == "8" and "--disable-cuda-graph" not in argv
+    assert (kv["--dtype"], kv["--mem-fraction-static"], kv["--nccl-port"]) == \
+        ("bfloat16", "0.1", "30001")
 
 
-def test_baseline_argv_has_no_speculation_and_can_disable_cuda_graph():
+def test_baseline_argv_has_no_speculation_and_can_disable_cuda_graph(monkeypatch):
     argv = server_argv("/venv/bin/python", "/m/t", 30001, cuda_graph=False,
                        extra=["--mem-fraction-static", "0.5"])
     assert not any(a.startswith("--speculative") for a in argv)
     assert "--disable-cuda-graph" in argv and argv[-2:] == ["--mem-fraction-static", "0.5"]
     with pytest.raises(ValueError):
         server_argv("python3", "/m/t", 1, draft_path="/d", num_steps=3)
+    monkeypatch.setenv("HOME", "/home/u")  # a wrapper path is expanded like a spec path
+    assert server_argv("~/sglang-python", "/m", 1)[0] == "/home/u/sglang-python"
 
 
-def test_parse_decode_log_accept_len_both_formats():
-    vals = parse_accept_lens((DATA / "decode_log.txt").read_text())
-    assert vals == [2.45, 2.10, 1.00]
+def test_free_ports_are_distinct_and_bindable():
+    ports = free_ports(6)
+    assert len(set(ports)) == 6
+    for p in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
 
 
-def test_tau_from_recorded_meta_info():
-    spec = json.loads((DATA / "generate_spec.json").read_text())["meta_info"]
-    base = json.loads((DATA / "generate_baseline.json").read_text())["meta_info"]
-    assert tau_from_meta([spec]) == pytest.approx(8 / 3)
-    assert tau_from_meta([spec, {**spec, "completion_tokens": 4, "spec_verify_ct": 4}]) == \
-        pytest.approx(12 / 7)
-    with pytest.raises(ValueError, match="EAGLE3"):
-        tau_from_meta([base])
+def test_decode_log_accept_len_both_formats():
+    assert parse_accept_lens((HAND / "s3-k1-n4-cg1" / "server.log").read_text()) == \
+        [2.45, 2.10, 1.00]
+    assert parse_accept_lens((HAND / "plain-cg1" / "server.log").read_text()) == []
+
+
+@pytest.mark.parametrize("rec", SETS, ids=lambda p: p.name)
+def test_every_recorded_speculative_log_and_response_parses(rec):
+    """Against what each recorded server said: decode-log accept lengths are >= 1; tau is
+    1 + accepted drafts / verify passes, SGLang's spec_accept_length (where recorded) is
+    exactly server_accept_length, and it counts the prefill's token (so it is above tau unless
+    the last round was cut); a plain server's response has no spec_verify_ct."""
+    servers = _spec_servers(rec)
+    assert servers, f"{rec}: no speculative server recorded"
+    for d in servers:
+        assert all(v >= 1 for v in parse_accept_lens((d / "server.log").read_text()))
+        for r in load_generate(d):
+            m = r["response"]["meta_info"]
+            assert len(r["response"]["output_ids"]) == m["completion_tokens"]
+            tau = tau_from_meta([m])
+            assert tau == pytest.approx(1 + m["spec_num_correct_drafts"] / m["spec_verify_ct"])
+            if "spec_accept_length" in m:
+                assert server_accept_length([m]) == pytest.approx(m["spec_accept_length"])
+            assert server_accept_length([m]) >= tau - (m["spec_num_correct_drafts"] + 1
+                                                       ) / m["spec_verify_ct"]
+    for r in load_generate(rec / "plain-cg1"):
+        with pytest.raises(ValueError, match="EAGLE3"):
+            tau_from_meta([r["response"]["meta_info"]])
+
+
+def test_tau_pools_requests_and_falls_back_without_correct_drafts():
+    a = {"completion_tokens": 8, "spec_verify_ct": 3, "spec_num_correct_drafts": 4}
+    b = {"completion_tokens": 11, "spec_verify_ct": 5, "spec_num_correct_drafts": 5}
+    assert tau_from_meta([a, b]) == pytest.approx(1 + 9 / 8)
+    assert server_accept_length([a, b]) == pytest.approx(19 / 8)
+    old = [{k: v for k, v in m.items() if k != "spec_num_correct_drafts"} for m in (a, b)]
+    assert tau_from_meta(old) == pytest.approx((19 - 2) / 8)  # the prefill tokens left out
+
+
+@pytest.mark.parametrize("rec", SETS, ids=lambda p: p.name)
+def test_error_line_names_why_a_recorded_server_refused(rec):
+    refused = [d for d in rec.iterdir() if (d / "server.log").exists()
+               and not (d / "generate.jsonl").exists()]  # lab refusals: test_sglang_lab.py
+    for d in refused:
+        assert error_line((d / "server.log").read_text()), d
+    assert error_line("[x] Ignore import error when loading sglang.srt.models.x: Can not import "
+                      "FA3\nok") is None
+
+
+def _env(tmp_path, rec: Path) -> dict:
+    import os
+    root = fake_sglang(tmp_path / "fake", rec)
+    return {**os.environ, "PYTHONPATH": f"{root}:{os.environ.get('PYTHONPATH', '')}"}
+
+
+@pytest.mark.parametrize("rec", SETS, ids=lambda p: p.name)
+def test_servers_side_by_side_answer_as_recorded_and_stop(rec, tmp_path):
+    """The plain and a speculative recorded server, launched at once on free ports: each is
+    ready at its ready line, /server_info gives the recorded version, /generate the recorded
+    answer; stop_all frees both ports."""
+    env = _env(tmp_path, rec)
+    spec_dir = _spec_servers(rec)[0]
+    K, k, N = (int(x[1:]) for x in spec_dir.name.split("-")[:3])
+    p1, n1, p2, n2 = free_ports(4)
+    servers = [
+        launch("plain", server_argv(sys.executable, "/m", p1, nccl_port=n1), "127.0.0.1", p1,
+               tmp_path / "plain.log", env),
+        launch("spec", server_argv(sys.executable, "/m", p2, draft_path="/d", num_steps=K,
+                                   eagle_topk=k, num_draft_tokens=N, nccl_port=n2),
+               "127.0.0.1", p2, tmp_path / "spec.log", env)]
+    try:
+        for srv, d in zip(servers, [rec / "plain-cg1", spec_dir]):
+            wait_ready(srv, 60, poll_s=0.1)
+            assert srv.ready_s > 0
+            want = json.loads((d / "server_info.json").read_text())
+            assert server_info(srv.url)["version"] == want["version"]
+            r0 = load_generate(d)[0]
+            got, dt = generate(srv.url, r0["request"]["input_ids"], r0["max_new_tokens"], 0.0, 10)
+            assert got == r0["response"] and dt > 0
+    finally:
+        stop_all(servers)
+    for p in (p1, p2):
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", p)) != 0
+
+
+def test_refused_and_hung_servers_raise_with_their_log(tmp_path):
+    """A recorded refusal (its log replayed, its exit) and a server that never says it is ready:
+    ServerError naming the exit or the timeout, with the log tail."""
+    env = {**_env(tmp_path, HAND), "SGLANG_REPLAY_SERVER": "refused-kv-dtype"}
+    port = free_ports(1)[0]
+    srv = launch("refused", server_argv(sys.executable, "/m", port), "127.0.0.1", port,
+                 tmp_path / "r.log", env)
+    with pytest.raises(ServerError, match="unrecognized arguments") as e:
+        wait_ready(srv, 30, poll_s=0.1)
+    assert "exited with code 1" in str(e.value) and error_line(e.value.log_tail)
+    hung = launch("hung", [sys.executable, "-c", "import time; print('loading', flush=True); "
+                           "time.sleep(60)"], "127.0.0.1", port, tmp_path / "h.log")
+    try:
+        with pytest.raises(ServerError, match="not ready after 1 s") as e:
+            wait_ready(hung, 1, poll_s=0.1)
+        assert "loading" in e.value.log_tail
+    finally:
+        stop_all([hung])
+    assert hung.proc.poll() is not None
+
+
+def test_server_context_stops_even_on_error(tmp_path):
+    env = _env(tmp_path, HAND)
+    port = free_ports(1)[0]
+    with pytest.raises(RuntimeError):
+        with server(server_argv(sys.executable, "/m", port), "127.0.0.1", port,
+                    tmp_path / "s.log", 30, env) as url:
+            assert generate(url, [1, 2], 8, 0.0, 10)[0]["output_ids"]
+            raise RuntimeError("bench failed mid-way")
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+# ----------------------------------------------------------------------------------------------
+# the rows of recorded responses
+
+
+def _measured(rec: Path):
+    """The recorded servers of a set as the backend's Measured, plus the bench settings they
+    answer (their configurations, prompts and max_new_tokens)."""
+    from eagle3_runner.runner.stages import SpecParams
+    from eagle3_runner.target.sglang_bench import Measured, Planned
+    plain = load_generate(rec / "plain-cg1")
+    sets = {}
+    for r in plain:
+        sets.setdefault(r["prompt_set"], []).append((r["prompt_id"], r["request"]["input_ids"]))
+    out = {"plain-cg1": Measured(Planned("plain-cg1", True), {
+        (r["prompt_set"], r["max_new_tokens"], r["prompt_id"]): (r["response"], r["client_s"])
+        for r in plain}, info=json.loads((rec / "plain-cg1" / "server_info.json").read_text()))}
+    configs = []
+    for d in _spec_servers(rec):
+        K, k, N = (int(x[1:]) for x in d.name.split("-")[:3])
+        c = SpecParams(num_steps=K, eagle_topk=k, num_draft_tokens=N)
+        configs.append(c)
+        out[d.name] = Measured(Planned(d.name, True, c), {
+            (r["prompt_set"], r["max_new_tokens"], r["prompt_id"]): (r["response"], r["client_s"])
+            for r in load_generate(d)}, info=json.loads((d / "server_info.json").read_text()),
+            accept_lens=parse_accept_lens((d / "server.log").read_text()))
+    mx = sorted({r["max_new_tokens"] for r in plain})
+    p = SimpleNamespace(max_new_tokens=mx, temperature=0.0, configs=configs, cuda_graph=[True])
+    return out, p, sets
+
+
+@pytest.mark.parametrize("rec", SETS, ids=lambda p: p.name)
+def test_rows_of_recorded_servers(rec):
+    """Per recorded configuration: the summary's tau pools 1 + accepted / verify over the
+    prompts, tok/s are completion tokens per server e2e second, the break-even tau is the round
+    (e2e / verify passes) in plain tokens, lossless compares output_ids with the plain server's;
+    a failed plain server turns every configuration into a failed row."""
+    from eagle3_runner.target.sglang_bench import rows_and_summaries
+    measured, p, sets = _measured(rec)
+    rows, sums = rows_and_summaries(measured, p, sets, 123)
+    assert sums and all(s["backend"] == "sglang" and s["train_samples"] == 123 for s in sums)
+    for s in sums:
+        d = next(m for m in measured.values() if m.planned.config is not None and
+                 m.planned.name.startswith(f"s{s['num_steps']}-k{s['eagle_topk']}-"))
+        got = [d.responses[k] for k in d.responses if k[1] == s["max_new_tokens"]]
+        base = [measured["plain-cg1"].responses[k] for k in d.responses
+                if k[1] == s["max_new_tokens"]]
+        if not got:
+            continue
+        metas = [r["meta_info"] for r, _ in got]
+        assert s["tau"] == pytest.approx(1 + sum(m["spec_num_correct_drafts"] for m in metas) /
+                                         sum(m["spec_verify_ct"] for m in metas))
+        spec_s = sum(m["e2e_latency"] for m in metas)
+        assert s["spec_tok_s"] == pytest.approx(sum(m["completion_tokens"] for m in metas) / spec_s)
+        base_ms = 1000 * sum(b["meta_info"]["e2e_latency"] for b, _ in base) / \
+            sum(b["meta_info"]["completion_tokens"] for b, _ in base)
+        assert s["break_even_tau"] == pytest.approx(
+            1000 * spec_s / sum(m["spec_verify_ct"] for m in metas) / base_ms)
+        same = sum(r["output_ids"] == b["output_ids"] for (r, _), (b, _) in zip(got, base))
+        assert s["lossless_prompts"] == same and s["server_version"]
+    assert {r["prompt_id"] for r in rows} <= {pid for v in sets.values() for pid, _ in v}
+    measured["plain-cg1"].error = "sglang server plain-cg1 exited with code 1: CUDA out of memory"
+    _, sums = rows_and_summaries(measured, p, sets, 123)
+    assert all(s["flags"] == "sglang server failed" and "out of memory" in s["explanation"]
+               and s["n_prompts"] == 0 for s in sums)
 
 
 def test_missing_sglang_fails_at_validation_naming_the_extra():
@@ -71,49 +263,25 @@ def test_missing_sglang_fails_at_validation_naming_the_extra():
         check_backend(spec)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-FAKE = textwrap.dedent('''
-    import json, sys, time
-    from http.server import BaseHTTPRequestHandler, HTTPServer
-    time.sleep(0.5)  # not healthy at once
-    body = open(sys.argv[2]).read().encode()
-    class H(BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200 if self.path == "/health" else 404); self.end_headers()
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            self.send_response(200); self.end_headers(); self.wfile.write(body)
-        def log_message(self, *a):
-            print("Decode batch. #running-req: 1, accept len: 2.67, gen throughput (token/s): 9.0",
-                  flush=True)
-    HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-''')
-
-
-def test_server_lifecycle_health_generate_and_stop_even_on_error(tmp_path):
-    script = tmp_path / "fake_server.py"
-    script.write_text(FAKE)
-    port = _free_port()
-    argv = [sys.executable, str(script), str(port), str(DATA / "generate_spec.json")]
-    log = tmp_path / "server.log"
-    with pytest.raises(RuntimeError):
-        with server(argv, "127.0.0.1", port, log, startup_timeout_s=30) as url:
-            out, dt = generate(url, [1, 2, 3], 8, 0.0, timeout=10)
-            assert tau_from_meta([out["meta_info"]]) == pytest.approx(8 / 3) and dt > 0
-            raise RuntimeError("bench failed mid-way")
-    with socket.socket() as s:  # the server is gone: its port is free again
-        assert s.connect_ex(("127.0.0.1", port)) != 0
-    vals = parse_accept_lens(log.read_text())
-    assert vals and set(vals) == {2.67}  # one log line per request (health + generate)
-
-
-def test_server_that_exits_reports_its_log(tmp_path):
-    argv = [sys.executable, "-c", "import sys; print('CUDA out of memory'); sys.exit(3)"]
-    with pytest.raises(StageError, match="out of memory"):
-        with server(argv, "127.0.0.1", _free_port(), tmp_path / "s.log", startup_timeout_s=30):
-            pass
+def test_fixture_script_keeps_what_the_tests_read(tmp_path):
+    """scripts/gpu/sglang_fixtures.py over a recorded bench folder: argv paths replaced, the
+    first prompts of every server, the ready line, decode lines and errors of each log kept."""
+    import importlib.util
+    path = Path(__file__).parents[1] / "scripts" / "gpu" / "sglang_fixtures.py"
+    spec = importlib.util.spec_from_file_location("sglang_fixtures", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "set"
+    assert mod.main(["--bench", str(HAND), "--out", str(out), "--prompts", "1"]) == 0
+    for d in HAND.iterdir():
+        assert (out / d.name / "server.log").exists()
+    argv = json.loads((out / "s3-k1-n4-cg1" / "argv.json").read_text())
+    assert argv[argv.index("--speculative-draft-model-path") + 1] == "/runs/export"
+    assert [r["prompt_id"] for r in load_generate(out / "plain-cg1")] == ["mtbench-81"]
+    log = (out / "s3-k1-n4-cg1" / "server.log").read_text()
+    assert "fired up and ready" in log and parse_accept_lens(log) == [2.45, 2.10, 1.00]
+    assert error_line((out / "refused-kv-dtype" / "server.log").read_text())
+    long = "\n".join([f"[t] Decode batch, #running-req: 1, accept len: 1.{i % 10}0, x"
+                      for i in range(100)] + ["[t] boring"] * 50 + ["[t] RuntimeError: boom"])
+    kept = mod.trim_log(long, 5)
+    assert len(parse_accept_lens(kept)) == 5 and "RuntimeError: boom" in kept

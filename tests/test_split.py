@@ -78,9 +78,14 @@ def test_dense_llama_size_and_eager_scores():
     assert eager - sdpa == 8192 * 2048 * 32 * 8  # the eager score matrices
 
 
+# drafter-v2 through transformers (its extract split by device_map auto): the spec runs its target
+# on SGLang (target.engine auto), and regenerate has no transformers path
+HF = ["target.engine=hf", "stages.regenerate=null"]
+
+
 def plan_of(*overrides, spec="drafter-v2.yaml"):
     from eagle3_runner.runner.plan import build_plan
-    return build_plan(load_spec(ROOT / "specs" / spec, overrides=list(overrides)))
+    return build_plan(load_spec(ROOT / "specs" / spec, overrides=HF + list(overrides)))
 
 
 def test_drafter_v2_plan_fits_one_replica_over_8_gpus(capsys):
@@ -113,7 +118,8 @@ def test_online_training_keeps_the_drafter_on_the_first_gpu_of_the_replica():
     from eagle3_runner.runner.plan import build_plan
     from eagle3_runner.runner.spec.load import read_yaml
     d = read_yaml(ROOT / "specs" / "drafter-v2.yaml")
-    del d["stages"]["extract"]
+    d["target"]["engine"] = "hf"
+    del d["stages"]["extract"], d["stages"]["regenerate"]
     d["stages"]["train"].update(features="online", batch_size=4)
     d["executor"]["stages"]["train"] = {"nproc_per_node": 1}
     (m,) = build_plan(load_spec(data=d)).memory["stages"]

@@ -213,6 +213,7 @@ def test_train_stage_outputs(extract_dir, tmp_path):
     assert not (out / "ckpt.pt").exists()
     assert summary["train_steps"][0] == 4 and len([k for k in summary if k.startswith("acc_")]) == 3
     assert summary["tokens_per_s"][0] > 0 and summary["peak_mem_mib"][0] > 0
+    assert summary["steady_tokens_per_s"] == (0.0, "tok/s")  # no host read past SYNC_EVERY
     # per-step eval metrics reach DuckDB
     cols, rows = ctx.store.query("SELECT name, step FROM metrics WHERE name LIKE 'eval_acc_%' "
                                  "ORDER BY step, name")
@@ -346,6 +347,7 @@ def test_time_budget_shrinks_the_run_and_counts_the_samples_trained_on(extract_d
     summary = train(train_ctx(spec, extract_dir, tmp_path / "a", tmp_path / "r.duckdb"))
     steps = summary["train_steps"][0]
     assert 2 * 32 <= steps < 100 * 4  # stopped at the budget, far before 100 epochs
+    assert summary["steady_tokens_per_s"][0] > 0  # the steps after the first host read
     whole = train(train_ctx(train_spec(epochs=1.0, batch_size=1), extract_dir, tmp_path / "b",
                             tmp_path / "r.duckdb"))["train_samples"][0]  # one epoch: all of them
     assert summary["train_samples"][0] == min(whole, steps) and whole > 3

@@ -243,3 +243,44 @@ def test_length_groups_cut_padding_and_keep_every_sample():
         assert cost(L, g, 64) <= cost(L, [list(range(len(L)))], 64)
     assert len(length_groups([300] * 8, 64)) == 1  # equal lengths: one forward
     assert [len(x) for x in length_groups([1000, 990, 40, 35, 30, 20, 20, 10], 64)] == [2, 6]
+
+
+def test_embedded_capture_and_prefetch_train_what_hf_does(online, target, tmp_path):
+    """stages.train.online_capture: embedded (the batch packed into one row on our Llama) and
+    prefetch (the next batch captured one step ahead): the hf run's losses and drafter; prefetch
+    alone changes nothing at all."""
+    ctx = ctx_for(make_spec(target, prefetch=True), "train", tmp_path / "prefetch")
+    train(ctx)
+    assert train_losses(ctx) == train_losses(online) and _history(ctx) == _history(online)
+    ctx = ctx_for(make_spec(target, online_capture="embedded", prefetch=True), "train",
+                  tmp_path / "embedded")
+    train(ctx)
+    assert train_losses(ctx) == pytest.approx(train_losses(online), rel=1e-5)
+    wa, wb = (load_file(str(Path(c.out_dir) / "draft.safetensors")) for c in (online, ctx))
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=1e-4, msg=k)
+    with pytest.raises(SpecError, match="stages.train.online_capture: set, but it applies to "
+                                        "features: online only"):
+        make_spec(target, "offline", online_capture="embedded")
+
+
+def test_prefetch_serves_each_batch_once_and_in_order():
+    """Prefetch.batch(ids, next): the source computes `next` right away (on the CPU: no side
+    stream) and the next call with those ids takes it; other ids are computed afresh."""
+    from eagle3_runner.trainer.sources import Prefetch
+
+    class Counting:  # a source: batch(ids) -> samples (the interface, recorded)
+        def __init__(self):
+            self.calls = []
+
+        def batch(self, ids):
+            self.calls.append(list(ids))
+            return [{"id": i} for i in ids]
+
+    src = Counting()
+    feed = Prefetch(src, "cpu")
+    assert feed.batch([0, 1], [2, 3]) == [{"id": 0}, {"id": 1}]
+    assert feed.batch([2, 3], [4]) == [{"id": 2}, {"id": 3}]
+    assert feed.batch([5]) == [{"id": 5}]  # not the prefetched [4]
+    assert src.calls == [[0, 1], [2, 3], [4], [5]]
+    assert feed.batch([4]) == [{"id": 4}] and src.calls[-1] == [4] and feed.ahead is None

@@ -32,6 +32,7 @@ import torch
 
 from eagle3_runner.kernels.soft_ce import LK, fused_lk, fused_soft_ce
 from eagle3_runner.kernels.ttt_attention import Segments, attend
+from eagle3_runner.target.capture import h2d, pin_for
 from eagle3_runner.trainer.objective import Loss
 
 
@@ -56,13 +57,13 @@ def _rows_for(lengths: list[int], T: int, pack: bool) -> list[list[int]]:
 
 
 def pack_samples(samples: list[dict], K: int, seq_len: int | None = None,
-                 pack: bool = True) -> dict:
+                 pack: bool = True, pin: bool = False) -> dict:
     """Pack samples (input_ids [L], loss_mask [L], aux_hidden [L, 3*Ht], last_hidden [L, Ht])
     into rows of seq_len draft positions (a sample of L tokens has L-1; default seq_len = the
     longest sample's). A longer sample is truncated to seq_len + 1 tokens. pack=False: one
     sample per row (make_batch's layout). Returns the batch dict of the module docstring: aux
     and tgt_hidden on the device of the samples' hidden states (the CPU offline, the target's
-    device online), the other tensors on the CPU.
+    device online), the other tensors on the CPU (pin: in pinned memory, for a copy to CUDA).
     Raises ValueError when no sample has 2 tokens or seq_len < 1."""
     n = [int(s["input_ids"].numel()) - 1 for s in samples]
     if max(n, default=0) < 1:
@@ -74,15 +75,18 @@ def pack_samples(samples: list[dict], K: int, seq_len: int | None = None,
     rows = _rows_for([max(x, 0) for x in n], T, pack)
     R, E, s0 = len(rows), T + K - 1, samples[0]
     fdev = s0["aux_hidden"].device  # online features are on the target's device already
+    host = {"pin_memory": pin}
+    feat = {"device": fdev, "pin_memory": pin and fdev.type == "cpu"}
     b = {"aux": torch.zeros(R, T, s0["aux_hidden"].shape[-1], dtype=s0["aux_hidden"].dtype,
-                            device=fdev),
-         "ids": torch.zeros(R, E, dtype=torch.int64),
+                            **feat),
+         "ids": torch.zeros(R, E, dtype=torch.int64, **host),
          "tgt_hidden": torch.zeros(R, E, s0["last_hidden"].shape[-1],
-                                   dtype=s0["last_hidden"].dtype, device=fdev),
-         "pmask": torch.zeros(R, E, dtype=torch.bool),
-         "pos": torch.zeros(R, T, dtype=torch.int64),
-         "rem": torch.full((R, T), -1, dtype=torch.int64),
-         "start": torch.zeros(R, T, dtype=torch.int32), "end": torch.zeros(R, T, dtype=torch.int32)}
+                                   dtype=s0["last_hidden"].dtype, **feat),
+         "pmask": torch.zeros(R, E, dtype=torch.bool, **host),
+         "pos": torch.zeros(R, T, dtype=torch.int64, **host),
+         "rem": torch.full((R, T), -1, dtype=torch.int64, **host),
+         "start": torch.zeros(R, T, dtype=torch.int32, **host),
+         "end": torch.zeros(R, T, dtype=torch.int32, **host)}
     for r, members in enumerate(rows):
         o = 0
         for i in members:
@@ -173,9 +177,10 @@ def target_logits(tgt_hidden: torch.Tensor, head: dict, eps: float,
 def prepare(samples: list[dict], K: int, head: dict, eps: float, device,
             seq_len: int | None = None, pack: bool = True) -> tuple[dict, TargetLogits]:
     """Samples -> (packed batch on `device` without tgt_hidden, TargetLogits): pack_samples +
-    target_logits, the data side of one fast step (head from `split_head`, on `device`)."""
-    b = {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v)
-         for k, v in pack_samples(samples, K, seq_len, pack).items()}
+    target_logits, the data side of one fast step (head from `split_head`, on `device`). The
+    host tensors go through pinned memory (target/capture.py h2d): no host sync."""
+    b = {k: (h2d(v, device) if torch.is_tensor(v) else v)
+         for k, v in pack_samples(samples, K, seq_len, pack, pin_for(device)).items()}
     return b, target_logits(b.pop("tgt_hidden"), head, eps)
 
 

@@ -20,7 +20,10 @@ or the spec's data give the conversations). Outputs in ctx.out_dir:
 Host syncs: a step queues its work and returns device tensors; the loop reads them once every
 SYNC_EVERY steps (and before each evaluation, checkpoint and the end). There it fails with a
 StageError at the first non-finite loss or gradient norm, naming that step and its batch's
-sample ids, before any checkpoint could keep the broken weights.
+sample ids, before any checkpoint could keep the broken weights. Host-to-device copies go
+through pinned memory (target/capture.py h2d), so nothing else in a step waits for the GPU;
+with stages.train.prefetch the next step's batch (online: its target forward) is enqueued on a
+second CUDA stream before this step's training (trainer/sources.py Prefetch).
 
 Data parallel (ctx.world_size > 1, launched by runner/launch.py; DDP over NCCL/gloo): batch_size
 stays the GLOBAL batch. Rank r takes samples r::world of each step's batch; the per-step token
@@ -42,7 +45,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -50,7 +53,7 @@ from eagle3_runner.runner import dist as D
 from eagle3_runner.trainer import fast_step as F
 from eagle3_runner.trainer import vocab as V
 from eagle3_runner.models.draft_model import DraftConfig, Eagle3Draft
-from eagle3_runner.trainer.sources import batch_indices, open_source, split_samples
+from eagle3_runner.trainer.sources import Prefetch, batch_indices, open_source, split_samples
 from eagle3_runner.trainer.objective import (Loss, TTTObjective, aux_noise, loss_counts, make_batch,
                                              target_dist, to_device, ttt_loss)
 from eagle3_runner.runner.errors import StageError
@@ -123,7 +126,8 @@ class StepOut(NamedTuple):
     tokens: Any
 
 
-def train_step(learner: Learner, samples: list[dict], empty: bool = False) -> StepOut:
+def train_step(learner: Learner, samples: list[dict], empty: bool = False,
+               mark: Callable[[str], None] | None = None) -> StepOut:
     """One optimizer step on `samples` (no LR-scheduler step): batch, target distribution, the
     aux noise (p.noise_std: training steps only, never `evaluate`), TTT loss, backward, grad
     clipping (p.grad_clip), AdamW. No host sync on the fast path.
@@ -132,12 +136,15 @@ def train_step(learner: Learner, samples: list[dict], empty: bool = False) -> St
     per-step counts are summed over ranks first and the backward loss is scaled by the world
     size, so DDP's gradient AVERAGE equals the gradient of the global loss. empty = this rank has no
     sample this step: `samples` is a stand-in whose mask is cleared (it adds exactly 0 but joins
-    the all-reduce).
+    the all-reduce). mark (profiles, scripts/bench/profile_train.py): called with the name of
+    each phase as it is enqueued: "prepare", "forward", "backward", "optimizer".
     Returns StepOut(global loss, grad norm before clipping, global sequence tokens)."""
     p = learner.p
+    mark = mark or (lambda _name: None)
     batch, tgt = learner.prepare(samples)
     if p.noise_std:
         batch["aux"] = aux_noise(batch["aux"], p.noise_std)
+    mark("prepare")
     if empty:
         batch["pmask"].zero_()
         batch["tokens"] = 0
@@ -145,18 +152,22 @@ def train_step(learner: Learner, samples: list[dict], empty: bool = False) -> St
     if learner.ddp is None:
         with learner.autocast():
             loss, _ = learner.objective()(batch, tgt)
+        mark("forward")
         loss.backward()
         ntok = batch["tokens"]
     else:
         denom = D.all_reduce_sum(learner.counts(batch, tgt))
         with learner.autocast():
             loss, _ = learner.ddp(batch, tgt, denom)
+        mark("forward")
         (loss * learner.world).backward()
         ntok = torch.tensor(float(batch["tokens"]), device=learner.device, dtype=torch.float64)
         red = D.all_reduce_sum(torch.stack([loss.detach().double(), ntok]))
         loss, ntok = red[0], red[1]
+    mark("backward")
     gnorm = torch.nn.utils.clip_grad_norm_(learner.model.parameters(), p.grad_clip)
     learner.opt.step()
+    mark("optimizer")
     return StepOut(loss.detach(), gnorm.detach(), ntok)
 
 
@@ -239,7 +250,7 @@ class TrainRun:
     history: list = field(default_factory=list)  # evaluations, oldest first
     pending: list = field(default_factory=list)  # (step, StepOut) not yet read on the host
     budgeted: bool = False  # total already shrunk to stages.train.max_minutes (fit_budget)
-    budget_s: list = field(default_factory=list)  # (step, train_s) at the host reads
+    budget_s: list = field(default_factory=list)  # (step, train_s, tokens) at the host reads
 
     @property
     def out(self) -> Path:
@@ -391,6 +402,16 @@ def fit_budget(run: TrainRun, budget_s: float) -> None:
           f"step -> {run.total} steps", flush=True)
 
 
+def steady_rate(run: TrainRun) -> float:
+    """Sequence tokens per second of optimizer steps after the first host read at or past
+    SYNC_EVERY steps (of this process: a resumed run counts from its own), i.e. without the
+    first steps' compilation, which tokens_per_s includes; 0.0 when there is no later read."""
+    first = next((st for st in run.budget_s if st[0] >= SYNC_EVERY), None)
+    if first is None or run.train_s <= first[1]:
+        return 0.0
+    return (run.tokens - first[2]) / (run.train_s - first[1])
+
+
 def drain(run: TrainRun) -> tuple[float, int]:
     """Read the pending steps' results on the host (one sync) and add their tokens.
     Returns (their mean loss, their count). Raises StageError at the first step whose loss or
@@ -416,6 +437,15 @@ def drain(run: TrainRun) -> tuple[float, int]:
     return float(vals[:, 0].sum()), n
 
 
+def step_ids(run: TrainRun, step: int) -> tuple[list[int], bool]:
+    """This rank's sample ids of optimizer step `step` (its slice of the global batch, or the
+    batch's first sample as a stand-in when the slice is empty) and whether it is empty."""
+    p, learner = run.ctx.params, run.learner
+    idx = batch_indices(step, len(run.train_ids), p.batch_size, p.seed)
+    mine = idx[learner.rank::learner.world]
+    return [run.train_ids[i] for i in (mine or idx[:1])], not mine
+
+
 def train(ctx: StageContext, stop_at: int | None = None, impl: Any = "spec") -> dict:
     """Train the drafter of ctx.spec on its sample source (trainer/sources.py); resume from
     ctx.out_dir/ckpt.pt. impl: as `setup`.
@@ -439,15 +469,19 @@ def train(ctx: StageContext, stop_at: int | None = None, impl: Any = "spec") -> 
         torch.cuda.reset_peak_memory_stats(learner.device)
     bar = tqdm(total=run.total, initial=run.step, desc="train", unit="step",
                disable=learner.rank != 0)
+    feed = Prefetch(run.source, learner.device) if p.prefetch else None
     run_loss, run_n, t0 = 0.0, 0, time.perf_counter()
     while run.step < run.total:
         if stop_at is not None and run.step >= stop_at:
             bar.close()
             return None  # type: ignore[return-value]
-        idx = batch_indices(run.step, len(run.train_ids), p.batch_size, p.seed)
-        mine = idx[learner.rank::learner.world]  # this rank's slice of the global batch
-        samples = run.source.batch([run.train_ids[i] for i in (mine or idx[:1])])
-        out = train_step(learner, samples, empty=not mine)
+        ids, empty = step_ids(run, run.step)
+        if feed is None:
+            samples = run.source.batch(ids)
+        else:
+            samples = feed.batch(ids, step_ids(run, run.step + 1)[0]
+                                 if run.step + 1 < run.total else None)
+        out = train_step(learner, samples, empty=empty)
         run.sched.step()
         run.step += 1
         run.pending.append((run.step, out))
@@ -457,7 +491,7 @@ def train(ctx: StageContext, stop_at: int | None = None, impl: Any = "spec") -> 
         if log or ckpt or run.step % SYNC_EVERY == 0:
             loss_sum, n = drain(run)  # the host sync: the steps so far are done
             run.train_s += time.perf_counter() - t0
-            run.budget_s.append((run.step, run.train_s))
+            run.budget_s.append((run.step, run.train_s, run.tokens))
             run_loss, run_n = run_loss + loss_sum, run_n + n
             bar.set_postfix(loss=f"{loss_sum / max(n, 1):.3f}", gnorm=f"{float(out.gnorm):.2f}")
             if p.max_minutes and not run.budgeted and run.step >= 2 * SYNC_EVERY:
@@ -488,6 +522,7 @@ def finish(run: TrainRun) -> dict:
                "train_samples": (min(len(run.train_ids), run.step * run.ctx.params.batch_size),
                                  "samples"),  # the samples trained on (< all: max_steps/budget)
                "tokens_per_s": (run.tokens / run.train_s if run.train_s else 0.0, "tok/s"),
+               "steady_tokens_per_s": (steady_rate(run), "tok/s"),
                "peak_mem_mib": (peak, "MiB"),
                "draft_vocab_coverage": (run.vstats["coverage"], "fraction"),
                "draft_vocab_padded": (run.vstats["padded"], "tokens")}

@@ -2,10 +2,11 @@
 
 - offline (default): the extract artifact's features on disk (target/features.py), read sample by
   sample from the memory-mapped shards.
-- online: the target itself, loaded by the train stage (each data-parallel rank its own copy).
-  Each batch of token lists (this rank's slice of a global batch) runs through the target with
-  target/capture.py `capture`, the code extract writes to disk with, and the features live on the
-  device only for that step. Nothing is written but checkpoints and the outputs: the train
+- online: the target itself, loaded by the train stage (each data-parallel rank its own copy), or
+  the stage's SGLang capture server (target.engine; jobs/train.py opens it around the stage with
+  target/capture.py capture_engine). Each batch of token lists (this rank's slice of a global
+  batch) runs through the target with target/capture.py `TargetData.capture_batch`, the code
+  extract writes to disk with, and the features live in memory only for that step. Nothing is written but checkpoints and the outputs: the train
   artifact records the capture manifest (features.json, format ONLINE_FORMAT) and
   target_config.json that export reads from extract's artifact otherwise.
 
@@ -26,12 +27,13 @@ from __future__ import annotations
 import hashlib
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from eagle3_runner.trainer import vocab as V
-from eagle3_runner.target.capture import TargetData, capture, capture_manifest, load_target_data, target_head, \
-    write_json
+from eagle3_runner.target.capture import TargetData, capture_manifest, load_target_data, write_json
+from eagle3_runner.target.capture_embedded import EmbeddedCapture
 from eagle3_runner.target.features import MANIFEST, ONLINE_FORMAT, Features, open_features
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.stage import StageContext
@@ -60,10 +62,16 @@ class Offline:
 
 
 class Online:
-    """The target run on each batch (module docstring). td: target/capture.py TargetData."""
+    """The target run on each batch (module docstring). td: target/capture.py TargetData;
+    capture (stages.train.online_capture): "hf" = target/capture.py `capture` over right-padded
+    length groups, "embedded" = target/capture_embedded.py (our Llama, the batch packed into
+    one row, compiled on CUDA). Raises StageError (embedded) for a target it cannot run."""
 
-    def __init__(self, td: TargetData, aux_ids: list[int], where: str):
-        self.td, self.aux_ids, self.where = td, list(aux_ids), where
+    def __init__(self, td: TargetData, aux_ids: list[int], where: str, capture: str = "hf"):
+        if capture not in ("hf", "embedded"):
+            raise ValueError(f"stages.train.online_capture = {capture!r}: hf or embedded")
+        self.td, self.aux_ids, self.where, self.capture = td, list(aux_ids), where, capture
+        self._embedded = EmbeddedCapture(td.model, aux_ids) if capture == "embedded" else None
         self.target_config = td.cfg
         h = hashlib.sha256(b"online-samples/1")
         for ids, mask in td.samples:
@@ -75,15 +83,22 @@ class Online:
         return len(self.td.samples)
 
     def batch(self, ids: list[int]) -> list[dict]:
-        """The samples `ids` with their features, captured in length groups (`length_groups`:
-        the target runs fewer padded tokens than one batch padded to its longest sample)."""
+        """The samples `ids` with their features: hf (or an SGLang server) captures in length
+        groups (`length_groups`: the target runs fewer padded tokens than one batch padded to
+        its longest sample; a server pads nothing: one call), embedded the whole batch as one
+        packed row."""
         toks = [self.td.samples[i][0] for i in ids]
-        feats: list = [None] * len(ids)
-        for group in length_groups([len(t) for t in toks]):
-            aux, last = capture(self.td.model, [toks[j] for j in group], self.aux_ids,
-                                self.td.pad)
-            for g, j in enumerate(group):
-                feats[j] = (aux[g, :len(toks[j])], last[g, :len(toks[j])])
+        if self._embedded is not None:
+            aux, last, offs = self._embedded(toks)
+            feats = [(aux[a:b], last[a:b]) for a, b in zip(offs, offs[1:])]
+        else:
+            feats = [None] * len(ids)
+            groups = [list(range(len(ids)))] if self.td.server is not None else \
+                length_groups([len(t) for t in toks])
+            for group in groups:
+                aux, last = self.td.capture_batch([toks[j] for j in group], self.aux_ids)
+                for g, j in enumerate(group):
+                    feats[j] = (aux[g, :len(toks[j])], last[g, :len(toks[j])])
         return [{"input_ids": torch.tensor(toks[j], dtype=torch.int64),
                  "loss_mask": torch.tensor(self.td.samples[i][1], dtype=torch.uint8),
                  "aux_hidden": feats[j][0], "last_hidden": feats[j][1]}
@@ -94,7 +109,49 @@ class Online:
                  torch.tensor(self.td.samples[i][1], dtype=torch.uint8)) for i in ids)
 
     def head(self) -> dict:
-        return target_head(self.td.model)
+        return self.td.head()
+
+
+class Prefetch:
+    """A source's batches one step ahead (stages.train.prefetch): batch(ids, next_ids) returns
+    source.batch(ids) and enqueues source.batch(next_ids) on a second CUDA stream, so the next
+    step's target forward runs while this step trains; the next call with exactly those ids
+    takes that result (the caller's stream waits for it first). Same samples, same values as
+    source.batch. Without CUDA the next batch is computed at once (the same bookkeeping, no
+    overlap: what the CPU tests check)."""
+
+    def __init__(self, source, device):
+        self.source = source
+        self.stream = torch.cuda.Stream(device) if torch.device(device).type == "cuda" else None
+        self.ahead: tuple | None = None  # (ids, samples, event of their side-stream work)
+
+    def batch(self, ids: list[int], next_ids: list[int] | None = None) -> list[dict]:
+        if self.ahead is not None and self.ahead[0] == tuple(ids):
+            _, samples, done = self.ahead
+            if done is not None:
+                torch.cuda.current_stream().wait_event(done)
+        else:
+            samples = self.source.batch(ids)
+        self.ahead = (tuple(next_ids), *self._enqueue(next_ids)) if next_ids else None
+        return samples
+
+    def _enqueue(self, ids: list[int]) -> tuple[list[dict], Any]:
+        """source.batch(ids) on the side stream, and the event that marks its end. Its feature
+        tensors are used (and freed) on the caller's stream: record_stream keeps the caching
+        allocator (whose free blocks are reused by the stream that allocated them) from handing
+        their memory to the side stream's next batch before the caller's kernels read it."""
+        if self.stream is None:
+            return self.source.batch(ids), None
+        main = torch.cuda.current_stream()
+        with torch.cuda.stream(self.stream):
+            samples = self.source.batch(ids)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        for x in samples:
+            for k in ("aux_hidden", "last_hidden"):
+                if x[k].is_cuda:
+                    x[k].record_stream(main)
+        return samples, done
 
 
 GROUP_COST = 2048  # padded tokens one more target forward is worth (its launches, on CUDA)
@@ -128,7 +185,8 @@ def open_source(ctx: StageContext):
     spec = ctx.spec
     if ctx.params.features == "online":
         td = load_target_data(ctx)
-        src = Online(td, spec.aux_ids, f"the target {spec.target.path} (features: online)")
+        src = Online(td, spec.aux_ids, f"the target {spec.target.path} (features: online)",
+                     ctx.params.online_capture)
         if ctx.rank == 0:
             out = Path(ctx.out_dir)
             write_json(out / "target_config.json", td.cfg)

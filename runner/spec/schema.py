@@ -19,11 +19,13 @@ from eagle3_runner.runner.chat import KNOWN as KNOWN_TEMPLATES
 from eagle3_runner.runner.drafts.families import FAMILIES
 from eagle3_runner.runner.drafts.layout import ALGORITHM, AUX_COUNT
 from eagle3_runner.runner.drafts.rules import default_aux_ids, spec_aux_problems, spec_version_problems
+from eagle3_runner.runner.engines import choose_engine
 from eagle3_runner.runner.errors import EnvVarError
 from eagle3_runner.runner.files import expand_path, expand_vars
 from eagle3_runner.runner.placement import layer_devices
 from eagle3_runner.runner.spec.base import MAX_NAME, MAX_VARIANT_NAME, NAME_PATTERN, Strict
-from eagle3_runner.runner.stages import DATA_PARALLEL_STAGES, StageName, Stages
+from eagle3_runner.runner.spec.server import TARGET_GUARDED_FLAGS, extra_args_problems, host_problem
+from eagle3_runner.runner.stages import DATA_PARALLEL_STAGES, STAGE_ORDER, StageName, Stages
 
 
 # ----------------------------------------------------------------------------------------------
@@ -31,6 +33,93 @@ from eagle3_runner.runner.stages import DATA_PARALLEL_STAGES, StageName, Stages
 
 
 LayerDevice = Union[StrictInt, Literal["cpu", "disk"]]  # a GPU of the rank's group, or offload
+ENGINES = ("auto", "embedded", "hf", "sglang")  # target.engine (runner/engines.py)
+_LAUNCH_ONLY = ("python", "host", "port", "tp", "ep", "dp", "mem_fraction_static",
+                "max_running_requests", "cuda_graph_max_bs", "startup_timeout_s", "extra_args")
+
+
+class TargetSglang(Strict):
+    """How the target's stages reach SGLang (target.engine sglang, or auto where it picks
+    SGLang; docs/sglang-target.md): a server the stage launches on its own GPUs, or `server`, a
+    URL of one you already run."""
+
+    server: Optional[str] = Field(None, description="URL of an SGLang server you already run "
+                                  "(http://host:port), serving this target; the stages connect to "
+                                  "it instead of launching one (the launch fields must then be "
+                                  "left out). `runner plan` checks that it answers, serves the "
+                                  "target and runs `version`.")
+    version: Optional[str] = Field(None, description="The SGLang version the server must run "
+                                   "(its /server_info \"version\", e.g. 0.5.14); checked at plan "
+                                   "time and when a stage starts. null = not checked.")
+    python: str = Field("python3", description="Interpreter that launches the server "
+                        "(`python -m sglang.launch_server`); it must import sglang and this "
+                        "package (eagle3_runner: the capture servers load its model class).")
+    host: str = Field("127.0.0.1", description="Bind address of a launched server: loopback only "
+                      "(the server runs on the stage's own host, in its Slurm job).")
+    port: int = Field(30100, ge=1024, le=65535, description="Port of a launched server.")
+    tp: int = Field(1, ge=1, description="--tp-size: GPUs per replica (tensor parallel).")
+    ep: int = Field(1, ge=1, description="--ep-size: expert parallel size within the tp group "
+                    "(MoE targets; must divide tp).")
+    dp: int = Field(1, ge=1, description="--dp-size: replicas (each tp GPUs; tp x dp GPUs in all, "
+                    "on the stage's GPUs).")
+    mem_fraction_static: Optional[float] = Field(None, gt=0, lt=1, description=(
+        "--mem-fraction-static: the share of each GPU SGLang takes for weights and KV cache; "
+        "null = SGLang's own. With stages.train.features: online the drafter trains on the same "
+        "GPUs: leave it room."))
+    max_running_requests: Optional[int] = Field(None, ge=1, description="--max-running-requests; "
+                                                "null = SGLang's own.")
+    cuda_graph_max_bs: Optional[int] = Field(512, ge=1, description="--cuda-graph-max-bs: decode "
+                                             "CUDA graphs up to this many running requests.")
+    transport: Optional[Literal["file", "json"]] = Field(None, description=(
+        "How captured hidden states come back. file = the server writes raw bf16 rows to a "
+        "folder on this host (/dev/shm) and the stage reads them (no floats as text); json = "
+        "meta_info.hidden_states of /generate (~13-20 bytes of JSON per float: Kimi-K2.5's "
+        "28,672 floats per token are ~0.5 MB). null = file for a launched server, json for "
+        "`server`."))
+    requests_per_call: int = Field(64, ge=1, description="Prompts per /generate call (a batched "
+                                   "list): fewer HTTP round trips; stages.regenerate.batch_size "
+                                   "requests are kept in flight over concurrent calls.")
+    startup_timeout_s: float = Field(900, gt=0, description="Seconds a launched server may take "
+                                     "to answer /health.")
+    request_timeout_s: float = Field(3600, gt=0, description="Seconds per /generate call.")
+    extra_args: list[str] = Field(default_factory=list, description="Extra launch_server argv "
+                                  "items (appended last), e.g. --attention-backend triton; flags "
+                                  "the runner sets itself are refused.")
+
+    @model_validator(mode="after")
+    def _guards(self):
+        problems = extra_args_problems(self.extra_args, "target.sglang", TARGET_GUARDED_FLAGS)
+        if (bad := host_problem(self.host, "target.sglang")) is not None:
+            problems.append(bad)
+        if self.tp % self.ep:
+            problems.append(f"target.sglang.ep = {self.ep}: must divide tp = {self.tp} (SGLang "
+                            "splits the experts within the tensor-parallel group)")
+        if self.server is not None:
+            if not self.server.startswith(("http://", "https://")):
+                problems.append(f"target.sglang.server = {self.server!r}: give a URL, e.g. "
+                                "http://127.0.0.1:30000")
+            if self.transport == "file":
+                problems.append("target.sglang.transport = 'file' needs a folder the server "
+                                "writes and the stage reads, which the runner makes for the "
+                                "servers it launches; with target.sglang.server use json")
+            launch = sorted(set(_LAUNCH_ONLY) & self.model_fields_set)
+            if launch:
+                problems.append(f"target.sglang.{launch[0]}: describes a server the runner "
+                                "launches, but target.sglang.server names one you run; remove "
+                                f"{', '.join(launch)}")
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    @property
+    def gpus(self) -> int:
+        """GPUs a launched server takes: tp x dp (SGLang 0.5.14 data_parallel_controller.py:
+        each dp replica starts tp GPUs after the last; no dp attention)."""
+        return self.tp * self.dp
+
+    @property
+    def capture_transport(self) -> str:
+        return self.transport or ("json" if self.server else "file")
 
 
 class Target(Strict):
@@ -86,6 +175,21 @@ class Target(Strict):
     weight_bits: Optional[float] = Field(None, gt=0, le=32, description="Mean bits per "
                                          "parameter as loaded, with num_parameters_b (default: "
                                          "the dtype's; int4 experts with bf16 group scales ~4.6).")
+    engine: Literal[ENGINES] = Field(  # type: ignore[valid-type]
+        "auto", description="What runs the target in regenerate, extract and online train "
+        "(runner/engines.py choose_engine; `runner plan` prints each stage's choice and why). "
+        "embedded = our engine (regenerate: engine/generate.py, Llama only; capture through "
+        "transformers, as hf); hf = transformers (capture only: extract, online train); sglang = "
+        "an SGLang server (target.sglang) for every stage; auto = embedded/hf for a small Llama "
+        "target on one GPU, SGLang for the rest when target.sglang is set.")
+    sglang: Optional[TargetSglang] = Field(None, description="How to reach SGLang (launch or "
+                                           "connect); setting it makes SGLang available to "
+                                           "target.engine auto.")
+
+    @property
+    def sglang_options(self) -> TargetSglang:
+        """target.sglang, or its defaults (engine sglang without a block: launch with python3)."""
+        return self.sglang if self.sglang is not None else TargetSglang()
 
     @model_validator(mode="after")
     def _memory_keys(self):
@@ -300,7 +404,7 @@ class Variant(Strict):
 # the spec's paths; relative ones resolve against the spec file's folder (runner/spec/load.py
 # resolve_spec_paths)
 PATH_FIELDS = ("work_dir", "results.path", "data.path", "target.path", "executor.log_dir",
-               "stages.bench.drafter")
+               "stages.bench.speed_profile", "stages.bench.drafter")
 
 
 class Spec(Strict):
@@ -470,8 +574,14 @@ class Spec(Strict):
                 "0.5.6-0.5.23 refuse to start with that context (ValueError) unless "
                 "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1, which stretches the draft silently. "
                 "Set it to at least the serving context.")
+        for stage in STAGE_ORDER:  # what the declared target.engine cannot run, before any plan
+            if getattr(self.stages, stage) is not None:
+                try:
+                    choose_engine(self, stage)
+                except ValueError as e:
+                    problems.append(str(e))
         if problems:
-            raise ValueError("\n".join(problems))
+            raise ValueError("\n".join(dict.fromkeys(problems)))
         return self
 
 

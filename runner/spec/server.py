@@ -1,8 +1,9 @@
-"""What a spec may and may not pass to the SGLang servers the bench launches
-(`stages.bench.sglang`): the flags the runner sets itself, each with the spec field that sets it,
-and the loopback-only bind address. `extra_args` are appended last to the server's argv
-(target/sglang.py server_argv), so an extra `--speculative-algorithm EAGLE` would silently
-override the runner's EAGLE3; these rules refuse that at validation. No torch.
+"""What a spec may and may not pass to the SGLang servers the runner launches (the bench's,
+`stages.bench.sglang`, and the target's, `target.sglang`): the flags the runner sets itself, each
+with the spec field that sets it, and the loopback-only bind address. `extra_args` are appended
+last to the server's argv (target/sglang.py server_argv), so an extra `--speculative-algorithm
+EAGLE` would silently override the runner's EAGLE3; these rules refuse that at validation. No
+torch.
 """
 
 from __future__ import annotations
@@ -23,37 +24,70 @@ GUARDED_FLAGS = {
     "--disable-cuda-graph": "stages.bench.cuda_graph",
     "--cuda-graph-max-bs": "stages.bench.sglang.cuda_graph_max_bs",
     "--context-length": "stages.bench.context_length",
+    "--dtype": "target.dtype",
+    "--mem-fraction-static": "stages.bench.sglang.mem_fraction_static",
+    "--nccl-port": "stages.bench.sglang.port (the runner picks free ports)",
+}
+# flag the runner sets on a target server (target/sglang_target.py target_flags) -> the field
+_T = "target.sglang"
+TARGET_GUARDED_FLAGS = {
+    "--model-path": "target.path",
+    "--host": f"{_T}.host",
+    "--port": f"{_T}.port",
+    "--tp-size": f"{_T}.tp",
+    "--ep-size": f"{_T}.ep",
+    "--dp-size": f"{_T}.dp",
+    "--dtype": "target.dtype",
+    "--trust-remote-code": "target.trust_remote_code",
+    "--mem-fraction-static": f"{_T}.mem_fraction_static",
+    "--max-running-requests": f"{_T}.max_running_requests",
+    "--cuda-graph-max-bs": f"{_T}.cuda_graph_max_bs",
+    "--enable-return-hidden-states": "the runner's setting (on for capture servers)",
+    "--disable-radix-cache": "the runner's setting (capture servers: a prefix hit would "
+                             "misalign the captured rows)",
+    "--chunked-prefill-size": "the runner's setting (capture servers: -1, a chunked prompt "
+                              "would misalign the captured rows)",
+    "--skip-tokenizer-init": "the runner's setting (it sends token ids, reads output_ids)",
+    "--speculative-algorithm": "no speculation (a target server's hidden states and answers "
+                               "are the plain target's)",
+    "--cuda-graph-backend-prefill": "the runner's setting (capture servers: disabled)",
 }
 # aliases SGLang's parser accepts for the same settings
-ALIASES = {"--model": "--model-path", "--tp": "--tp-size", "--tensor-parallel-size": "--tp-size"}
+ALIASES = {"--model": "--model-path", "--tp": "--tp-size", "--tensor-parallel-size": "--tp-size",
+           "--ep": "--ep-size", "--expert-parallel-size": "--ep-size",
+           "--data-parallel-size": "--dp-size", "--cuda-graph-max-bs-decode": "--cuda-graph-max-bs"}
+BENCH_FIELD = "stages.bench.sglang"
 
 
-def guarded_flag(arg: str) -> str | None:
-    """The guarded flag that the argv item `arg` would set, or None. `--flag=value`, `_` for
-    `-`, aliases and unambiguous prefixes (argparse accepts abbreviations) all count."""
+def guarded_flag(arg: str, flags: dict = GUARDED_FLAGS) -> str | None:
+    """The flag of `flags` (default: the bench's) that the argv item `arg` would set, or None.
+    `--flag=value`, `_` for `-`, aliases and unambiguous prefixes (argparse accepts
+    abbreviations) all count."""
     if not arg.startswith("--") or len(arg) < 4:
         return None
     name = arg.split("=", 1)[0].replace("_", "-")
     name = ALIASES.get(name, name)
-    if name in GUARDED_FLAGS:
+    if name in flags:
         return name
-    hits = [f for f in GUARDED_FLAGS if f.startswith(name)]
+    hits = [f for f in flags if f.startswith(name)]
     return hits[0] if hits else None
 
 
-def extra_args_problems(args: list[str]) -> list[str]:
-    """One message per extra server argument that would override a flag the runner sets."""
+def extra_args_problems(args: list[str], field: str = BENCH_FIELD,
+                        flags: dict = GUARDED_FLAGS) -> list[str]:
+    """One message per extra server argument that would override a flag the runner sets
+    (`flags`, named in the message under `field`.extra_args)."""
     out = []
     for a in args:
-        flag = guarded_flag(a)
+        flag = guarded_flag(a, flags)
         if flag is not None:
-            out.append(f"stages.bench.sglang.extra_args: {a!r} sets {flag}, which the runner "
-                       f"sets itself; use {GUARDED_FLAGS[flag]} instead (extra_args are "
+            out.append(f"{field}.extra_args: {a!r} sets {flag}, which the runner "
+                       f"sets itself; use {flags[flag]} instead (extra_args are "
                        "appended last and would override it).")
     return out
 
 
-def host_problem(host: str) -> str | None:
+def host_problem(host: str, field: str = BENCH_FIELD) -> str | None:
     """Why `host` is not a loopback address (the servers have no authentication), or None."""
     if host == "localhost":
         return None
@@ -62,6 +96,6 @@ def host_problem(host: str) -> str | None:
             return None
     except ValueError:
         pass
-    return (f"stages.bench.sglang.host = {host!r}: the bench servers bind loopback only "
+    return (f"{field}.host = {host!r}: the servers the runner launches bind loopback only "
             "(127.0.0.1, ::1 or localhost); they have no authentication, so another address "
             "would expose them to the network.")

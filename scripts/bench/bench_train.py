@@ -6,6 +6,7 @@ in one run.
 
     python scripts/bench/bench_train.py --device cpu --out runs/bench-train            # small grid
     python scripts/bench/bench_train.py --suite issue17 --out runs/bench-train          # the H200 set
+    python scripts/bench/bench_train.py --suite issue37 --out runs/bench-train          # Kimi-K2.5
     python scripts/bench/bench_train.py --device cuda --geometry smollm2 --ks 7 --seqs 2048 \\
         --vocabs 32000 --batches 1,4 --specforge --online --out runs/bench-train
 
@@ -277,10 +278,17 @@ def grid(a) -> list[dict]:
 # Kimi-K2.5 drafter's fast step at batch 1 (peak memory and tokens/s). Most telling rows first,
 # so that a spent --budget costs the least.
 _S = dict(geometry="smollm2", K=7, seq=2048, vocab=32000)
+_KIMI = dict(geometry="kimi-k2.5", K=7, seq=2048, vocab=32000)
 SUITES = {"issue17": dict(device="cuda", warmup=2, iters=5, budget=240.0, row_timeout=75.0, rows=[
     *(dict(_S, batch=b, kind=k) for b in (1, 4)
       for k in ("fast-triton", "online", "baseline", "specforge")),
-    dict(geometry="kimi-k2.5", K=7, seq=2048, vocab=32000, batch=1, kind="fast-triton")])}
+    dict(geometry="kimi-k2.5", K=7, seq=2048, vocab=32000, batch=1, kind="fast-triton")]),
+    # issue 37's Kimi-K2.5 rows (about 2 minutes): our fast step and SpecForge's own on the
+    # drafter of specs/drafter-v2.yaml (hidden 7168, fc 21504 -> 7168), 2,048-token samples, at
+    # batch 1 and 2 (both fit: ~40 GB and ~55 GB for ours), then ours at 4
+    "issue37": dict(device="cuda", warmup=2, iters=5, budget=120.0, row_timeout=75.0, rows=[
+        *(dict(_KIMI, batch=b, kind=k) for b in (1, 2) for k in ("fast-triton", "specforge")),
+        dict(_KIMI, batch=4, kind="fast-triton")])}
 
 
 def _ratios(rows: list[dict]) -> None:

@@ -7,7 +7,9 @@
 set -uo pipefail
 R=${OUT:-/tmp/out}/r; mkdir -p "$R"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .stage/w/*.whl
-export PYTHONPATH=/tmp/site:$PWD
+# the repository root is the package eagle3_runner: import it through a link of that name
+mkdir -p /tmp/pkg && ln -sfn "$PWD" /tmp/pkg/eagle3_runner
+export PYTHONPATH=/tmp/site:/tmp/pkg
 {
   date; nproc; free -g; df -hT . /dev/shm 2>&1; lsblk 2>&1 | head -20
   for f in dirty_ratio dirty_background_ratio dirty_bytes dirty_background_bytes; do

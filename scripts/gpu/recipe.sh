@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the device machine (after stage.sh a/b/c, DEVELOPERS.md item 15): issue 36's recipe sweep
+# On the device machine (after stage.sh a/b/c, DEVELOPERS.md item 17): issue 36's recipe sweep
 # and SpecForge peer on specs/smollm2-recipe-gpu.yaml, one phase per back-to-back device call,
 # each time-boxed; what exists is copied to $OUT/r whatever happens (scale.sh's trap for the
 # apply phases, this script's for the others).

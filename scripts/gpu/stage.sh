@@ -3,5 +3,5 @@
 # back-to-back calls while the machine is warm. See DEVELOPERS.md "Running on the lent H200".
 set -euo pipefail
 mkdir -p ~/stage
-cp -f ".stage/$1"/* ~/stage/
+cp -rf ".stage/$1"/* ~/stage/
 ls -la ~/stage

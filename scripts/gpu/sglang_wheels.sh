@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Here, once (a machine with PyPI and the fetched assets; DEVELOPERS.md "SGLang on the H200"):
+# download the pinned wheels of scripts/gpu/sglang_pins.txt ([sgl] into .whl/sglang, [runner]
+# into .whl/runner; files already there are reused), repack sglang-kernel without FA3, cut the
+# training subset of ShareGPT, and pack everything with the SmolLM2 GGUF (split in parts) into
+# the git-ignored batches .stage/sgl/1..N of at most MAX_MB each (scripts/gpu/pack_stage.py).
+#   bash scripts/gpu/sglang_wheels.sh            # MAX_MB=58 N_CONV=4000 PY=.venv/bin/python
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
+PINS=scripts/gpu/sglang_pins.txt
+W=.whl/sglang R=.whl/runner D=.whl/data
+MAX_MB=${MAX_MB:-58} N_CONV=${N_CONV:-4000}
+section() {  # the pins under "# [$1]"
+  awk -v s="# [$1]" 'index($0, "# [") == 1 {on = index($0, s) == 1; next}
+                     on && NF && $1 !~ /^#/ {print $1}' "$PINS"
+}
+download() {  # download DIR REQ...: cp312 manylinux or pure-Python wheels, no dependencies
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 \
+    --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$@"  # pip matches N exactly
+}
+mkdir -p "$W/repacked" "$R" "$D"
+download "$W" $(section sgl)
+download "$R" $(section runner)
+KERNEL=$(ls "$W"/sglang_kernel-0.4.4-*.whl)
+[ -f "$W/repacked/$(basename "$KERNEL")" ] || "$PY" scripts/gpu/repack_wheel.py "$KERNEL" "$W/repacked"
+[ -f "$D/sharegpt-$N_CONV.jsonl.gz" ] || \
+  "$PY" scripts/gpu/sharegpt_subset.py "$D/sharegpt-$N_CONV.jsonl.gz" --n "$N_CONV"
+CACHE=${EAGLE3_CACHE:-$HOME/.cache/eagle3-runner}
+cp -f "$CACHE/mtbench/question.jsonl" "$D/"
+args=()
+for f in "$W"/*.whl; do  # the original kernel stays here; its repacked copy travels
+  [ "$f" = "$KERNEL" ] || args+=("sgl=$f")
+done
+args+=("sgl=$W/repacked/$(basename "$KERNEL")")
+for f in "$R"/*.whl "$D/sharegpt-$N_CONV.jsonl.gz" "$D/question.jsonl"; do args+=(".=$f"); done
+"$PY" scripts/gpu/pack_stage.py --out .stage/sgl --max-mb "$MAX_MB" \
+  --split ".=$CACHE/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" "${args[@]}"
+n_sgl=$(section sgl | wc -l); n_run=$(section runner | wc -l)
+got_sgl=$(awk '$2 ~ /^sgl\// && $2 ~ /\.whl$/' .stage/sgl/MANIFEST.txt | wc -l)
+got_run=$(awk '$2 !~ /^sgl\// && $2 ~ /\.whl$/' .stage/sgl/MANIFEST.txt | wc -l)
+if [ "$got_sgl" != "$n_sgl" ] || [ "$got_run" != "$n_run" ]; then
+  echo "sglang_wheels.sh: packed $got_sgl/$n_sgl [sgl] and $got_run/$n_run [runner] wheels:" \
+       "a pin matched no wheel, or a stale wheel is in $W or $R" >&2
+  exit 1
+fi
+cp .stage/sgl/MANIFEST.txt ".stage/sgl/$(ls -d .stage/sgl/[0-9]* | wc -l)/"
+du -sh .stage/sgl/[0-9]*

