@@ -37,11 +37,14 @@ def specforge_on_cpu(monkeypatch):
     except Exception as e:  # noqa: BLE001 - not installable here
         pytest.skip(f"specforge is not importable ({type(e).__name__}: {e})")
     import torch._dynamo
-    monkeypatch.setattr(torch._dynamo.config, "disable", True)
 
     class Reference:
         apply = staticmethod(_compute_loss)
     monkeypatch.setattr(sfm, "LogSoftmaxLoss", Reference)
+    old = torch._dynamo.config.disable  # set and put back by hand: monkeypatch's undo would
+    torch._dynamo.config.disable = True  # delete the config entry (it is not a plain attribute)
+    yield
+    torch._dynamo.config.disable = old
 
 
 def test_peer_trains_exports_and_the_export_passes_inspect(tmp_path, specforge_on_cpu):
