@@ -342,3 +342,26 @@ def test_fused_draft_step_refuses_eagle31_clearly(tmp_path):
         draft_forward(d, None, None, torch.zeros(1, 1, dtype=torch.long), torch.zeros(1),
                       torch.zeros(1), hidden=torch.zeros(1, 1, 64), rope=(None, None),
                       kernels="triton")
+
+
+def test_engine_loads_the_legacy_fc_norm_spelling(tmp_path):
+    """use_aux_norm + aux_norm_low/mid/high (what SGLang 0.5.14 renames to fc_norm.0/1/2) load
+    into the same drafter as fc_norm + fc_norm.{i}.weight."""
+    from safetensors.torch import load_file, save_file
+    from eagle3_runner.models.draft_model import load_exported
+    d, _ = _export(tmp_path, fc_norm=True, sglang_version="0.5.14")
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["use_aux_norm"] = cfg.pop("fc_norm")
+    (legacy / "config.json").write_text(json.dumps(cfg))
+    names = {"fc_norm.0": "aux_norm_low", "fc_norm.1": "aux_norm_mid", "fc_norm.2": "aux_norm_high"}
+    sd = load_file(str(d / "model.safetensors"))
+    for i, (new, old) in enumerate(names.items()):
+        sd[new + ".weight"] = sd[new + ".weight"] + i  # tell the three apart
+    save_file({next((old + k[len(new):] for new, old in names.items() if k.startswith(new)), k): v
+               for k, v in sd.items()}, str(legacy / "model.safetensors"))
+    a = load_exported(legacy, torch.zeros(49152, 576))
+    assert a.config.fc_norm
+    for i in range(3):
+        assert torch.equal(a.fc_norm[i].weight, sd[f"fc_norm.{i}.weight"].float())

@@ -194,12 +194,12 @@ def test_pack_rejects_empty_batches():
 # on the GPU: the configuration the train stage runs (Triton kernels, compiled layer pieces)
 
 
-def _gpu_case(seed=0):
+def _gpu_case(seed=0, **cfg):
     """SmolLM2's drafter geometry, samples of mixed lengths packed into 512-position rows."""
     g = torch.Generator().manual_seed(seed)
     c = DraftConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
                     intermediate_size=1536, vocab_size=4096, draft_vocab_size=2048,
-                    target_hidden_size=576, aux_layer_ids=[1, 2, 3])
+                    target_hidden_size=576, aux_layer_ids=[1, 2, 3], **cfg)
     torch.manual_seed(seed)
     m = Eagle3Draft(c, torch.randn(4096, 576, generator=g) * 0.02).cuda()
     used = torch.randperm(4096, generator=g)[:2048].sort().values
@@ -219,15 +219,20 @@ def _cuda(samples):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("attn", ["triton", "flex"])
-def test_gpu_fast_loss_matches_ttt_loss(attn):
-    """float32: the compiled fast step against ttt_loss (tf32 in the Triton dots: 1e-3)."""
-    m, used, head, samples = _gpu_case()
+@pytest.mark.parametrize("attn,option", [("triton", "kl"), ("flex", "kl"),
+                                         ("triton", "lk_lambda-eagle31"), ("triton", "lk_alpha")])
+def test_gpu_fast_loss_matches_ttt_loss(attn, option):
+    """float32: the compiled fast step against ttt_loss (tf32 in the Triton dots: 1e-3), with
+    the LK losses and EAGLE 3.1 too."""
+    kind, cfg = OPTIONS[option]
+    m, used, head, samples = _gpu_case(**cfg)
     b = TR.to_device(TR.make_batch(_cuda(samples), 4), "cuda")
-    ref, st = TR.ttt_loss(m, b, TR.target_dist(b["tgt_hidden"], head, used, m.t2d, 1e-5), 4, 0.8)
+    ref, st = TR.ttt_loss(m, b, TR.target_dist(b["tgt_hidden"], head, used, m.t2d, 1e-5), 4, 0.8,
+                          loss=kind)
     g_ref = torch.autograd.grad(ref, list(m.parameters()))
     fb, ft = FT.prepare(samples, 4, FT.split_head(head, used), 1e-5, "cuda", seq_len=512)
-    loss, fs = FT.fast_ttt_loss(m, fb, ft, 4, 0.8, impl=FT.Impl(attn, "triton", "inductor"))
+    loss, fs = FT.fast_ttt_loss(m, fb, ft, 4, 0.8, impl=FT.Impl(attn, "triton", "inductor"),
+                                loss=kind)
     g = torch.autograd.grad(loss, list(m.parameters()))
     assert fb["pos"].shape[0] == 2  # 512 positions fill a row; 299 + 119 + 89 share the other
     assert float(loss.detach()) == pytest.approx(float(ref.detach()), rel=1e-3)
@@ -239,20 +244,22 @@ def test_gpu_fast_loss_matches_ttt_loss(attn):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gpu_fast_step_has_no_host_sync_and_bf16_loss_is_close():
-    m, used, head, samples = _gpu_case(seed=1)
+@pytest.mark.parametrize("option", ["kl", "lk_lambda-eagle31"])
+def test_gpu_fast_step_has_no_host_sync_and_bf16_loss_is_close(option):
+    kind, cfg = OPTIONS[option]
+    m, used, head, samples = _gpu_case(seed=1, **cfg)
     impl = FT.Impl.best("cuda")
     fb, ft = FT.prepare([{k: v.bfloat16() if v.is_floating_point() else v for k, v in s.items()}
                          for s in samples], 4, FT.split_head(head, used), 1e-5, "cuda",
                         seq_len=512)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss, _ = FT.fast_ttt_loss(m, fb, ft, 4, 0.8, impl=impl)  # compiles
+        loss, _ = FT.fast_ttt_loss(m, fb, ft, 4, 0.8, impl=impl, loss=kind)  # compiles
     loss.backward()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss2, st = FT.fast_ttt_loss(m, fb, ft, 4, 0.8, impl=impl)
+            loss2, st = FT.fast_ttt_loss(m, fb, ft, 4, 0.8, impl=impl, loss=kind)
         loss2.backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
@@ -260,7 +267,7 @@ def test_gpu_fast_step_has_no_host_sync_and_bf16_loss_is_close():
     b = TR.to_device(TR.make_batch(_cuda(samples), 4), "cuda")
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         ref, _ = TR.ttt_loss(m, b, TR.target_dist(b["tgt_hidden"], head, used, m.t2d, 1e-5), 4,
-                             0.8)
+                             0.8, loss=kind)
     assert float(loss2.detach()) == pytest.approx(float(ref), rel=2e-2)
 
 
