@@ -149,10 +149,10 @@ def instrument() -> None:
     """Report the nested phases: the target forward (both captures), the target head and the
     drafter's forward are module functions the step calls by name; wrap them once (the real
     function runs; it reports to _ACTIVE[-1] when one is set)."""
+    from eagle3_runner.target.capture import TargetData
     from eagle3_runner.target.capture_embedded import EmbeddedCapture
     from eagle3_runner.trainer import fast_step as F
-    from eagle3_runner.trainer import sources as S
-    for owner, attr, name in ((S, "capture", "target_forward"),
+    for owner, attr, name in ((TargetData, "capture_batch", "target_forward"),
                               (EmbeddedCapture, "__call__", "target_forward"),
                               (F, "target_logits", "target_head"), (F, "unroll", "draft_forward")):
         if not hasattr(getattr(owner, attr), "phase"):

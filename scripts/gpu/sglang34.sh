@@ -59,8 +59,13 @@ case $phase in
     # the install proven while the drafter trains: the target served plain (the GGUF converted
     # by the extract stage's first step: waited for, at most 120 s), one /generate, stopped;
     # bounded (<= 360 s) so that it ends within the phase
-    ( for _ in $(seq 60); do ls "$EAGLE3_CACHE"/converted/*/config.json >/dev/null 2>&1 && break; sleep 2; done
-      M=$(dirname "$(ls "$EAGLE3_CACHE"/converted/*/config.json | head -1)")
+    rm -f /tmp/apply-done
+    ( for _ in $(seq 60); do ls "$EAGLE3_CACHE"/converted/*/config.json >/dev/null 2>&1 && break
+        [ -f /tmp/apply-done ] && break; sleep 2; done  # the apply ended first: no target to serve
+      M=$(ls "$EAGLE3_CACHE"/converted/*/config.json 2>/dev/null | head -1)
+      [ -n "$M" ] || { echo "smoke: no converted target (the extract stage did not start)" \
+        > "$OUT/r/smoke.log"; exit 0; }
+      M=$(dirname "$M")
       timeout 240 python3 - "$M" $EXTRA > "$OUT/r/smoke.log" 2>&1 <<'PY'
 import json, sys, time
 from pathlib import Path
@@ -84,6 +89,7 @@ finally:
 PY
     ) &
     apply --only extract --only train --only export
+    touch /tmp/apply-done
     wait ;;
   bench) apply --only bench ;;
   lab)

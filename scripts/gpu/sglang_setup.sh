@@ -25,6 +25,13 @@ if [ "$(cat /tmp/sgl/.wheels 2>/dev/null)" != "$WH" ]; then
        /tmp/sgl/transformers/dependency_versions_table.py \
   && echo "$WH" > /tmp/sgl/.wheels && echo "sglang_setup.sh: /tmp/sgl installed in $((SECONDS - T0)) s"
 fi
+# sglang/utils.py imports IPython.display's HTML and display at import time, for notebooks only
+# (the H200 image has no IPython: "No module named 'IPython'" stopped every server on
+# 2026-12-04); a two-name stand-in instead of IPython and its nine dependencies
+if [ ! -f /tmp/sgl/IPython/display.py ]; then
+  mkdir -p /tmp/sgl/IPython && : > /tmp/sgl/IPython/__init__.py
+  printf '"""Stand-in for sglang/utils.py (scripts/gpu/sglang_setup.sh)."""\n\n\nclass HTML(str):\n    pass\n\n\ndef display(*objs, **kw):\n    pass\n' > /tmp/sgl/IPython/display.py
+fi
 cat > ~/sglang-python <<'WRAP'
 #!/usr/bin/env bash
 # SGLang's interpreter on this machine: the image's python3 (torch 2.11, triton) with /tmp/sgl
