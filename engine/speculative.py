@@ -11,7 +11,8 @@ its step 0 over those positions (filling its cache), then continues the chain.
 
 Draft recurrence (SGLang llama_eagle3.py, SpecForge TTT): draft position i takes
 (fc(aux at i), embed(token i+1)) at RoPE position i and predicts token i+2. Chain step j >= 1 from
-root r feeds the previous step's pre-norm output as hidden, the previous draft as token, RoPE
+root r feeds the previous step's output (pre-norm; normed with norm_output) as hidden, the
+previous draft as token, RoPE
 position r+j, cache slot r+j (it attends to the prefix slots <= r and chain slots r+1..r+j, the
 same keys as TTT step j). Draft ids map to target ids through d2t OFFSETS (target = i + d2t[i]).
 
@@ -53,6 +54,7 @@ from eagle3_runner.engine.steps import (accept_greedy, accept_sample, decode, dr
                                prefill, probs, sample, verify)
 from eagle3_runner.models.llama import Llama
 from eagle3_runner.engine.tree import check_shape, draft_tree, draft_tree_round, verify_tree
+from eagle3_runner.kernels.draft_decode import fused_problem
 from eagle3_runner.kernels.switch import geometry_problem, resolve_kernels
 
 
@@ -84,13 +86,15 @@ def engine_kernels(kernels: str, target: Llama, drafter: Optional[Eagle3Draft] =
     """The Engine `kernels` setting resolved for this target (and drafter): "triton" or "torch".
     kernels.resolve_kernels ("auto" = torch on every device: the fused path measured slower on
     the H200, kernels/switch.py); "triton" raises ValueError when the fused kernels cannot tile
-    a head_dim (kernels.geometry_problem). Engines whose outputs are compared (a bench's
+    a head_dim (kernels.geometry_problem) or run the drafter's EAGLE 3.1 options
+    (kernels/draft_decode.py fused_problem). Engines whose outputs are compared (a bench's
     baseline and its speculative engines) must share one resolved value: resolve once, pass the
     result."""
     k = resolve_kernels(kernels, target.lm_head.weight.device)
     if k == "triton":
         dims = [target.config.head_dim] + ([] if drafter is None else [drafter.config.head_dim])
         why = next(filter(None, map(geometry_problem, dims)), None)
+        why = why or (None if drafter is None else fused_problem(drafter.config))
         if why:
             raise ValueError(f"kernels = 'triton': {why}; use kernels: torch (or auto)")
     return k

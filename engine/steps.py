@@ -81,7 +81,8 @@ def decode(target: Llama, tok: torch.Tensor, pos: torch.Tensor, kernels: str = "
 
 def draft_step(drafter: Eagle3Draft, kc, vc, ids, hidden, pos, rope=None, kernels: str = "torch"):
     """One cached draft forward. ids [1, T], hidden [1, T, H], pos [T] (RoPE position = cache
-    slot, contiguous); kc/vc [1, nkv, S, hd]. Returns (pre-norm out [1, T, H], draft logits
+    slot, contiguous); kc/vc [1, nkv, S, hd]. Returns (the next step's hidden [1, T, H]: the
+    pre-norm output, normed with norm_output; draft logits
     [1, T, Vd] float32). Query at position p attends to slots <= p. The engine compiles it for
     the sampling chain (T = 1)."""
     o = draft_forward(drafter, kc, vc, ids, pos, pos[:1], hidden=hidden, rope=rope,
@@ -113,7 +114,7 @@ def draft_chain_greedy(drafter: Eagle3Draft, kc, vc, first, root_out, root_ids, 
     """Greedy chain of K drafts from a root, in ONE graph (no host round trip between draft
     steps). first [1] = t_n (the token the verify starts with), root_out [1, 1, H] and root_ids
     [1] (its greedy draft, a target id) = step 0 at position root_pos [1]. Chain step j = 1..K-1
-    feeds the previous pre-norm output and the previous draft at RoPE position / cache slot
+    feeds the previous step's hidden (DraftOut.out) and the previous draft at RoPE position / cache slot
     root_pos + j (the same keys as TTT step j). Returns the verify input [1, K+1] =
     [t_n, d_1..d_K] as target ids (SGLang llama_eagle3.py: d2t holds offsets, target = i +
     d2t[i], clamped to the target vocabulary)."""

@@ -17,6 +17,8 @@ A temperature-0 prompt that is not lossless gets one more plain target forward (
 its tokens first leave the baseline's and the target's own top1 - top2 logit gap there, so the
 summary tells bf16 near-ties from bugs (jobs.bench_results.lossless_verdict, NEAR_TIE).
 
+The drafter: the export stage's artifact, or stages.bench.drafter (`drafter_dir`).
+
 backend: embedded = engine/speculative.py (chains and trees: every configuration of
 stages.bench.configs, each engine verifying its num_draft_tokens; stages.bench.kernels, resolved
 once for all engines by engine_kernels, recorded in every row); sglang = real SGLang servers
@@ -142,6 +144,25 @@ def load_engine_parts(spec, export_dir: Path):
     return target, drafter, tok, p.device
 
 
+def drafter_dir(ctx: StageContext) -> Path:
+    """The draft directory to bench: the export artifact, or stages.bench.drafter (an external
+    draft, e.g. scripts/bench/specforge_peer.py's), which `runner inspect` must pass first (for
+    drafter.sglang_version; export does this for its own). Raises StageError naming the errors."""
+    if ctx.params.drafter is None:
+        return Path(ctx.inputs["export"])
+    from eagle3_runner.runner.inspect import inspect_draft
+    d = expand_path(ctx.params.drafter)
+    findings = inspect_draft(d, target=expand_path(ctx.spec.target.path),
+                             sglang_version=ctx.spec.drafter.sglang_version)
+    errors = [f for f in findings if f.severity == "error"]
+    if errors:
+        raise StageError(f"stages.bench.drafter = {ctx.params.drafter!r} fails `runner inspect`:\n"
+                         + "\n".join(f"  {f.code}: {f.message}" for f in errors))
+    for f in findings:
+        print(f"bench: inspect {f.severity} {f.code}: {f.message}")
+    return d
+
+
 def sglang_part(ctx, export_dir: Path, sets: dict, stop_ids, dtype: str | None):
     """The sglang backend's SglangBench for this stage (target/sglang_bench.py). sets:
     {prompt_set: [(prompt_id, input ids list)]}. Raises StageError when the environment fakes
@@ -223,7 +244,7 @@ def _server_dtype(dtype: str) -> str:
 
 def run(ctx: StageContext) -> dict:
     p, spec = ctx.params, ctx.spec
-    export_dir = Path(ctx.inputs["export"])
+    export_dir = drafter_dir(ctx)
     check_backend(spec)
     if p.backend == "sglang":
         return run_sglang_only(ctx, export_dir)
@@ -269,7 +290,10 @@ def _embedded(ctx, export_dir: Path, target, drafter, device, sets: dict, stop: 
     measured = None
     Kmax = max(c.num_steps for c in p.configs)
     Nmax = max(c.draft_tokens for c in p.configs)
-    kn = engine_kernels(p.kernels, target, drafter)  # one resolved value for every engine
+    try:
+        kn = engine_kernels(p.kernels, target, drafter)  # one resolved value for every engine
+    except ValueError as e:
+        raise StageError(f"stages.bench.kernels = {p.kernels!r}: {e}")
     # bf16 on the torch path: one row count for all, so outputs match exactly (None when fused)
     width = default_width(target, Kmax, Nmax, kn)
     longest = max(ids.shape[1] for v in sets.values() for _, ids in v)

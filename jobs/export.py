@@ -7,15 +7,17 @@ manifest; target_config.json), or, with stages.train.features: online (no extrac
 files from the train artifact. Writes into ctx.out_dir:
   config.json        DraftConfig.to_sglang(): LlamaForCausalLMEagle3, draft_vocab_size, eagle_config
                      nested (SGLang ids: k = output of layer k), tie_word_embeddings false,
+                     fc_norm / norm_output: true when the drafter has them (EAGLE 3.1),
                      rope_theta/rope_scaling at the top level equal to the target's,
                      max_position_embeddings >= the target's (and the bench context).
-  model.safetensors  the state dict itself (names unchanged): float weights in bf16, d2t int64
-                     offsets [Vd], t2d bool [V].
+  model.safetensors  the state dict itself (names unchanged, fc_norm.{i}.weight with fc_norm):
+                     float weights in bf16, d2t int64 offsets [Vd], t2d bool [V].
   provenance.json    resolved spec, capture layers in both conventions, features/artifact hashes,
                      training metrics, the target's config (inspect uses it when no --target).
   speculators/       optional (stages.export.speculators): config with `transformer_layer_config`
                      and top-level HF-index layer ids, tensors `layers.0.*` (vLLM speculators).
-Then `runner inspect` runs on the result; any error fails the stage.
+Then `runner inspect` runs on the result, for drafter.sglang_version (null: the installed
+sglang's, else the newest the table knows); any error fails the stage.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ import torch
 
 from eagle3_runner.models.draft_model import DraftConfig
 from eagle3_runner.runner.drafts.families import target_family
-from eagle3_runner.runner.drafts.layout import (AUX_IDS_KEY, config_aux_ids, expected_shapes, speculators_name,
-                                  target_rope, to_hf_indices)
+from eagle3_runner.runner.drafts.layout import (AUX_IDS_KEY, config_aux_ids, expected_shapes, fc_norm_shapes,
+                                  speculators_name, target_rope, to_hf_indices)
 from eagle3_runner.runner.drafts.rules import export_aux_problem
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.files import atomic_path, atomic_write, sha256_file
@@ -76,8 +78,11 @@ def sglang_config(dc: DraftConfig, target_cfg: dict, context_length: int | None 
 
 def sglang_tensors(sd: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Tensor]:
     """The state dict as SGLang stores it: weights bf16, d2t int64, t2d bool. Names and shapes
-    must be exactly expected_shapes(cfg) (SGLang drops unknown names silently), else StageError."""
+    must be exactly expected_shapes(cfg), plus fc_norm.{i}.weight with fc_norm (SGLang drops
+    unknown names silently), else StageError."""
     exp = expected_shapes(cfg)
+    if cfg.get("fc_norm"):
+        exp.update(fc_norm_shapes(cfg, len(config_aux_ids(cfg))))
     if set(sd) != set(exp):
         raise StageError(f"draft.safetensors tensors differ from SGLang's names: missing "
                          f"{sorted(set(exp) - set(sd))}, unexpected {sorted(set(sd) - set(exp))}. "
@@ -130,6 +135,7 @@ def speculators_copy(cfg: dict, tensors: dict[str, torch.Tensor], out: Path,
                                "verifier": {"name_or_path": target_path,
                                             "architectures": ["LlamaForCausalLM"]}},
     }
+    scfg.update({k: True for k in ("fc_norm", "norm_output") if cfg.get(k)})  # same keys there
     out.mkdir(exist_ok=True)
     _save_atomic({speculators_name(k): v for k, v in tensors.items()}, out / "model.safetensors")
     atomic_write(out / "config.json", json.dumps(scfg, indent=2))
@@ -206,7 +212,8 @@ def run(ctx: StageContext) -> dict:
         steps = bench.configs[0].num_steps if bench and bench.configs else 3
         speculators_copy(cfg, tensors, out / "speculators", ctx.spec.target.path, steps)
 
-    findings = inspect_draft(out, target=ex / "target_config.json")
+    findings = inspect_draft(out, target=ex / "target_config.json",
+                             sglang_version=ctx.spec.drafter.sglang_version)
     errors = [f for f in findings if f.severity == "error"]
     if errors:
         raise StageError("the exported drafter fails `runner inspect`:\n" + "\n".join(

@@ -32,12 +32,25 @@ from eagle3_runner.kernels.llama_decode import even_splits
 
 
 class DraftOut(NamedTuple):
-    """out [B, T, H] (pre-norm, the next step's hidden); logits [B, T, Vd] float32; ids
-    [B, T, topk] int64 target ids (best first); logprobs [B, T, topk] float32."""
+    """out [B, T, H] (the next step's hidden: the pre-norm output, or its norm with the
+    drafter's norm_output); logits [B, T, Vd] float32; ids [B, T, topk] int64 target ids (best
+    first); logprobs [B, T, topk] float32."""
     out: torch.Tensor
     logits: torch.Tensor
     ids: torch.Tensor
     logprobs: torch.Tensor
+
+
+def fused_problem(c) -> str | None:
+    """Why the fused step cannot run drafter config `c` (models/draft_model.DraftConfig), or None:
+    it implements the plain EAGLE-3 step only, not EAGLE 3.1's fc_norm (a norm per aux chunk
+    before the fc split-K) or norm_output (the normed output recycled; norm_head_topk keeps the
+    norm inside the head kernel)."""
+    on = [f for f in ("fc_norm", "norm_output") if getattr(c, f)]
+    if on:
+        return (f"the fused draft step (kernels/draft_decode.py) does not implement the "
+                f"drafter's {' and '.join(on)} (EAGLE 3.1)")
+    return None
 
 
 def rope_table(drafter: Eagle3Draft, max_seq: int, device=None) -> tuple:
@@ -60,6 +73,8 @@ def draft_forward(drafter: Eagle3Draft, k_cache, v_cache, ids, input_pos, prefix
                               hidden, aux, topk)
     if rope is None:
         raise ValueError("draft_forward: the triton path needs rope = rope_table(drafter, S)")
+    if (why := fused_problem(drafter.config)) is not None:
+        raise ValueError(f"draft_forward: {why}; use kernels torch")
     return _forward_triton(drafter, k_cache, v_cache, ids, input_pos, prefix_len, tree_mask,
                            hidden, aux, rope, topk)
 

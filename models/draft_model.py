@@ -3,15 +3,21 @@
 state_dict keys: fc.weight [H, 3*Ht]; midlayer.self_attn.{q,k,v,o}_proj.weight (q/k/v take 2H);
 midlayer.mlp.{gate,up,down}_proj.weight; midlayer.{input_layernorm,hidden_norm,
 post_attention_layernorm}.weight [H]; norm.weight [H]; lm_head.weight [Vd, H]; d2t int64 [Vd]
-(OFFSETS: target_id = i + d2t[i], SGLang llama_eagle3.py); t2d bool [V].
+(OFFSETS: target_id = i + d2t[i], SGLang llama_eagle3.py); t2d bool [V]; with fc_norm also
+fc_norm.{i}.weight [Ht], one per aux state (SGLang 0.5.14 llama_eagle3.py names).
 The target's embedding is held as a non-persistent buffer (frozen, never exported: SGLang swaps in
 the target's own).
 
 One draft step (docs/eagle3-format.md, "Forward of the draft layer"):
     x = cat(input_layernorm(embed(tok)), hidden_norm(h))            # [B, T, 2H]
-    h' = h + o_proj(attn(x)); out = h' + mlp(post_attention_layernorm(h'))   # pre-norm, recycled
+    h' = h + o_proj(attn(x)); out = h' + mlp(post_attention_layernorm(h'))   # pre-norm
     logits = lm_head(norm(out))                                      # [B, T, Vd]
-h = fc(aux) at the first step, the previous step's `out` afterwards.
+h = fc(aux) at the first step, then what the previous step returns: `out` (EAGLE-3), or
+norm(out) with config norm_output (EAGLE 3.1; SGLang 0.5.14 llama_eagle3.py returns
+`hidden_states_to_logits if self.norm_output else hidden_states_to_aux` as the recycled hidden).
+With config fc_norm (EAGLE 3.1), fc reads cat(fc_norm[i](aux_i)): one RMSNorm per aux state
+(SGLang 0.5.14: `fc_norm` or the legacy `use_aux_norm`). The steps (ttt_step, cached_step)
+return the recycled hidden and `logits` maps it to the draft logits, so callers never branch.
 
 Two attention paths share the projections and RoPE:
 - `ttt_attention` (here, the reference; kernels/ttt_attention.py has its fast paths): training-time test (SpecForge
@@ -30,8 +36,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from eagle3_runner.runner.drafts.forward import engine_unsupported
-from eagle3_runner.runner.drafts.layout import ARCH, eagle_config, target_rope
+from eagle3_runner.runner.drafts.forward import engine_unsupported, flag_on
+from eagle3_runner.runner.drafts.layout import ARCH, FC_NORM_LEGACY, eagle_config, target_rope
 from eagle3_runner.runner.errors import UnsupportedDraftError
 from eagle3_runner.runner.spec.geometry import draft_geometry
 
@@ -77,6 +83,8 @@ class DraftConfig:
     hidden_act: str = "silu"
     target_num_hidden_layers: Optional[int] = None
     extra: dict = field(default_factory=dict)
+    fc_norm: bool = False  # EAGLE 3.1: an RMSNorm per aux state before fc
+    norm_output: bool = False  # EAGLE 3.1: the normed output is the recycled hidden
 
     @classmethod
     def from_spec(cls, spec, target_config: dict) -> "DraftConfig":
@@ -95,10 +103,14 @@ class DraftConfig:
             rms_norm_eps=d.rms_norm_eps or t.get("rms_norm_eps") or 1e-5,
             rope_theta=rope[0] or 10000.0, rope_scaling=rope[1],
             hidden_act=t.get("hidden_act") or "silu",
-            target_num_hidden_layers=t.get("num_hidden_layers"))
+            target_num_hidden_layers=t.get("num_hidden_layers"),
+            fc_norm=d.fc_norm, norm_output=d.norm_output)
 
     def to_sglang(self) -> dict:
-        """config.json for SGLang's LlamaForCausalLMEagle3 (eagle_config nested)."""
+        """config.json for SGLang's LlamaForCausalLMEagle3 (eagle_config nested). fc_norm /
+        norm_output are written only when on (`true`, the keys SGLang 0.5.14 reads): an absent
+        key is SGLang's default off, and SpecForge 0.2.0 reads an explicit norm_output: false as
+        "logits without the final norm" (docs/training-options.md)."""
         cfg = {
             "architectures": [ARCH], "model_type": "llama",
             "num_hidden_layers": 1, "hidden_size": self.hidden_size,
@@ -114,13 +126,15 @@ class DraftConfig:
         }
         if self.target_hidden_size != self.hidden_size:
             cfg["target_hidden_size"] = self.target_hidden_size
+        cfg.update({k: True for k in ("fc_norm", "norm_output") if getattr(self, k)})
         return cfg
 
     @classmethod
     def from_sglang(cls, cfg: dict) -> "DraftConfig":
         """Inverse of to_sglang (reads an exported config.json). Raises UnsupportedDraftError when
         the config selects a forward this model does not implement (runner/drafts/forward.py
-        engine_unsupported: fc_norm, norm_output, biases, N layers, ...)."""
+        engine_unsupported: norm_before_fc, biases, N layers, ...). fc_norm is on when
+        config.json sets `fc_norm` or the legacy `use_aux_norm` (SGLang 0.5.14)."""
         unsupported = engine_unsupported(cfg)
         if unsupported:
             raise UnsupportedDraftError(
@@ -139,7 +153,9 @@ class DraftConfig:
             aux_layer_ids=list(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
             max_position_embeddings=cfg.get("max_position_embeddings", 8192),
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-5), rope_theta=cfg.get("rope_theta", 1e4),
-            rope_scaling=cfg.get("rope_scaling"), hidden_act=cfg.get("hidden_act", "silu"))
+            rope_scaling=cfg.get("rope_scaling"), hidden_act=cfg.get("hidden_act", "silu"),
+            fc_norm=flag_on(cfg, "fc_norm") or flag_on(cfg, "use_aux_norm"),
+            norm_output=flag_on(cfg, "norm_output"))
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -262,7 +278,10 @@ class Eagle3Draft(nn.Module):
     def __init__(self, c: DraftConfig, embed_tokens: Optional[torch.Tensor] = None):
         super().__init__()
         self.config = c
-        self.fc = nn.Linear(len(c.aux_layer_ids) * c.target_hidden_size, c.hidden_size, bias=False)
+        n_aux = len(c.aux_layer_ids)
+        self.fc_norm = (nn.ModuleList(RMSNorm(c.target_hidden_size, c.rms_norm_eps)
+                                      for _ in range(n_aux)) if c.fc_norm else None)
+        self.fc = nn.Linear(n_aux * c.target_hidden_size, c.hidden_size, bias=False)
         self.midlayer = MidLayer(c)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
@@ -277,12 +296,22 @@ class Eagle3Draft(nn.Module):
         return F.embedding(ids, self.embed_tokens)
 
     def project(self, aux: torch.Tensor) -> torch.Tensor:
-        """aux [B, T, 3*Ht] (ascending layer order) -> [B, T, H]."""
+        """aux [B, T, n*Ht] (ascending layer order) -> [B, T, H]: fc(aux), or with fc_norm
+        fc(cat(fc_norm[i](aux_i))) over the n chunks of Ht (SGLang 0.5.14 llama_eagle3.py)."""
+        if self.fc_norm is not None:
+            chunks = aux.chunk(len(self.fc_norm), dim=-1)
+            aux = torch.cat([n(x) for n, x in zip(self.fc_norm, chunks)], dim=-1)
         return self.fc(aux)
 
-    def logits(self, out: torch.Tensor) -> torch.Tensor:
-        """pre-norm out [B, T, H] -> draft-vocab logits [B, T, Vd]."""
-        return self.lm_head(self.norm(out))
+    def recycle(self, out: torch.Tensor) -> torch.Tensor:
+        """A step's pre-norm output [B, T, H] -> the hidden the next step takes: out, or
+        norm(out) with norm_output."""
+        return self.norm(out) if self.config.norm_output else out
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """A step's recycled hidden (`recycle`) [B, T, H] -> draft-vocab logits [B, T, Vd] =
+        lm_head(norm(out)) either way (with norm_output h is norm(out) already)."""
+        return self.lm_head(h if self.config.norm_output else self.norm(h))
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocab ids -> target ids (d2t holds offsets)."""
@@ -305,30 +334,31 @@ class Eagle3Draft(nn.Module):
         0, else the previous step's output), positions [B, T] (base positions; step j uses
         positions + j), cache: list of (k, v) of earlier steps, appended in place.
         attend(q, ks, vs, causal_mask): the TTT attention (kernels/ttt_attention.py; its fast
-        paths take a Segments as the mask). Returns the pre-norm output [B, T, H]."""
+        paths take a Segments as the mask). Returns the recycled hidden [B, T, H] (`recycle`)."""
         q, k, v = self.ttt_qkv(ids, hidden, positions + len(cache))
         cache.append((k, v))
         o = attend(q, [c[0] for c in cache], [c[1] for c in cache], causal_mask)
-        return self.ttt_out(hidden, o)
+        return self.recycle(self.ttt_out(hidden, o))
 
     # -- inference: one step over a static KV cache --
     def cached_step(self, ids, hidden, positions, k_cache, v_cache, slots, mask) -> torch.Tensor:
         """ids [B, T], hidden [B, T, H], positions [B, T] (RoPE), k/v_cache [B, nkv, S, hd]
         written at `slots` [T] (cache rows), mask [B or 1, 1, T, S] bool.
-        Returns the pre-norm output [B, T, H]."""
+        Returns the recycled hidden [B, T, H] (`recycle`)."""
         x = self.midlayer.attn_input(self.embed(ids), hidden)
         q, k, v = self.midlayer.self_attn.qkv(x, positions)
         k_cache[:, :, slots] = k.to(k_cache.dtype)
         v_cache[:, :, slots] = v.to(v_cache.dtype)
         o = cached_attention(q, k_cache, v_cache, mask)
-        return self.midlayer.finish(hidden, self.midlayer.self_attn.out(o))
+        return self.recycle(self.midlayer.finish(hidden, self.midlayer.self_attn.out(o)))
 
 
 def load_exported(draft_dir, embed_tokens: torch.Tensor, device="cpu",
                   dtype=torch.float32) -> Eagle3Draft:
     """Load an SGLang draft directory (config.json + model.safetensors) into Eagle3Draft.
 
-    Strict: a missing or unexpected tensor name raises (SGLang would silently drop it).
+    Strict: a missing or unexpected tensor name raises (SGLang would silently drop it); the
+    legacy fc_norm names aux_norm_low/mid/high are renamed as SGLang 0.5.14 load_weights does.
     embed_tokens [V, H] comes from the target (SGLang swaps it in the same way)."""
     import json
     from pathlib import Path
@@ -337,6 +367,8 @@ def load_exported(draft_dir, embed_tokens: torch.Tensor, device="cpu",
     c = DraftConfig.from_sglang(json.loads((d / "config.json").read_text()))
     model = Eagle3Draft(c, embed_tokens.to(dtype))
     sd = load_file(str(d / "model.safetensors"))
+    for old, new in FC_NORM_LEGACY.items():
+        sd = {k.replace(old, new): v for k, v in sd.items()}
     missing, unexpected = model.load_state_dict(sd, strict=False)
     if missing or unexpected:
         raise ValueError(f"{d}: tensors missing {missing}, unexpected {unexpected}; run "

@@ -186,11 +186,27 @@ def _hash_file_cached(path: str, size: int, mtime: int) -> str:
     return digest
 
 
+def _declared(spec: Spec, name: str) -> str | None:
+    """The spec path of external input `name`: target.path, data.path, stages.bench.drafter."""
+    if name == "drafter":
+        return spec.stages.bench.drafter if spec.stages.bench else None
+    return spec.target.path if name == "target" else spec.data.path
+
+
 def input_files(spec: Spec, stage: str) -> dict:
     """External files a stage reads (their content is part of the key): the registry row's
-    `files`, "target" = target.path, "data" = data.path when set."""
-    paths = {"target": spec.target.path, "data": spec.data.path}
-    return {f: file_identity(expand_path(paths[f])) for f in stage_files(spec, stage) if paths[f]}
+    `files`, "target" = target.path, "data" = data.path when set, "drafter" =
+    stages.bench.drafter (a small draft directory: each file's content, not file_identity's
+    names and sizes, so a retrained drafter of the same shapes is a new key)."""
+    out = {}
+    for f in stage_files(spec, stage):
+        declared = _declared(spec, f)
+        if not declared:
+            continue
+        p = expand_path(declared)
+        out[f] = ({q.name: file_identity(q) for q in sorted(p.iterdir()) if q.is_file()}
+                  if f == "drafter" and p.is_dir() else file_identity(p))
+    return out
 
 
 def _flat(d, prefix="") -> dict:
@@ -397,7 +413,7 @@ def _run_problems(spec: Spec, p: PlannedStage, by_slot: dict) -> list[str]:
     out = []
     kind = stage_kind(p.stage)
     for f in stage_files(spec, p.stage):
-        declared = spec.target.path if f == "target" else spec.data.path
+        declared = _declared(spec, f)
         if declared is None and f == "data" and spec.data.source == "sharegpt":
             from eagle3_runner.runner.assets import asset_path
             from eagle3_runner.runner.errors import FetchError
@@ -406,7 +422,8 @@ def _run_problems(spec: Spec, p: PlannedStage, by_slot: dict) -> list[str]:
             except FetchError as e:
                 out.append(f"data.source = sharegpt ({p.id} reads it): {e}")
         elif declared is not None and not expand_path(declared).exists():
-            out.append(f"{f}.path = {declared!r}: {expand_path(declared)} does not exist "
+            field = "stages.bench.drafter" if f == "drafter" else f"{f}.path"
+            out.append(f"{field} = {declared!r}: {expand_path(declared)} does not exist "
                        f"({p.id} reads it). Fix the path"
                        + (", or run `runner fetch all` for the demo assets." if f == "target"
                           else "."))

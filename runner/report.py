@@ -1,6 +1,6 @@
 """`runner report SPEC [--out DIR]`: PNG plots of a spec's bench results from the DuckDB store.
 
-Four plots, from `bench_summary` rows (one per bench configuration, written by the bench stage):
+Five plots, from `bench_summary` rows (one per bench configuration, written by the bench stage):
   <name>_tau_vs_samples.png   tau against train_samples, one line per prompt set; each variant of a
                               data-scaling sweep gives one point (its latest row, by
                               runs.started_at, over all runs of the spec).
@@ -13,6 +13,9 @@ Four plots, from `bench_summary` rows (one per bench configuration, written by t
   <name>_configs.png          tau and tok/s per configuration, chains and trees side by side
                               (bars labelled "chain K" / "tree K/k/N"; speedup and break-even tau
                               written on them, each bar's same-run baseline dashed across it).
+  <name>_variants.png         tau per variant (a recipe sweep: one factor per variant), one panel
+                              per prompt set x bench config, bars sorted by tau, each labelled with
+                              its difference to base's; drawn when the rows hold 2+ variants.
 Every plot takes the latest row of each variant x bench config over all runs of the spec, so a
 sweep split over several applies (`runner apply --variant ...`, one per GPU) plots as one.
 Metric terms follow docs/eagle3-format.md: tau = tokens per target verify pass
@@ -320,12 +323,47 @@ def plot_configs(rows: list[dict], spec_name: str, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def plot_variants(rows: list[dict], spec_name: str, path: Path) -> Path | None:
+    """tau per variant, one horizontal-bar panel per (prompt set, bench config and whatever
+    else varies but the variant), bars sorted by tau (highest on top), base dark, each bar
+    annotated with tau and its difference to base's tau in the same panel. None when fewer than
+    two variants have tau."""
+    rows = [r for r in rows if _ok(r.get("tau"))]
+    if len({r.get("variant") for r in rows}) < 2:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    panels = group(rows, ("prompt_set",), ("variant",))
+    n = max(len(rs) for rs in panels.values())
+    fig = Figure(figsize=(5.5 * len(panels), max(3.0, 0.35 * n + 1.5)), dpi=110)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    fig.suptitle(f"{spec_name}: accept length per variant ({_runs(rows)})", fontsize=10)
+    for ax, (label, rs) in zip(axes, panels.items()):
+        rs = sorted(rs, key=lambda r: r["tau"])
+        base = next((r["tau"] for r in rs if r.get("variant") == "base"), None)
+        ax.barh(range(len(rs)), [r["tau"] for r in rs],
+                color=["tab:gray" if r.get("variant") == "base" else "tab:blue" for r in rs])
+        for i, r in enumerate(rs):
+            d = "" if base is None or r.get("variant") == "base" else f" ({r['tau'] - base:+.3f})"
+            ax.annotate(f"{r['tau']:.3f}{d}", (r["tau"], i), fontsize=7, va="center",
+                        textcoords="offset points", xytext=(3, 0))
+        ax.set_yticks(range(len(rs)), [str(r.get("variant")) for r in rs], fontsize=8)
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("tau = tokens per verify pass (incl. bonus)")
+        lo = min(r["tau"] for r in rs)
+        ax.set_xlim(max(0.0, lo - 0.1 * (max(r["tau"] for r in rs) - lo + 0.5)),
+                    max(r["tau"] for r in rs) * 1.08)
+        ax.grid(True, axis="x", alpha=0.3)
+    return _save(fig, path)
+
+
 # ----------------------------------------------------------------------------------------------
 # entry points
 
 
 def write_report(spec: Spec, out_dir) -> tuple[list[Path], list[str]]:
-    """Draw the four plots into out_dir as <spec name>_<plot>.png.
+    """Draw the five plots into out_dir as <spec name>_<plot>.png.
 
     Returns (written paths, notes about plots skipped for lack of data). Raises ReportError when
     the spec has no bench rows."""
@@ -340,7 +378,9 @@ def write_report(spec: Spec, out_dir) -> tuple[list[Path], list[str]]:
             ("tok_s", lambda p: plot_tok_s(latest_per_config(rows), spec.name, p),
              "no bench_summary row has spec_tok_s"),
             ("configs", lambda p: plot_configs(latest_per_config(rows), spec.name, p),
-             "no bench_summary row has tau")):
+             "no bench_summary row has tau"),
+            ("variants", lambda p: plot_variants(latest_per_config(rows), spec.name, p),
+             "fewer than two variants have tau")):
         p = fn(out / f"{spec.name}_{name}.png")
         if p is None:
             notes.append(f"skipped {name}: {what}")

@@ -112,6 +112,21 @@ class TrainStage(Strict):
         "Triton TTT attention and the fused soft CE (kernels/); flex = flex_attention instead of "
         "the Triton attention; torch = the fast step (packing, draft-vocab logits) on PyTorch "
         "references; reference = the plain K-step objective (trainer/objective.py), the slow baseline."))
+    loss: Literal["kl", "lk_lambda", "lk_alpha"] = Field("kl", description=(
+        "The per-step loss of the TTT unroll, each step weighted step_decay^j "
+        "(docs/training-options.md): kl = forward KL to the target's distribution over the "
+        "draft vocab (soft cross-entropy; SpecForge's and EAGLE-3's loss); lk_lambda = "
+        "lambda x KL + (1 - lambda) x (1 - alpha), alpha = sum_v min(p_v, q_v) the expected "
+        "acceptance with the target's full-vocab probabilities, lambda = exp(-lk_eta x the "
+        "step's mean alpha); lk_alpha = -log(alpha). LK losses: arXiv 2602.23881."))
+    lk_eta: float = Field(3.0, gt=0, le=100, description=(
+        "eta of loss lk_lambda (lambda = exp(-eta x mean alpha)); 3 is the LK paper's best "
+        "value (arXiv 2602.23881), also speculators' and TorchSpec's default. Read only with "
+        "loss: lk_lambda."))
+    noise_std: float = Field(0.0, ge=0, description=(
+        "Uniform noise in [-noise_std, +noise_std) added to the aux hidden states before fc "
+        "(and fc_norm), on training batches only (vLLM speculators' --noise-std, its default "
+        "0.05; the value is a half-width, not a standard deviation). 0 = off."))
     features: Literal["offline", "online"] = Field("offline", description=(
         "Where the aux hidden states come from. offline = the extract stage's features on disk "
         "((3 aux + 1 last) x hidden x dtype bytes per token: `runner plan` estimates them); "
@@ -234,6 +249,12 @@ class BenchStage(Strict):
                                          "and break-even tau SGLang would give (predicted_*). "
                                          "Default with backend both: the profile this stage "
                                          "measures.")
+    drafter: Optional[str] = Field(None, description=(
+        "Bench this SGLang draft directory (config.json + model.safetensors, e.g. "
+        "scripts/bench/specforge_peer.py's output) instead of the export stage's: the bench "
+        "then needs no export, inspects the directory first (for drafter.sglang_version) and "
+        "its content is part of the bench's cache key. Its eagle_config ids must be the spec's "
+        "aux ids. Relative = relative to the spec file's folder."))
     sglang: SglangOptions = Field(default_factory=SglangOptions, description="sglang backend only.")
 
 
@@ -250,7 +271,8 @@ class StageKind:
     description: str  # the field's description in the spec reference
     needs: Callable[[Any], tuple[str, ...]]  # spec -> upstream stage names (when enabled)
     key: Callable[[Any, dict], dict]  # (spec, spec.model_dump(mode="json")) -> key slice
-    # external inputs hashed into the key ("target", "data"), or spec -> those names
+    # external inputs hashed into the key ("target", "data", "drafter" = stages.bench.drafter),
+    # or spec -> those names
     files: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = ()
     data_parallel: bool = False  # runs executor.nproc_per_node ranks (one per GPU)
     checkpointable: bool = False  # a Slurm timeout/preemption requeues it; it resumes
@@ -269,7 +291,8 @@ def _online(spec) -> bool:
 
 
 def _train_key(spec, d: dict) -> dict:
-    key = {"target": _target(d), "drafter": d["drafter"], "aux_layer_ids": spec.aux_ids,
+    drafter = {k: v for k, v in d["drafter"].items() if k != "sglang_version"}  # serving only
+    key = {"target": _target(d), "drafter": drafter, "aux_layer_ids": spec.aux_ids,
            "train": d["stages"]["train"]}
     return {**key, "data": _data(d)} if _online(spec) else key
 
@@ -300,6 +323,11 @@ def _train_check(spec, manifests: dict) -> str | None:
     return None
 
 
+def _external_drafter(spec) -> bool:
+    """Whether the bench reads stages.bench.drafter (a draft directory) instead of the export."""
+    return spec.stages.bench is not None and spec.stages.bench.drafter is not None
+
+
 def _data(d: dict) -> dict:
     """The data fields that determine the conversations read: data.max_bad_fraction is a
     tolerance (it decides pass or fail, never the output), so it is not part of a key."""
@@ -325,11 +353,11 @@ REGISTRY: tuple[StageKind, ...] = (
               needs=lambda spec: ("train", "extract"),
               key=lambda spec, d: {"drafter": d["drafter"], "export": d["stages"]["export"]}),
     StageKind("bench", BenchStage, "Measure accept length (tau) and tok/s.",
-              needs=lambda spec: ("export",),
+              needs=lambda spec: () if _external_drafter(spec) else ("export",),
               key=lambda spec, d: {"target": {**_target(d), "device": d["target"]["device"]},
                                    "bench": d["stages"]["bench"],
                                    "data": {k: d["data"][k] for k in ("holdout", "seed")}},
-              files=("target",)),
+              files=lambda spec: ("target", "drafter") if _external_drafter(spec) else ("target",)),
 )
 STAGE_ORDER = tuple(k.name for k in REGISTRY)
 DATA_PARALLEL_STAGES = tuple(k.name for k in REGISTRY if k.data_parallel)
@@ -379,7 +407,8 @@ def stage_needs(spec, name: str) -> tuple[str, ...]:
 
 
 def stage_files(spec, name: str) -> tuple[str, ...]:
-    """The external inputs ("target", "data") whose content is part of stage `name`'s key."""
+    """The external inputs ("target", "data", "drafter") whose content is part of stage `name`'s
+    key."""
     f = stage_kind(name).files
     return f(spec) if callable(f) else f
 

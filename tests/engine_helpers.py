@@ -23,10 +23,11 @@ def tiny_hf_llama(vocab=64, hidden=64, layers=4, heads=4, kv=2, seed=0):
 
 
 def export_drafter(out: Path, target_cfg, aux_ids, draft_vocab=None, seed=1, d2t=None,
-                   edit=None) -> Path:
+                   edit=None, **options) -> Path:
     """Write an SGLang draft dir (config.json + model.safetensors) with random weights.
     d2t: offsets over a draft vocab = the first `draft_vocab` target ids (default all).
-    edit(model) may change weights before saving."""
+    edit(model) may change weights before saving. options: DraftConfig's forward options
+    (fc_norm, norm_output)."""
     from safetensors.torch import save_file
     from eagle3_runner.models.draft_model import DraftConfig, Eagle3Draft
     V, H = target_cfg.vocab_size, target_cfg.hidden_size
@@ -37,7 +38,7 @@ def export_drafter(out: Path, target_cfg, aux_ids, draft_vocab=None, seed=1, d2t
                     intermediate_size=target_cfg.intermediate_size, vocab_size=V,
                     draft_vocab_size=Vd, target_hidden_size=H, aux_layer_ids=list(aux_ids),
                     max_position_embeddings=4096, rms_norm_eps=target_cfg.rms_norm_eps,
-                    rope_theta=getattr(target_cfg, "rope_theta", None) or 10000.0)
+                    rope_theta=getattr(target_cfg, "rope_theta", None) or 10000.0, **options)
     torch.manual_seed(seed)
     m = Eagle3Draft(c)
     used = torch.arange(Vd) if d2t is None else None

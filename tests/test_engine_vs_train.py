@@ -115,18 +115,30 @@ def _ttt_logits(hf, drafter, seq: torch.Tensor, K: int) -> torch.Tensor:
     return torch.stack([c[0] for c in captured]).float()
 
 
+def _norms_off_one(m):
+    """Random RMSNorm weights (a ones-init norm hides a norm that is skipped or applied twice)."""
+    for n, p in m.named_parameters():
+        if p.dim() == 1:
+            p.copy_(0.5 + torch.rand(p.shape, generator=torch.Generator().manual_seed(len(n))))
+
+
+@pytest.mark.parametrize("options", [{}, {"fc_norm": True, "norm_output": True}],
+                         ids=["eagle3", "eagle31"])
 @pytest.mark.parametrize("sampling", [False, True], ids=["greedy_graphs", "stepwise"])
-def test_engine_drafts_equal_teacher_forced_ttt(tmp_path, monkeypatch, sampling, K=3):
+def test_engine_drafts_equal_teacher_forced_ttt(tmp_path, monkeypatch, sampling, options, K=3):
     """sampling=False: the greedy loop (draft_round_greedy, the drafter's own drafts feed its
     chain). sampling=True: the step-by-step loop (draft_extend + draft_step) at temperature 0;
-    with draft_fn it feeds the FORCED drafts to its chain steps."""
+    with draft_fn it feeds the FORCED drafts to its chain steps. eagle31: the drafter has
+    fc_norm and norm_output (exported, loaded back: the config keys and fc_norm.{i}.weight)."""
     hf = tiny_hf_llama(vocab=VOCAB, seed=4)
     target = from_hf_model(hf, AUX)
     # a draft vocab of 48 of the 64 target ids: non-trivial d2t offsets (target = i + d2t[i])
     used = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(7))[:48].sort().values
     drafter = load_exported(export_drafter(tmp_path / "d", hf.config, AUX, draft_vocab=48,
-                                           d2t=used - torch.arange(48), seed=5),
+                                           d2t=used - torch.arange(48), seed=5,
+                                           edit=_norms_off_one if options else None, **options),
                             target.embed_tokens.weight)
+    assert (drafter.config.fc_norm, drafter.config.norm_output) == (bool(options),) * 2
     events = _record(monkeypatch, drafter)
     eng = E.Engine(target, drafter, num_steps=K, max_seq=256, sampling=sampling)
     ids = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(6))

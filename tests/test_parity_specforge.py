@@ -1,4 +1,6 @@
-"""Parity of our drafter with an independent implementation: SpecForge's LlamaForCausalLMEagle3.
+"""Parity of our drafter with an independent implementation: SpecForge's LlamaForCausalLMEagle3
+(and, for the training options of docs/training-options.md, SpecForge 0.2.0's fc_norm, its LK
+losses and its target distributions; its norm_output differs from SGLang's, see below).
 
 An exported-format drafter (config.json from DraftConfig.to_sglang + model.safetensors = our
 state_dict) is loaded into SpecForge's module (only embed_tokens.weight missing: filled from ours),
@@ -190,3 +192,125 @@ def test_rope_tables_match_specforge(tmp_path, scaling):
     if scaling is not None:  # the scaling really changed the table (the check can fail)
         plain, _ = rope_cos_sin(pos, c.head_dim, c.rope_theta, None)
         assert (plain - cos).abs().max() > 1e-2
+
+
+# ---------------------------------------------------------------------------------------------
+# the training options (docs/training-options.md)
+
+
+def _specforge_logits_sglang_recycle(sf, aux, ids):
+    """SpecForge's pieces with SGLang 0.5.14's norm_output rule: the recycled hidden is
+    norm(out) (llama_eagle3.py returns hidden_states_to_logits as the aux output), logits =
+    lm_head(norm(out)). SpecForge 0.2.0's own loop recycles the pre-norm out whatever the flag."""
+    _, prepare_decoder_attention_mask, _ = _specforge()
+    B, T, _ = aux.shape
+    h = sf.project_hidden_states(aux)
+    mask = prepare_decoder_attention_mask(torch.ones(B, T, dtype=torch.bool), (B, T), h, 0)
+    pos = torch.arange(T)[None].expand(B, T)
+    cache_hidden, out = [[], []], []
+    for j in range(STEPS):
+        emb = sf.embed_input_ids(ids[:, j:j + T])
+        h = sf.backbone(input_embeds=emb, hidden_states=h, cache_hidden=cache_hidden,
+                        attention_mask=mask, position_ids=pos)
+        out.append(sf.compute_logits(h))
+        h = sf.norm(h)
+    return out
+
+
+def test_fc_norm_matches_specforge(tmp_path):
+    """drafter.fc_norm: our exported fc_norm.{i}.weight and config key load into SpecForge
+    0.2.0's fc_norm (3 RMSNorms over the aux chunks before fc) and give its logits."""
+    c = _tiny_config(fc_norm=True)
+    d, embed = _export(tmp_path, c)  # random norm weights (not ones), fc_norm's included
+    sf = _load_specforge(d, embed)
+    assert sf.fc_norm is not None
+    ours = load_exported(d, embed)
+    aux, ids = _inputs(c)
+    aux = aux * torch.tensor([0.1, 1.0, 10.0]).repeat_interleave(c.target_hidden_size)  # scales
+    with torch.no_grad():
+        a, b = _ours_logits(ours, aux, ids), _specforge_logits(sf, aux, ids)
+        plain = DraftConfig(**{**c.as_dict(), "fc_norm": False})
+        no_norm = Eagle3Draft(plain, embed)
+        no_norm.load_state_dict({k: v for k, v in ours.state_dict().items()
+                                 if not k.startswith("fc_norm")})
+        off = _ours_logits(no_norm, aux, ids)
+    for j in range(STEPS):
+        assert (a[j] - b[j]).abs().max() < TOL, j
+    assert (off[0] - b[0]).abs().max() > 1e-2  # fc_norm changes the forward: the check can fail
+
+
+def test_norm_output_recycles_the_normed_hidden_as_sglang_does(tmp_path):
+    """drafter.norm_output: our TTT logits equal SpecForge's pieces driven by SGLang 0.5.14's rule
+    (recycle norm(out)); SpecForge 0.2.0's own loop (pre-norm recycled) differs from step 1 on:
+    the train/serve mismatch of its eagle3.1 config (fixed upstream after 0.2.0)."""
+    c = _tiny_config(fc_norm=True, norm_output=True)
+    d, embed = _export(tmp_path, c)
+    sf = _load_specforge(d, embed)
+    ours = load_exported(d, embed)
+    aux, ids = _inputs(c)
+    with torch.no_grad():
+        a = _ours_logits(ours, aux, ids)
+        b = _specforge_logits_sglang_recycle(sf, aux, ids)
+        own = _specforge_logits(sf, aux, ids)
+    for j in range(STEPS):
+        assert (a[j] - b[j]).abs().max() < TOL, j
+    assert (a[0] - own[0]).abs().max() < TOL  # step 0 reads fc(aux) in both
+    assert (a[1] - own[1]).abs().max() > 1e-2
+
+
+def _lk_inputs(B=2, T=9, V=40, Vd=24, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    target = torch.randn(B, T, V, generator=g) * 2
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[torch.randperm(V, generator=g)[:Vd]] = True
+    logits = torch.randn(B, T, Vd, generator=g) * 2
+    return target, t2d, logits
+
+
+def test_target_distributions_match_specforge():
+    """Our target_dist's p (softmax over the draft vocab) and p x cover (the full-vocab
+    probabilities there, what alpha reads) equal SpecForge 0.2.0's target_p / target_p_on_draft."""
+    _specforge()
+    from specforge.algorithms.eagle3.model import _compute_target_p
+    from eagle3_runner.trainer.objective import target_dist
+    _, t2d, _ = _lk_inputs()
+    g = torch.Generator().manual_seed(4)
+    x, V = torch.randn(2, 9, 16, generator=g), t2d.numel()
+    head = {"norm": torch.rand(16, generator=g) + 0.5, "lm_head": torch.randn(V, 16, generator=g)}
+    ours = target_dist(x, head, t2d.nonzero().flatten(), t2d, 1e-6)
+    target = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * head["norm"]) \
+        @ head["lm_head"].T  # what SpecForge's TargetHead gets: the target's logits
+    B, T = x.shape[:2]
+    sf_p, sf_pd, sf_ids, _ = _compute_target_p(target, t2d, torch.ones(B, T, 1))
+    assert torch.allclose(ours.p, sf_p, atol=1e-5)
+    assert torch.allclose(ours.p * ours.cover[..., None], sf_pd, atol=1e-5)
+    assert torch.equal(ours.target_ids, sf_ids)
+
+
+@pytest.mark.parametrize("kind", ["alpha", "lambda"])
+def test_lk_losses_match_specforge(kind):
+    """stages.train.loss lk_alpha / lk_lambda against SpecForge 0.2.0's compute_lk_loss (with
+    lk_eta = its kl_decay, kl_scale 1), on one TTT step with every position trained: there its
+    denominators (B x T for the KL, the masked count for alpha) and ours (the trained count)
+    agree."""
+    _specforge()
+    from specforge.algorithms.eagle3.model import _compute_target_p
+    from specforge.core.lk_loss import compute_acceptance_rate, compute_lk_loss
+    from specforge.core.loss import _compute_loss
+    from eagle3_runner.trainer.objective import Loss, position_losses
+    target, t2d, logits = _lk_inputs()
+    B, T, _ = target.shape
+    mask = torch.ones(B, T, 1)
+    p, p_on_draft, _, _ = _compute_target_p(target, t2d, mask)
+    kl = _compute_loss(logits, p, mask)
+    acc, log_acc = compute_acceptance_rate(logits=logits, target_probs=p_on_draft,
+                                           position_mask=mask)
+    eta = 3.0
+    sf = compute_lk_loss(kl_loss=kl, acceptance_rate=acc, log_acceptance_rate=log_acc,
+                         lk_loss_type=kind, kl_scale=1.0, kl_decay=eta)
+    cover = p_on_draft.sum(-1) / p.sum(-1)
+    ours = position_losses(logits, p, cover, torch.ones(B, T, dtype=torch.bool),
+                           Loss("lk_" + kind, eta)).mean()
+    assert float(ours) == pytest.approx(float(sf), rel=1e-5)
+    kl_ours = position_losses(logits, p, cover, torch.ones(B, T, dtype=torch.bool)).mean()
+    assert abs(float(kl_ours) - float(sf)) > 1e-3  # the LK loss is not the KL: it can fail

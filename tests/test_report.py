@@ -91,13 +91,14 @@ def test_row_selection(tmp_path):
                    ("n16", 3, "old", 16), ("n16", 5, "old", 16)]
 
 
-def test_report_writes_four_pngs(tmp_path, capsys):
+def test_report_writes_five_pngs(tmp_path, capsys):
     spec = make_spec(tmp_path)
     fill(tmp_path / "r.duckdb")
     out = tmp_path / "reports"
     assert report_cli(spec, out) == 0
     printed = capsys.readouterr().out.split()
-    names = {f"rep_{n}.png" for n in ("tau_vs_samples", "accept_per_pos", "tok_s", "configs")}
+    names = {f"rep_{n}.png" for n in ("tau_vs_samples", "accept_per_pos", "tok_s", "configs",
+                                       "variants")}
     assert {Path(p).name for p in printed} == names
     for n in names:
         assert str(out / n) in printed
@@ -148,6 +149,7 @@ def test_missing_data_skips_a_plot(tmp_path, capsys):
     assert report_cli(spec, tmp_path / "out") == 0
     cap = capsys.readouterr()
     assert "skipped tau_vs_samples" in cap.err
+    assert "skipped variants: fewer than two variants" in cap.err
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "rep_accept_per_pos.png", "rep_configs.png", "rep_tok_s.png"]
 
@@ -180,7 +182,7 @@ def test_cli_report_command(tmp_path):
     r = subprocess.run([sys.executable, "-m", "runner", "report", str(tmp_path / "spec.yaml"),
                         "--out", str(tmp_path / "o")], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    assert len(r.stdout.split()) == 4
+    assert len(r.stdout.split()) == 5
 
 
 def test_import_needs_no_matplotlib_or_torch():
@@ -200,3 +202,29 @@ def test_out_in_the_way_is_a_clear_error(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith("error: --out") and "file is in the way" in err, err
     assert blocker.read_text() == "x"
+
+
+def test_variants_plot_of_a_recipe_sweep(tmp_path, monkeypatch):
+    """A sweep at fixed data (every variant trained on the same samples, so tau_vs_samples has
+    one x): one panel per prompt set x config, bars sorted by tau, each labelled with its
+    difference to base's tau."""
+    from eagle3_runner.runner import report
+    spec = make_spec(tmp_path)
+    store = Store(tmp_path / "r.duckdb")
+    store.emit("runs", dict(run_id="a", spec_name="rep", started_at="2025-01-01 10:00:00"))
+    taus = {"base": 1.62, "ep2": 1.70, "lk_lambda": 1.66, "v16k": 1.58, "specforge": 1.55}
+    store.emit("bench_summary", [summary_row("a", v, 4, 8000, t, 50.0) for v, t in taus.items()]
+               + [summary_row("a", v, 4, 8000, t + 0.2, 50.0, "humaneval")
+                  for v, t in taus.items()])
+    seen = []
+    orig = report._save
+    monkeypatch.setattr(report, "_save", lambda fig, path: seen.append(fig) or orig(fig, path))
+    assert report_cli(spec, tmp_path / "out") == 0
+    assert_png(tmp_path / "out" / "rep_variants.png")
+    fig = next(f for f in seen if "per variant" in f.get_suptitle())
+    axes = fig.get_axes()
+    assert [a.get_title() for a in axes] == ["mtbench", "humaneval"]
+    labels = [t.get_text() for t in axes[0].get_yticklabels()]
+    assert labels == sorted(taus, key=taus.get)  # highest tau on top
+    notes = [t.get_text() for t in axes[0].texts]
+    assert "1.700 (+0.080)" in notes and "1.620" in notes and "1.550 (-0.070)" in notes

@@ -267,7 +267,8 @@ def test_fc_norm_read_from_0514(tmp_path, legacy):
     assert errors(f) == ["E_FLAG_IGNORED"] and "0.5.6 never reads it" in msg(f, "E_FLAG_IGNORED")
     for v in ("0.5.14", "0.5.23"):
         f = inspect_draft(d, t, sglang_version=v)
-        assert errors(f) == [] and {"W_NOT_PORTABLE", "W_ENGINE_UNSUPPORTED"} <= set(codes(f))
+        assert errors(f) == [] and "W_NOT_PORTABLE" in codes(f)
+        assert "W_ENGINE_UNSUPPORTED" not in codes(f)  # the embedded engine runs fc_norm
     no_t = make_draft(tmp_path, TINY, name="nt", cfg_edit=lambda c: c.update(use_aux_norm=True))
     f = inspect_draft(no_t, t, sglang_version="0.5.14")
     assert errors(f) == ["E_KEY_MISSING"] and "fc_norm.0.weight" in msg(f, "E_KEY_MISSING")
@@ -547,7 +548,7 @@ def test_cli_reports_the_version_and_reads_installed_metadata(tmp_path):
 
 
 @pytest.mark.parametrize("edit", [
-    {"fc_norm": True}, {"norm_output": True}, {"norm_before_residual": True},
+    {"norm_before_residual": True},
     {"attention_bias": True}, {"bias": True}, {"num_hidden_layers": 2},
     {"num_aux_hidden_states": 4}, {"target_hidden_size": 32},
     {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5], "norm_before_fc": True}}])
@@ -560,6 +561,18 @@ def test_embedded_engine_refuses_unimplemented_forward(edit):
     with pytest.raises(UnsupportedDraftError, match=next(iter(edit)) if "eagle_config" not in edit
                        else "norm_before_fc"):
         DraftConfig.from_sglang({**cfg, **edit})
+
+
+@pytest.mark.parametrize("edit,fc_norm,norm_output", [
+    ({"fc_norm": True}, True, False), ({"use_aux_norm": True}, True, False),
+    ({"norm_output": True}, False, True), ({"fc_norm": False, "norm_output": False}, False, False)])
+def test_embedded_engine_runs_eagle31_flags(edit, fc_norm, norm_output):
+    """fc_norm (or the legacy use_aux_norm) and norm_output are SGLang 0.5.14's EAGLE 3.1 forward,
+    which models/draft_model.py implements: read, not refused."""
+    from draft_fixtures import sglang_config
+    from eagle3_runner.models.draft_model import DraftConfig
+    c = DraftConfig.from_sglang({**sglang_config(TINY), **edit})
+    assert (c.fc_norm, c.norm_output) == (fc_norm, norm_output)
 
 
 # --- the seed deployment: specs/drafter-v2.yaml and an export-like Kimi-K2.5 drafter ---------

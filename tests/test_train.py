@@ -133,8 +133,8 @@ def test_target_dist_matches_the_target_model(tmp_path):
     used = torch.tensor([1, 5, 9, 20, 50, 95])
     t2d = torch.zeros(96, dtype=torch.bool)
     t2d[used] = True
-    p, tid, inv = target_dist(s["last_hidden"][None], feats.head(), used, t2d,
-                              feats.target_config["rms_norm_eps"], chunk_elems=96 * 5)
+    p, tid, inv, _ = target_dist(s["last_hidden"][None], feats.head(), used, t2d,
+                                 feats.target_config["rms_norm_eps"], chunk_elems=96 * 5)
     assert torch.equal(tid, ref.argmax(-1))
     assert torch.allclose(p, torch.softmax(ref[..., used], -1), atol=1e-5)
     assert torch.equal(inv, t2d[tid])

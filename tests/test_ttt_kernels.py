@@ -1,5 +1,5 @@
 """kernels/ against their PyTorch references: the TTT attention (Triton flash kernel, flex
-attention) and the fused soft cross-entropy, outputs and gradients. On the CPU the Triton
+attention) and the fused soft cross-entropy (with and without the LK term), outputs and gradients. On the CPU the Triton
 kernels run through Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1), at tiny
 shapes; the `gpu` tests repeat them compiled on CUDA at real ones."""
 
@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from kernel_helpers import gpu_test as gpu  # noqa: E402
 
 from eagle3_runner.kernels import _triton  # noqa: E402
-from eagle3_runner.kernels.soft_ce import fused_soft_ce, soft_ce_rows  # noqa: E402
+from eagle3_runner.kernels.soft_ce import LK, fused_lk, fused_soft_ce, lk_rows, soft_ce_rows  # noqa: E402
 from eagle3_runner.kernels.ttt_attention import (Segments, dense_mask, ttt_attention,  # noqa: E402
                                    ttt_attention_flex)
 
@@ -145,6 +145,57 @@ def test_soft_ce_rows_kernel_matches_reference_and_detects_a_shifted_target():
     assert (ce_c - ce_a).abs().max() > 1e-2  # the comparison can fail
 
 
+def _lk_case(M=40, R=30, Vd=37, seed=0, **kw):
+    """_ce_case plus lse_all: the targets' full-vocab logsumexp (the draft vocab's plus 20 more
+    logits per row, so the draft vocab holds part of each target row's mass) and wa."""
+    h, W, zt, lse, tidx, w = _ce_case(M, R, Vd, seed=seed, **kw)
+    g = torch.Generator(zt.device).manual_seed(seed + 1)
+    rest = torch.randn(R, 20, generator=g, device=zt.device) * 3
+    lse_all = torch.logaddexp(lse, torch.logsumexp(rest, -1))
+    wa = torch.rand(M, generator=g, device=zt.device) * (w > 0)
+    return h, W, zt, lse, lse_all, tidx, w, wa
+
+
+def _naive_lk(h, W, zt, lse_all, tidx, w, wa, log):
+    """Plain autograd of sum_m w_m ce_m + wa_m la_m (alpha = sum min(true p, q))."""
+    _, ce, am = _naive_ce(h, W, zt, tidx, w)
+    q = torch.softmax((h @ W.T).float(), -1)
+    pa = torch.exp(zt[tidx].float() - lse_all[tidx, None])
+    alpha = torch.minimum(pa, q).sum(-1)
+    la = -alpha.clamp_min(1e-8).log() if log else 1 - alpha
+    return (w * ce + wa * la).sum(), ce, am, la
+
+
+@pytest.mark.parametrize("log", [True, False], ids=["lk_alpha", "tv"])
+@pytest.mark.parametrize("impl", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_fused_lk_matches_plain_autograd(impl, log):
+    h, W, zt, lse, lse_all, tidx, w, wa = _lk_case()
+    ref, ce_ref, am_ref, la_ref = _naive_lk(h, W, zt, lse_all, tidx, w, wa, log)
+    g_ref = torch.autograd.grad(2.5 * ref, [h, W])
+    loss, ce, am, la = fused_lk(h, W, zt, lse, tidx, w, LK(lse_all, wa, log), chunk_rows=16,
+                                impl=impl)
+    assert torch.allclose(loss, ref, rtol=1e-5) and torch.allclose(ce, ce_ref, atol=1e-5)
+    assert torch.allclose(la, la_ref, atol=1e-5) and torch.equal(am, am_ref)
+    for a, b in zip(g_ref, torch.autograd.grad(2.5 * loss, [h, W])):
+        assert torch.allclose(a, b, atol=1e-5)
+    # the true probabilities matter: the renormalised ones give another alpha
+    wrong = fused_lk(h, W, zt, lse, tidx, w, LK(lse, wa, log), chunk_rows=16, impl=impl)[3]
+    assert (wrong - la).abs().max() > 1e-2
+
+
+@needs_triton
+def test_lk_rows_kernel_matches_reference():
+    h, W, zt, lse, lse_all, tidx, w, wa = _lk_case(M=12)
+    z = (h @ W.T).detach()
+    from eagle3_runner.kernels.soft_ce_triton import lk_rows_triton
+    for log in (True, False):
+        za, zb = z.clone(), z.clone()
+        a = lk_rows(za, zt, lse, tidx, w, LK(lse_all, wa, log))
+        b = lk_rows_triton(zb, zt, lse, tidx, w, LK(lse_all, wa, log), eps=1e-8)
+        assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(a, b))
+        assert torch.allclose(za, zb, atol=1e-6)
+
+
 # ---------------------------------------------------------------------------------------------
 # on the GPU, compiled, at the SmolLM2 drafter's attention shape
 
@@ -171,6 +222,21 @@ def test_gpu_soft_ce_kernel_matches_reference():
     assert torch.allclose(out[0][0], out[1][0], rtol=1e-4)
     assert torch.allclose(out[0][1], out[1][1], atol=1e-3)
     assert (out[0][2] == out[1][2]).float().mean() > 0.999  # bf16 logits: rare near-ties
+    ga = torch.autograd.grad(out[0][0], [h, W])
+    gb = torch.autograd.grad(out[1][0], [h, W])
+    for a, b in zip(ga, gb):
+        assert torch.allclose(a, b, rtol=1e-2, atol=1e-4)
+
+
+@gpu
+@pytest.mark.parametrize("log", [True, False], ids=["lk_alpha", "tv"])
+def test_gpu_lk_kernel_matches_reference(log):
+    h, W, zt, lse, lse_all, tidx, w, wa = _lk_case(M=3000, R=2100, Vd=32000, Hd=576,
+                                                    device="cuda", dtype=torch.bfloat16)
+    out = [fused_lk(h, W, zt, lse, tidx, w, LK(lse_all, wa, log), torch.bfloat16, 1024, impl)
+           for impl in ("torch", "triton")]
+    assert torch.allclose(out[0][0], out[1][0], rtol=1e-4)
+    assert torch.allclose(out[0][3], out[1][3], atol=1e-3)
     ga = torch.autograd.grad(out[0][0], [h, W])
     gb = torch.autograd.grad(out[1][0], [h, W])
     for a, b in zip(ga, gb):

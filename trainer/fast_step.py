@@ -7,8 +7,9 @@ Same alignment and loss as the reference objective, trainer/objective.py `ttt_lo
 position i of a sample, step j, feeds token i+1+j and RoPE position i+j, predicts token i+2+j
 against the target's softmax over the draft vocab at position i+1+j, trained when token i+2+j is
 an assistant token and the target's full-vocab argmax is in the draft vocab; loss = sum_j
-decay^j * mean over trained positions. `fast_ttt_loss` equals `ttt_loss` on the same samples
-(tests/test_ttt.py).
+decay^j * mean over trained positions of the per-position loss (objective.py `Loss`: kl, or the
+LK losses through kernels/soft_ce.py `fused_lk`). `fast_ttt_loss` equals `ttt_loss` on the same
+samples (tests/test_ttt.py).
 
 Packed batch (`pack_samples`), R rows of T positions, E = T + K - 1 (step j reads columns
 j..j+T-1 of the extended tensors):
@@ -29,9 +30,10 @@ from typing import NamedTuple
 
 import torch
 
-from eagle3_runner.kernels.soft_ce import fused_soft_ce
+from eagle3_runner.kernels.soft_ce import LK, fused_lk, fused_soft_ce
 from eagle3_runner.kernels.ttt_attention import Segments, attend
 from eagle3_runner.target.capture import h2d, pin_for
+from eagle3_runner.trainer.objective import Loss
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,7 +117,9 @@ class TargetLogits(NamedTuple):
     extended tensors (row index r * E + c):
     logits [R*E, Vd] (the head's dtype: bf16 on CUDA) over the draft vocab, lse [R*E] float32
     (their logsumexp), draft_id [R*E] int64 = the target's FULL-vocab argmax as a draft id, or -1
-    when it is outside the draft vocab (such rows get no loss; accuracy counts them as misses).
+    when it is outside the draft vocab (such rows get no loss; accuracy counts them as misses),
+    lse_all [R*E] float32 the logsumexp of the FULL-vocab logits (exp(logits - lse_all) = the
+    target's true probabilities on the draft vocab, what the LK losses' alpha reads).
     Why logits in the head's dtype and not float32 probabilities (trainer/objective.py target_dist): on CUDA
     the head is bf16 and its GEMM output is already bf16-rounded, so storing it loses nothing;
     it is half of float32 p's bytes, one copy serves all K steps (rows are shared through
@@ -124,6 +128,7 @@ class TargetLogits(NamedTuple):
     logits: torch.Tensor
     lse: torch.Tensor
     draft_id: torch.Tensor
+    lse_all: torch.Tensor | None = None
 
 
 def split_head(head: dict, used: torch.Tensor) -> dict:
@@ -151,6 +156,7 @@ def target_logits(tgt_hidden: torch.Tensor, head: dict, eps: float,
     Wu, Wr, w = head["used"], head["rest"], head["norm"].float()
     out = torch.empty(R * E, Wu.shape[0], device=x.device, dtype=Wu.dtype)
     draft_id = torch.empty(R * E, device=x.device, dtype=torch.int64)
+    lse_rest = torch.full((R * E,), -float("inf"), device=x.device, dtype=torch.float32)
     rows = max(1, chunk_elems // (Wu.shape[0] + Wr.shape[0]))
     for a in range(0, R * E, rows):
         h = x[a:a + rows].float()
@@ -159,10 +165,13 @@ def target_logits(tgt_hidden: torch.Tensor, head: dict, eps: float,
         mu, au = zu.max(-1)
         inside = torch.ones_like(au, dtype=torch.bool)
         if Wr.shape[0]:
-            mr, ar = (h @ Wr.T).max(-1)
+            zr = h @ Wr.T
+            mr, ar = zr.max(-1)
             inside = (mu > mr) | ((mu == mr) & (head["used_ids"][au] < head["rest_ids"][ar]))
+            lse_rest[a:a + rows] = torch.logsumexp(zr.float(), dim=-1)
         draft_id[a:a + rows] = torch.where(inside, au, -1)
-    return TargetLogits(out, torch.logsumexp(out.float(), dim=-1), draft_id)
+    lse = torch.logsumexp(out.float(), dim=-1)
+    return TargetLogits(out, lse, draft_id, torch.logaddexp(lse, lse_rest))
 
 
 def prepare(samples: list[dict], K: int, head: dict, eps: float, device,
@@ -233,8 +242,11 @@ def fast_loss_counts(batch: dict, tgt: TargetLogits, K: int) -> torch.Tensor:
 
 
 def _out_norm(model, hidden, o):
+    """The layer after attention: (the next step's hidden, the normed output lm_head reads);
+    with norm_output they are the same tensor (Eagle3Draft.recycle)."""
     h = model.ttt_out(hidden, o)
-    return h, model.norm(h)
+    n = model.norm(h)
+    return (n if model.config.norm_output else h), n
 
 
 _COMPILED: dict = {}
@@ -283,11 +295,30 @@ def _gemm_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
 
 
+def _lk_weights(loss: Loss, la0: torch.Tensor | None, trained: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(c_ce [K], c_la [K], log) of an LK loss's per-position loss c_ce ce + c_la la at each
+    step (objective.py position_losses): lk_alpha (0, 1, la = -log alpha), lk_lambda (lambda_j,
+    1 - lambda_j, la = 1 - alpha), lambda_j = exp(-eta x the mean alpha of step j's trained
+    positions), alpha = 1 - la0 (la0 [K, R, T]: a first pass's 1 - alpha)."""
+    K, dev = trained.shape[0], trained.device
+    one, zero = torch.ones(K, device=dev), torch.zeros(K, device=dev)
+    if loss.name == "lk_alpha":
+        return zero, one, True
+    if loss.name != "lk_lambda":
+        raise ValueError(f"stages.train.loss = {loss.name!r}: expected kl, lk_lambda or lk_alpha")
+    mean = ((1 - la0) * trained).sum((1, 2)) / trained.sum((1, 2)).clamp_min(1)
+    lam = torch.exp(-loss.eta * mean).float()
+    return lam, 1 - lam, False
+
+
 def fast_ttt_loss(model, batch: dict, tgt: TargetLogits, K: int, decay: float,
-                  denom: torch.Tensor | None = None, impl: Impl = Impl()):
-    """trainer/objective.py `ttt_loss` on a packed batch (`prepare`): unroll K draft steps, weighted soft
-    CE against tgt. denom [K] int64: the per-step token counts to divide by (None = this batch's
-    own, fast_loss_counts; data parallel passes the counts summed over ranks).
+                  denom: torch.Tensor | None = None, impl: Impl = Impl(), loss: Loss = Loss()):
+    """trainer/objective.py `ttt_loss` on a packed batch (`prepare`): unroll K draft steps, the
+    weighted per-position `loss` against tgt (kl: the fused soft CE; LK: `fused_lk`, lk_lambda
+    with a first no-grad pass over the head for its lambdas: one more [rows, Vd] GEMM).
+    denom [K] int64: the per-step token counts to divide by (None = this batch's own,
+    fast_loss_counts; data parallel passes the counts summed over ranks).
     Returns (loss scalar, stats {loss [K], correct [K], count [K]}): float64 tensors ON THE
     DEVICE (no host sync here; the caller syncs once when it logs). correct/count: top-1 hits /
     positions whose predicted token is an assistant token, per step."""
@@ -297,11 +328,26 @@ def fast_ttt_loss(model, batch: dict, tgt: TargetLogits, K: int, decay: float,
     w = (trained * w_step[:, None, None]).float()  # [K, R, T]
     seg = Segments(batch["start"], batch["end"])
     hn = unroll(model, batch["aux"], ids, batch["pos"], seg, impl)  # [K, R, T, H]
-    loss, ce, amax = fused_soft_ce(hn.flatten(0, 2), model.lm_head.weight, tgt.logits, tgt.lse,
-                                   tidx.flatten(), w.flatten(), _gemm_dtype(hn), impl=impl.ce)
+    head = (hn.flatten(0, 2), model.lm_head.weight, tgt.logits, tgt.lse, tidx.flatten())
+    if loss.name == "kl":
+        total, ce, amax = fused_soft_ce(*head, w.flatten(), _gemm_dtype(hn), impl=impl.ce)
+        la = torch.zeros_like(ce)
+        c_ce, c_la = torch.ones(K, device=w.device), torch.zeros(K, device=w.device)
+    else:
+        la0 = None
+        if loss.name == "lk_lambda":  # lambda_j needs alpha of the whole step first
+            with torch.no_grad():
+                la0 = fused_lk(*head, w.flatten(), LK(tgt.lse_all, w.flatten(), False),
+                               _gemm_dtype(hn), impl=impl.ce)[3].view_as(w)
+        c_ce, c_la, log = _lk_weights(loss, la0, trained)
+        total, ce, amax, la = fused_lk(
+            *head, (w * c_ce[:, None, None]).flatten(),
+            LK(tgt.lse_all, (w * c_la[:, None, None]).flatten(), log), _gemm_dtype(hn),
+            impl=impl.ce)
     with torch.no_grad():
         ce, amax = ce.view_as(w), amax.view_as(tidx)
-        step_loss = (ce * trained).sum((1, 2)).double() / den
+        per_pos = c_ce[:, None, None] * ce + c_la[:, None, None] * la.view_as(w)
+        step_loss = (per_pos * trained).sum((1, 2)).double() / den
         correct = ((amax == tgt.draft_id[tidx]) & sup).sum((1, 2))
         st = torch.stack([step_loss, correct.double(), sup.sum((1, 2)).double()])
-    return loss, {"loss": st[0], "correct": st[1], "count": st[2]}
+    return total, {"loss": st[0], "correct": st[1], "count": st[2]}

@@ -54,7 +54,8 @@ from eagle3_runner.trainer import fast_step as F
 from eagle3_runner.trainer import vocab as V
 from eagle3_runner.models.draft_model import DraftConfig, Eagle3Draft
 from eagle3_runner.trainer.sources import Prefetch, batch_indices, open_source, split_samples
-from eagle3_runner.trainer.objective import TTTObjective, loss_counts, make_batch, target_dist, to_device, ttt_loss
+from eagle3_runner.trainer.objective import (Loss, TTTObjective, aux_noise, loss_counts, make_batch,
+                                             target_dist, to_device, ttt_loss)
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.files import atomic_path, atomic_write
 from eagle3_runner.runner.stage import StageContext
@@ -70,7 +71,8 @@ SYNC_EVERY = 32  # optimizer steps between host reads of the step results (modul
 @dataclass
 class Learner:
     """What one optimizer step uses: the drafter (and its DDP wrapper when data parallel), AdamW,
-    the TTT settings p (stages.train: ttt_steps, step_decay, grad_clip, batch_size), the target's
+    the TTT settings p (stages.train: ttt_steps, step_decay, grad_clip, batch_size, loss, lk_eta,
+    noise_std), the target's
     head and the draft vocab (used [Vd] target ids, t2d [V] bool) on `device`, the target's
     RMSNorm eps, and impl: the fast step's paths (trainer/fast_step.py Impl; head = its split_head)
     or None for the reference objective (trainer/objective.py; head = {norm [Ht], lm_head [V, Ht]})."""
@@ -90,7 +92,9 @@ class Learner:
 
     def objective(self) -> TTTObjective:
         """The drafter and its loss as one module (what DDP wraps)."""
-        loss = ttt_loss if self.impl is None else partial(F.fast_ttt_loss, impl=self.impl)
+        kind = Loss.of(self.p)
+        loss = (partial(ttt_loss, loss=kind) if self.impl is None else
+                partial(F.fast_ttt_loss, impl=self.impl, loss=kind))
         return TTTObjective(self.model, self.p.ttt_steps, self.p.step_decay, loss)
 
     def prepare(self, samples: list[dict]) -> tuple[dict, Any]:
@@ -124,8 +128,9 @@ class StepOut(NamedTuple):
 
 def train_step(learner: Learner, samples: list[dict], empty: bool = False,
                mark: Callable[[str], None] | None = None) -> StepOut:
-    """One optimizer step on `samples` (no LR-scheduler step): batch, target distribution, TTT
-    loss, backward, grad clipping (p.grad_clip), AdamW. No host sync on the fast path.
+    """One optimizer step on `samples` (no LR-scheduler step): batch, target distribution, the
+    aux noise (p.noise_std: training steps only, never `evaluate`), TTT loss, backward, grad
+    clipping (p.grad_clip), AdamW. No host sync on the fast path.
 
     Data parallel (learner.ddp set): `samples` = this rank's slice of the global batch. The
     per-step counts are summed over ranks first and the backward loss is scaled by the world
@@ -137,6 +142,8 @@ def train_step(learner: Learner, samples: list[dict], empty: bool = False,
     p = learner.p
     mark = mark or (lambda _name: None)
     batch, tgt = learner.prepare(samples)
+    if p.noise_std:
+        batch["aux"] = aux_noise(batch["aux"], p.noise_std)
     mark("prepare")
     if empty:
         batch["pmask"].zero_()

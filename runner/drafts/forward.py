@@ -22,9 +22,9 @@ cache key should not follow the version table). No torch, no numpy.
 
 from __future__ import annotations
 
-from eagle3_runner.runner.drafts.layout import (AUX_COUNT, EMBED, FC_NORM, FC_NORM_LEGACY, INPUT_NORM, MIDLAYER,
+from eagle3_runner.runner.drafts.layout import (AUX_COUNT, EMBED, FC_NORM_LEGACY, INPUT_NORM, MIDLAYER,
                                   MODEL_PREFIX, O_BIAS, config_aux_ids, expected_shapes,
-                                  layer_shapes)
+                                  fc_norm_shapes, layer_shapes)
 
 FORWARD_FLAGS = {
     "fc_norm": "an RMSNorm per aux chunk before fc",
@@ -82,7 +82,7 @@ def draft_params(row, cfg: dict) -> dict[str, list[int]]:
     if biased:
         p[O_BIAS] = [H]
     if (reads(row, "fc_norm") and (flag_on(cfg, "fc_norm") or flag_on(cfg, "use_aux_norm"))):
-        p.update({f"{FC_NORM}{i}.weight": [Ht] for i in range(n)})
+        p.update(fc_norm_shapes(cfg, n))
     if reads(row, "norm_before_fc") and flag_on(cfg, "norm_before_fc"):
         p[INPUT_NORM] = [n * Ht]
     N = cfg.get("num_hidden_layers") or 1
@@ -167,11 +167,16 @@ def config_flag_findings(row, cfg: dict) -> list[tuple]:
     return out
 
 
+ENGINE_FLAGS = ("fc_norm", "use_aux_norm", "norm_output")  # the flags models/draft_model.py runs
+
+
 def engine_unsupported(cfg: dict) -> list[str]:
-    """What the embedded engine (models/draft_model.py: one plain layer, no biases, the target's
-    embedding, fc over one state per eagle_config id) does not implement of this config, as
-    'field = value (what it does)' strings; empty when it runs the drafter as SGLang would."""
-    out = [f"{f} = true ({d})" for f, d in FORWARD_FLAGS.items() if flag_on(cfg, f)]
+    """What the embedded engine (models/draft_model.py: one layer, no biases, the target's
+    embedding, fc over one state per eagle_config id; fc_norm and norm_output as SGLang 0.5.14
+    runs them) does not implement of this config, as 'field = value (what it does)' strings;
+    empty when it runs the drafter as SGLang would."""
+    out = [f"{f} = true ({d})" for f, d in FORWARD_FLAGS.items()
+           if flag_on(cfg, f) and f not in ENGINE_FLAGS]
     out += [f"{f} = true (fc / o_proj biases)" for f in ("bias", "attention_bias") if cfg.get(f)]
     if cfg.get("num_hidden_layers", 1) != 1:
         out.append(f"num_hidden_layers = {cfg.get('num_hidden_layers')} (one layer only)")

@@ -95,6 +95,13 @@ FC_NORM = "fc_norm."  # fc_norm.{i}.weight [Ht], one RMSNorm per aux chunk (fc_n
 FC_NORM_LEGACY = {"aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1",
                   "aux_norm_high": "fc_norm.2"}  # renamed by 0.5.14+ load_weights
 INPUT_NORM = "input_norm.weight"  # [n_aux * Ht], one RMSNorm over the concat (norm_before_fc)
+
+
+def fc_norm_shapes(cfg: dict, n_aux: int) -> dict[str, list[int]]:
+    """fc_norm.{i}.weight -> [Ht] for i < n_aux: the per-aux RMSNorms of fc_norm (SGLang 0.5.14+
+    llama_eagle3.py builds one per aux state when config.json sets fc_norm or use_aux_norm)."""
+    Ht = cfg.get("target_hidden_size") or cfg["hidden_size"]
+    return {f"{FC_NORM}{i}.weight": [Ht] for i in range(n_aux)}
 EMBED = "embed_tokens.weight"  # [V, H]: used only when target_hidden_size != hidden_size
 O_BIAS = MIDLAYER + "self_attn.o_proj.bias"  # [H]: built when `bias` or `attention_bias`
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from eagle3_runner.runner.drafts.families import DEEPSEEK, FAMILY_NAMES, GPT_OSS, MINIMAX_M3_VL, STANDARD, \
     family_evidence
+from eagle3_runner.runner.drafts.forward import FORWARD_FLAGS
 from eagle3_runner.runner.drafts.layout import AUX_COUNT, to_hf_indices
 
 
@@ -204,6 +205,41 @@ def by_rows(rules: RuleSet | None, fn) -> list[tuple[str, str, str]]:
         elif sev == "error":
             out.append(("warning", "W_NOT_PORTABLE", f"right for {rs.label}, but: "
                         + make(versions_label(rows))))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# the drafter's forward options (spec fields drafter.<flag> = the config.json flags SGLang reads)
+
+SPEC_FLAGS = ("fc_norm", "norm_output")  # drafter.<flag>: exported as config.json <flag>: true
+
+
+def spec_version_problems(version: str | None, flags: dict[str, bool]) -> list[str]:
+    """Spec messages for drafter.sglang_version and the drafter's forward options: flags maps a
+    SPEC_FLAGS name to whether the spec turns it on. Each option that is on must be read by every
+    row `rules_for(version)` checks (version None: every row of the table, so 0.5.6, which reads
+    none of them, refuses them all). An unparsable or unsupported version is a problem too."""
+    out, label = [], "drafter.sglang_version"
+    try:
+        rs = rules_for(version)
+    except ValueError:
+        return [f"{label} = {version!r}: not an SGLang version; write one such as 0.5.14 "
+                f"(the table covers {versions_label(RULES)[len('SGLang '):]})."]
+    if not rs.supported:
+        out.append(f"{label} = {version!r}: {rs.note}")
+    for flag in SPEC_FLAGS:
+        ignoring = [r for r in rs.rows if flag not in r.reads_flags]
+        if not flags.get(flag) or not ignoring:
+            continue
+        readers = [r.read for r in RULES if flag in r.reads_flags]
+        why = (f"{label} = {version!r}" + (f"; {rs.note}" if rs.note else "")
+               if version is not None else
+               f"{label} is not set, so the spec must hold on every version the table covers")
+        out.append(
+            f"drafter.{flag} = true ({FORWARD_FLAGS[flag]}): {versions_label(ignoring)} never "
+            f"reads config.json {flag} (llama_eagle3.py) and would serve the drafter without "
+            f"what it was trained with ({why}). Set drafter.sglang_version to the version that "
+            f"serves it ({readers[0]} or newer reads {flag}), or {flag}: false.")
     return out
 
 

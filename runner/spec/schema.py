@@ -18,7 +18,7 @@ from pydantic import Field, StrictInt, model_validator
 from eagle3_runner.runner.chat import KNOWN as KNOWN_TEMPLATES
 from eagle3_runner.runner.drafts.families import FAMILIES
 from eagle3_runner.runner.drafts.layout import ALGORITHM, AUX_COUNT
-from eagle3_runner.runner.drafts.rules import default_aux_ids, spec_aux_problems
+from eagle3_runner.runner.drafts.rules import default_aux_ids, spec_aux_problems, spec_version_problems
 from eagle3_runner.runner.engines import choose_engine
 from eagle3_runner.runner.errors import EnvVarError
 from eagle3_runner.runner.files import expand_path, expand_vars
@@ -234,6 +234,20 @@ class Drafter(Strict):
     max_position_embeddings: Optional[int] = Field(None, ge=1, description="Default = target's; "
                                                    "must cover the serving context.")
     rms_norm_eps: Optional[float] = Field(None, gt=0, description="Default = target's.")
+    fc_norm: bool = Field(False, description=(
+        "EAGLE 3.1: one RMSNorm per aux hidden state before fc (tensors fc_norm.{i}.weight "
+        "[target hidden], config.json fc_norm: true). Read by SGLang 0.5.14 and later; 0.5.6 "
+        "drops it, so it needs drafter.sglang_version >= 0.5.14 (docs/training-options.md)."))
+    norm_output: bool = Field(False, description=(
+        "EAGLE 3.1: each draft step passes its final-normed output (what lm_head reads) to the "
+        "next step instead of the pre-norm one (config.json norm_output: true). Read by SGLang "
+        "0.5.14 and later; needs drafter.sglang_version >= 0.5.14 (docs/training-options.md)."))
+    sglang_version: Optional[str] = Field(None, description=(
+        "The SGLang version that serves the drafter (e.g. 0.5.14): the drafter's options are "
+        "checked against its rules (runner/drafts/rules.py) and export inspects for it. null = "
+        "the spec must hold on every version the table covers (0.5.6, 0.5.14, 0.5.23), so "
+        "fc_norm and norm_output are refused; export then inspects for the installed sglang "
+        "(else the newest)."))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -390,7 +404,7 @@ class Variant(Strict):
 # the spec's paths; relative ones resolve against the spec file's folder (runner/spec/load.py
 # resolve_spec_paths)
 PATH_FIELDS = ("work_dir", "results.path", "data.path", "target.path", "executor.log_dir",
-               "stages.bench.speed_profile")
+               "stages.bench.speed_profile", "stages.bench.drafter")
 
 
 class Spec(Strict):
@@ -495,6 +509,8 @@ class Spec(Strict):
         L, H, V = t.num_hidden_layers, t.hidden_size, t.vocab_size
         ids = d.aux_layer_ids
         problems += spec_aux_problems(ids, L, t.family or "standard")
+        problems += spec_version_problems(d.sglang_version, {"fc_norm": d.fc_norm,
+                                                             "norm_output": d.norm_output})
         if isinstance(t.device_map, dict):
             try:
                 layer_devices(t.device_map, L)

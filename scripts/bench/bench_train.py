@@ -112,7 +112,8 @@ def _learner(s: SimpleNamespace, impl):
     from eagle3_runner.trainer import fast_step as FT
     from eagle3_runner.trainer.recipe import Learner
     opt = torch.optim.AdamW(s.model.parameters(), lr=1e-4)
-    p = SimpleNamespace(ttt_steps=s.K, step_decay=DECAY, grad_clip=CLIP)
+    p = SimpleNamespace(ttt_steps=s.K, step_decay=DECAY, grad_clip=CLIP, loss="kl", lk_eta=3.0,
+                        noise_std=0.0)
     head = s.head if impl is None else FT.split_head(s.head, s.used)
     s.head = None  # the split holds the same bytes
     return Learner(s.model, opt, p, head, s.used, s.model.t2d, EPS, s.dev, impl=impl)
