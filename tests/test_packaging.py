@@ -107,3 +107,38 @@ def test_pyproject_lists_every_folder_as_a_subpackage():
     subs = {f"{PKG}." + ".".join(p.relative_to(ROOT).parts[:-1]) for f in FLOORS
             for p in (ROOT / f).rglob("*.py")}
     assert sorted(cfg["packages"]) == sorted({PKG} | subs)
+
+
+def _requirements() -> list[str]:
+    proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return proj["dependencies"] + [r for rs in proj["optional-dependencies"].values() for r in rs]
+
+
+def test_every_dependency_has_an_upper_bound():
+    """A fresh install gets only releases CI has run: every requirement of the project and its
+    extras stops at an upper bound (the 2026-12-04 break: transformers>=4.56 resolved to 5.25)."""
+    from packaging.requirements import Requirement
+    unbounded = [r for r in _requirements()
+                 if not any(s.operator in ("<", "<=", "==", "~=")
+                            for s in Requirement(r).specifier)]
+    assert unbounded == []
+
+
+def test_the_environment_is_the_one_ci_tested():
+    """scripts/env.sh installs with -c constraints.txt: every pinned package that is installed
+    has the pinned version (EAGLE3_UNPINNED=1 venvs resolve today's registry instead)."""
+    import os
+
+    from packaging.requirements import Requirement
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            r = Requirement(line)
+            pins[r.name.lower().replace("_", "-")] = str(r.specifier).removeprefix("==")
+    assert {"transformers", "pydantic", "duckdb", "accelerate", "safetensors",
+            "submitit"} <= set(pins)
+    if os.environ.get("EAGLE3_UNPINNED") == "1":
+        return
+    have = {d.metadata["Name"].lower().replace("_", "-"): d.version for d in md.distributions()}
+    off = {n: (have[n], v) for n, v in pins.items() if n in have and have[n] != v}
+    assert off == {}
