@@ -122,8 +122,16 @@ def cmd_apply(args) -> int:
     print_results(Path(plan.results), run_id=run_id)
     failed = [o for o in outcomes if o.status != "done"]
     for o in failed:
-        _err(f"error: stage {o.job.id} {o.status}: {o.error}  (log: {o.job.log_path})")
+        _err(outcome_line(o))
     return 1 if failed else 0
+
+
+def outcome_line(o) -> str:
+    """The error line of a stage that did not finish: its status, why, and its log when it has
+    one (a stage skipped after an upstream failure never ran, so it wrote none)."""
+    log = o.job.log_path and Path(o.job.log_path).is_file()
+    return (f"error: stage {o.job.id} {o.status}: {o.error}"
+            + (f"  (log: {o.job.log_path})" if log else ""))
 
 
 def cmd_status(args) -> int:

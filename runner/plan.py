@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from eagle3_runner.runner import disk, engines, placement
-from eagle3_runner.runner.errors import PlanError
+from eagle3_runner.runner.errors import PlanError, RunnerError, StoreError
 from eagle3_runner.runner.files import atomic_write, cache_dir, expand_path, sha256_file
 from eagle3_runner.runner.spec.load import variant_spec
 from eagle3_runner.runner.spec.schema import Spec
@@ -436,6 +436,11 @@ def _check_results_file(path: Path) -> None:
         raise PlanError(f"results.path: {path} exists and is not a DuckDB file"
                         f"{' (it is empty)' if not head else ''}; point "
                         "results.path at a DuckDB file or a new path (e.g. runs/results.duckdb).")
+    from eagle3_runner.runner.store import check_readable
+    try:
+        check_readable(path)
+    except StoreError as e:
+        raise PlanError(f"results.path: {e}") from None
 
 
 def _check_length(field: str, path: Path, declared: str) -> None:

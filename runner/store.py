@@ -107,6 +107,49 @@ def stage_row(*, run_id: str, variant: str, stage: str, cache_key: str, reason: 
     return row
 
 
+def _cannot_open(db: Path, e: Exception) -> str:
+    why = str(e).splitlines()[0].rstrip("!.")
+    return (f"cannot open results file {db}: {why}. Point results.path (or `runner query "
+            "--results`) at a DuckDB file or a new path.")
+
+
+def _damaged(db: Path, e: Exception | str) -> str:
+    """The error for a results file DuckDB opens but cannot read (its pages cut short)."""
+    return (f"results file {db} is damaged: {str(e).splitlines()[0].rstrip('.!')}. It was "
+            "probably cut short (a full disk, an interrupted copy). Restore it from a copy, or "
+            "move it away: the next `runner apply` starts a new file (rows not yet ingested "
+            f"wait in {db.name}.spool/).")
+
+
+def _check_size(con, db: Path) -> None:
+    """Raise StoreError when the file is shorter than the blocks DuckDB's own header counts
+    (`PRAGMA database_size`: total_blocks x block_size, after a 12 KiB file header): a cut file
+    opens fine and fails only when a query reaches a missing page."""
+    cur = con.execute("PRAGMA database_size")
+    info = dict(zip([d[0] for d in cur.description], cur.fetchone()))
+    need = int(info["total_blocks"]) * int(info["block_size"])
+    have = db.stat().st_size
+    if have < need:
+        raise StoreError(_damaged(db, f"{have:,} bytes, but its header counts "
+                                      f"{info['total_blocks']} blocks of {info['block_size']:,}"))
+
+
+def check_readable(db: Path) -> None:
+    """`runner plan`'s check of an existing results file: DuckDB opens it and it is whole
+    (`_check_size`). Raises StoreError. Takes the writer lock, as a query does."""
+    import duckdb
+    store = Store(db)
+    with store._lock():
+        try:
+            con = duckdb.connect(str(db), read_only=True)
+        except duckdb.Error as e:
+            raise StoreError(_cannot_open(db, e)) from None
+        try:
+            _check_size(con, db)
+        finally:
+            con.close()
+
+
 def _unwritable(db: Path, e: OSError) -> str:
     return (f"cannot write results next to {db}: {e.strerror or e} ({e.filename or db}). Set "
             "results.path (or `runner query --results`) to a file in a writable folder.")
@@ -182,12 +225,14 @@ class Store:
             try:
                 con = duckdb.connect(str(self.db_path))
             except duckdb.Error as e:
-                why = str(e).splitlines()[0].rstrip("!.")
-                raise StoreError(f"cannot open results file {self.db_path}: {why}. Point "
-                                 "results.path (or `runner query --results`) at a DuckDB file or a new path.")
+                raise StoreError(_cannot_open(self.db_path, e))
             try:
-                self._create(con)
-                done = {r[0] for r in con.execute("SELECT file FROM _ingested").fetchall()}
+                try:
+                    _check_size(con, self.db_path)
+                    self._create(con)
+                    done = {r[0] for r in con.execute("SELECT file FROM _ingested").fetchall()}
+                except duckdb.Error as e:  # a file cut short (full disk, interrupted copy)
+                    raise StoreError(_damaged(self.db_path, e)) from None
                 n = 0
                 for f in files:
                     if f.name in done:

@@ -268,12 +268,14 @@ def path_cases(base: dict, tmp: Path) -> list[Case]:
     (tmp / "listcfg").mkdir(exist_ok=True)
     (tmp / "listcfg" / "config.json").write_text("[1, 2]")
     (tmp / "emptydir").mkdir(exist_ok=True)
+    _truncated_duckdb(tmp / "cut.duckdb")
     for fld, tag, v in (
             ("work_dir", "under_a_file", str(tmp / "a_file" / "w")),
             ("results.path", "a_folder", str(tmp)),
             ("results.path", "not_duckdb", str(tmp / "not-duck.duckdb")),
             ("results.path", "empty_file", str(tmp / "empty.duckdb")),
             ("results.path", "under_a_file", str(tmp / "a_file" / "r.duckdb")),
+            ("results.path", "truncated_duckdb", str(tmp / "cut.duckdb")),
             ("data.path", "missing", str(tmp / "missing.jsonl")),
             ("target.path", "missing", str(tmp / "missing.gguf")),
             ("target.path", "random_bytes", str(tmp / "rnd.gguf")),
@@ -284,6 +286,18 @@ def path_cases(base: dict, tmp: Path) -> list[Case]:
             ("target.path", "unknown_suffix", str(tmp / "a_file"))):
         out.append(Case("paths", f"{fld}={tag}", "data", _set(base, fld, v), fld))
     return out
+
+
+def _truncated_duckdb(path: Path) -> None:
+    """A real results file cut to 300,000 bytes (its header whole, its last pages gone), as a
+    full disk or an interrupted copy leaves it."""
+    from eagle3_runner.runner.store import Store
+    whole = path.with_name(path.name + ".whole")
+    if not whole.exists():
+        store = Store(whole)
+        store.emit("runs", {"run_id": "r", "status": "done"})
+        store.ingest()
+    path.write_bytes(whole.read_bytes()[:300_000])
 
 
 YAML_CASES = {  # text -> what the error names (the file, or a field)

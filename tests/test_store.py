@@ -237,6 +237,23 @@ def test_results_path_not_a_duckdb_file(tmp_path):
         Store(junk / "r.duckdb").emit("metrics", {"name": "x"})
 
 
+def test_a_results_file_cut_short_is_named_damaged_by_query_status_and_plan(filled_db, tmp_path):
+    """A results file cut short (full disk, interrupted copy) opens in DuckDB and fails only when
+    a query reaches a missing page: query, results and status say it is damaged and what to do,
+    and the plan refuses it before any stage runs (tests/bad_inputs.py covers the plan)."""
+    raw = filled_db.read_bytes()
+    cut = tmp_path / "cut.duckdb"
+    cut.write_bytes(raw[:len(raw) // 2])
+    for args in (["query", "SELECT * FROM bench"], ["results"], ["status"]):
+        r = runner(*args, "--results", str(cut))
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert "is damaged" in r.stderr and "move it away" in r.stderr, r.stderr
+    from eagle3_runner.runner.store import check_readable
+    check_readable(filled_db)  # a whole file passes
+    with pytest.raises(StoreError, match="damaged"):
+        check_readable(cut)
+
+
 def test_ctrl_c_during_a_query_prints_interrupted(filled_db, monkeypatch, capsys):
     """DuckDB turns SIGINT during execute into RuntimeError('Query interrupted'), noticed when
     it next checks (for some plans only at the end): `runner query` must say 'interrupted' and
