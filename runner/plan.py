@@ -300,7 +300,7 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
             action, reason = "skip", ("not selected (--variant)" if vname not in picked and not only
                                       else "not selected (--only)")
         elif Path(partial).exists():
-            action, reason = "run", "incomplete: resuming partial output"
+            action, reason = "run", _incomplete(stage, Path(partial))
         else:
             state = _read_state(work, vname, stage)
             action = "run"
@@ -363,6 +363,15 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
     return Plan(spec.name, str(work), str(results), ex, tuple(planned),
                 tuple(dict.fromkeys(warnings)), disk.report(extracts, online, work),
                 placement.report(holds), tuple(chosen))
+
+
+def _incomplete(stage: str, partial: Path) -> str:
+    """The reason of a stage whose partial dir exists: it resumes, unless it resumes from a file
+    (the registry's resume_file: train's checkpoint) that is not there yet."""
+    f = stage_kind(stage).resume_file
+    if f is not None and not (partial / f).is_file():
+        return f"incomplete: no {f} yet, restarts from the beginning"
+    return "incomplete: resuming partial output"
 
 
 def _source(by_slot: dict, need: tuple[str, str]) -> PlannedStage:

@@ -106,6 +106,11 @@ class TrainStage(Strict):
     eval_every: int = Field(50, ge=1, description="Steps between evaluations (logged to DuckDB).")
     eval_samples: int = Field(8, ge=0, description="Held-out extracted samples for evaluation.")
     checkpoint_every: int = Field(100, ge=1, description="Steps between checkpoints.")
+    checkpoint_minutes: Optional[float] = Field(10.0, gt=0, description=(
+        "Minutes of training between checkpoints, as well as every checkpoint_every steps: an "
+        "interrupted run (Ctrl-C, a killed job) loses at most this much; null = steps only. "
+        "(Data parallel: checked at the host syncs, every 32 steps.) Not part of the cache key: "
+        "changing it keeps the partial run."))
     seed: int = Field(0, description="Initialisation and shuffling seed.")
     kernels: Literal["auto", "triton", "flex", "torch", "reference"] = Field("auto", description=(
         "The training step: auto = triton on CUDA, torch on CPU; triton = the fast step with "
@@ -254,6 +259,9 @@ class StageKind:
     files: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = ()
     data_parallel: bool = False  # runs executor.nproc_per_node ranks (one per GPU)
     checkpointable: bool = False  # a Slurm timeout/preemption requeues it; it resumes
+    # the file in its partial dir that a resumed run starts from (train: the checkpoint); the
+    # plan says when there is none yet, so "resuming" never hides a restart from step 0
+    resume_file: Optional[str] = None
     # (spec, {upstream stage: its artifact.json}) -> why the stage cannot run on those inputs,
     # or None; runner plan calls it when the upstream is complete, run_stage before the stage
     check: Optional[Callable[[Any, dict], Optional[str]]] = None
@@ -269,8 +277,9 @@ def _online(spec) -> bool:
 
 
 def _train_key(spec, d: dict) -> dict:
+    train = {k: v for k, v in d["stages"]["train"].items() if k != "checkpoint_minutes"}
     key = {"target": _target(d), "drafter": d["drafter"], "aux_layer_ids": spec.aux_ids,
-           "train": d["stages"]["train"]}
+           "train": train}
     return {**key, "data": _data(d)} if _online(spec) else key
 
 
@@ -320,7 +329,7 @@ REGISTRY: tuple[StageKind, ...] = (
     StageKind("train", TrainStage, "Train the drafter with TTT.",
               needs=lambda spec: ("regenerate",) if _online(spec) else ("extract",),
               key=_train_key, files=lambda spec: ("target", "data") if _online(spec) else (),
-              data_parallel=True, checkpointable=True, check=_train_check),
+              data_parallel=True, checkpointable=True, resume_file="ckpt.pt", check=_train_check),
     StageKind("export", ExportStage, "Write the SGLang draft directory.",
               needs=lambda spec: ("train", "extract"),
               key=lambda spec, d: {"drafter": d["drafter"], "export": d["stages"]["export"]}),

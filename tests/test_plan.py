@@ -254,6 +254,10 @@ def test_failed_stage_leaves_no_complete_artifact(tmp_path, fake_stages):
     assert Path(train.partial).exists() and not (Path(train.partial) / MANIFEST).exists()
     r = reasons(build_plan(make_spec(tmp_path)))
     assert r["extract"] == ("skip", "up to date")
+    # no checkpoint in the partial dir: the plan says the run restarts (not "resuming")
+    assert r["train"] == ("run", "incomplete: no ckpt.pt yet, restarts from the beginning")
+    (Path(train.partial) / "ckpt.pt").write_bytes(b"")
+    r = reasons(build_plan(make_spec(tmp_path)))
     assert r["train"] == ("run", "incomplete: resuming partial output")
     _, rows = Store(plan.results).query(
         f"SELECT stage, status, error FROM stages WHERE run_id = '{run_id}' ORDER BY started_at")

@@ -298,6 +298,27 @@ def test_resume_is_bit_exact(extract_dir, tmp_path):
     assert not torch.equal(sa["fc.weight"], sc["fc.weight"])
 
 
+def test_checkpoints_by_time_as_well_as_steps(extract_dir, tmp_path):
+    """stages.train.checkpoint_minutes: with checkpoint_every far away, a run killed after step 3
+    still left a checkpoint (here every step is past a tiny time limit), and the resumed run
+    ends with the uninterrupted run's weights. The limit is not part of the run's fingerprint:
+    another value keeps the checkpoint. With null, only steps count (nothing saved)."""
+    db = tmp_path / "r.duckdb"
+    spec = train_spec(max_steps=5, eval_every=50, checkpoint_every=1000, checkpoint_minutes=1e-9)
+    b = train_ctx(spec, extract_dir, tmp_path / "b", db)
+    assert train(b, stop_at=3) is None
+    assert torch.load(tmp_path / "b" / "ckpt.pt", weights_only=False)["step"] == 3
+    later = train_spec(max_steps=5, eval_every=50, checkpoint_every=1000, checkpoint_minutes=60)
+    train(train_ctx(later, extract_dir, tmp_path / "b", db))
+    train(train_ctx(later, extract_dir, tmp_path / "a", db))  # uninterrupted
+    sa, sb = (load_file(str(tmp_path / d / "draft.safetensors")) for d in "ab")
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    steps_only = train_spec(max_steps=5, eval_every=50, checkpoint_every=1000,
+                            checkpoint_minutes=None)
+    assert train(train_ctx(steps_only, extract_dir, tmp_path / "c", db), stop_at=3) is None
+    assert not (tmp_path / "c" / "ckpt.pt").exists()
+
+
 def test_refusals(extract_dir, tmp_path):
     db = tmp_path / "r.duckdb"
     with pytest.raises(StageError, match="aux layer ids"):  # features captured at [0, 1, 2]
