@@ -213,6 +213,7 @@ def field_cases(base: dict, cls: str = "schema") -> list[Case]:
             add("int", 12345)
             add("empty", "")
             add("blank", "  ")
+            add("nul", "x\0y")
         if "literal" in kinds:
             add("bogus_choice", "bogus-choice")
         if bool in kinds and not kinds & {int, float}:
@@ -256,7 +257,8 @@ def path_cases(base: dict, tmp: Path) -> list[Case]:
         for tag, v in (("unset_braced", "/x/${EAGLE3_BAD_UNSET}/y"),
                        ("unset_plain", "/x/$EAGLE3_BAD_UNSET"),
                        ("unclosed", "/x/${HOME"), ("not_a_name", "/x/${1x}"),
-                       ("empty", ""), ("long_part", str(tmp / ("p" * 300)))):
+                       ("empty", ""), ("long_part", str(tmp / ("p" * 300))),
+                       ("nul_byte", str(tmp / "a\0b"))):
             out.append(Case("paths", f"{fld}={tag}", "data", _set(base, fld, v), fld))
     (tmp / "a_file").write_text("x")
     (tmp / "not-duck.duckdb").write_text("hello, not a database\n" * 3)
@@ -318,6 +320,9 @@ YAML_CASES = {  # text -> what the error names (the file, or a field)
     "yes_for_a_number": (None, "stages.train.epochs"),  # filled from the base below
     "string_for_a_section": ("name: x\ntarget: /m\ndrafter: {draft_vocab_size: 1}\n", "target"),
     "missing_required": ("name: x\n", "target"),
+    "complex_key": ("name: x\n? [a, b]\n: c\n", "spec.yaml"),
+    "complex_key_flow": ("{? {a: 1} : 2}\n", "spec.yaml"),
+    "local_tag": ("name: !custom x\n", "spec.yaml"),
 }
 
 
@@ -333,6 +338,12 @@ def yaml_cases(base: dict) -> list[Case]:
         out.append(Case("yaml", tag, "yaml", raw, "spec.yaml"))
     out.append(Case("yaml", "bom", "yaml", ("\ufeff" + yaml.safe_dump(base)).encode(), "",
                     accept=lambda s: s.name == "bad"))
+    # the standard merge key: merged values, the mapping's own keys winning (YAML 1.1)
+    rest = {k: v for k, v in base.items() if k != "drafter"}
+    merged = yaml.safe_dump(rest) + ("drafter:\n  <<: {aux_layer_ids: [1, 14, 26], "
+                                     "draft_vocab_size: 4096}\n  draft_vocab_size: 2048\n")
+    out.append(Case("yaml", "merge_key", "yaml", merged, "", accept=lambda s: (
+        s.drafter.draft_vocab_size == 2048 and list(s.aux_ids) == [1, 14, 26])))
     return out
 
 

@@ -59,9 +59,14 @@ def _check_yaml_size(node, path: Path) -> None:
     size(node)
 
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 def _strict_loader():
     """yaml.SafeLoader that refuses duplicate mapping keys (PyYAML keeps the last one silently,
-    so a second `drafter:` block would quietly replace the first)."""
+    so a second `drafter:` block would quietly replace the first) and keys that are not scalars
+    (`? [a, b] : c`: a list or mapping as a key names no field). The standard merge key `<<`
+    works as YAML 1.1 defines it: the mapping's own keys override the merged ones."""
 
     class StrictSafeLoader(yaml.SafeLoader):
         pass
@@ -69,6 +74,13 @@ def _strict_loader():
     def mapping(loader, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == MERGE_TAG:  # merged by construct_mapping (flatten_mapping)
+                continue
+            if not isinstance(key_node, yaml.ScalarNode):
+                kind = "list" if isinstance(key_node, yaml.SequenceNode) else "mapping"
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a {kind} used as a mapping key; keys are field names",
+                    key_node.start_mark)
             key = loader.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
@@ -110,8 +122,9 @@ def read_yaml(path: Path) -> dict:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         what = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise SpecError([(str(path), f"not valid YAML for the safe loader (python tags are "
-                                     f"refused): {what}{where}")])
+        if "constructor for the tag" in what:  # !!python/..., !custom: no code runs, say so
+            what += " (only plain YAML values: tags other than the standard ones are refused)"
+        raise SpecError([(str(path), f"not valid YAML for the safe loader: {what}{where}")])
     if data is None:
         raise SpecError([(str(path), "the spec file is empty; start from specs/smollm2-sharegpt."
                                      "yaml (see docs/spec-reference.md)")])
