@@ -16,6 +16,8 @@ Reasons counted here (all count toward data.max_bad_fraction, see data/conversat
   stream ends early (the complete records before the cut are kept); one count.
 - "trailing_data": non-blank text after a JSON array's closing `]` (e.g. two arrays
   concatenated); one count.
+- "too_deep": a record nested deeper than Python's JSON parser goes (about 1,000 levels of
+  lists or objects; no conversation is); it is skipped like a malformed one.
 Bytes that are not UTF-8 are NOT replaced: they are decoded with `surrogateescape`, so they
 reach the record as lone surrogates (U+DC80..U+DCFF), and cleaning drops that record as
 "bad_encoding" (data/conversations.py), one count per record. A UTF-8 byte-order mark is dropped; a UTF-16
@@ -184,12 +186,12 @@ def parse_json_array(text: str, tally: _Tally) -> tuple[list[Any], dict]:
             obj, j = dec.raw_decode(text, i)
             records.append(obj)
             lines.append(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError) as e:
             j = _value_end(text, i)
             if j is None:
                 truncated = True
                 break
-            tally.add("malformed", f"{line}")
+            tally.add("too_deep" if isinstance(e, RecursionError) else "malformed", f"{line}")
         i = _skip_ws(text, j)
         if i < n and text[i] == ",":
             i += 1
@@ -213,6 +215,8 @@ def parse_jsonl(text: str, tally: _Tally, path: Path) -> tuple[list[Any], dict]:
         try:
             records.append(json.loads(line))
             where.append(k)
+        except RecursionError:
+            tally.add("too_deep", f"{k}")
         except json.JSONDecodeError as e:
             if k == last:
                 truncated = True

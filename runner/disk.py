@@ -37,9 +37,10 @@ def bytes_per_token(spec) -> int:
     return (len(spec.aux_ids) + 1) * spec.target.hidden_size * DTYPE_BYTES[dt] + 9
 
 
-def _records(head: bytes, whole: bool) -> list:
-    """The complete JSON records at the start of a JSON array or JSONL file (a record cut off by
-    the end of `head` is left out)."""
+def _records(head: bytes, whole: bool) -> tuple[list, int]:
+    """(the complete JSON records at the start of a JSON array or JSONL file, how many records
+    there were not valid JSON). A record cut off by the end of `head` is left out; a JSON array
+    stops at its first bad record (data/records.py reads past it)."""
     text = head.decode("utf-8", errors="ignore").removeprefix("\ufeff")
     dec, out = json.JSONDecoder(), []
     i = len(text) - len(text.lstrip())
@@ -50,16 +51,19 @@ def _records(head: bytes, whole: bool) -> list:
                 i += 1
             try:
                 rec, i = dec.raw_decode(text, i)
-            except json.JSONDecodeError:
-                return out
+            except (json.JSONDecodeError, RecursionError):  # the `]`, the cut, or a bad one
+                return out, int(whole and text[i:].strip() not in ("", "]"))
             out.append(rec)
     lines = text.split("\n")  # only \n ends a JSONL line (data/records.py)
+    bad = 0
     for ln in lines if whole else lines[:-1]:
+        if not ln.strip():
+            continue
         try:
             out.append(json.loads(ln))
-        except json.JSONDecodeError:
-            pass
-    return out
+        except (json.JSONDecodeError, RecursionError):
+            bad += 1
+    return out, bad
 
 
 def _tokens(rec, max_length: int, regen) -> int:
@@ -140,7 +144,7 @@ def estimate(spec) -> dict:
         head, size, whole, kind = read_head(path)
     except Exception as e:  # noqa: BLE001 - no estimate is not a planning error
         return {"error": f"cannot read the data ({e})", "bytes_per_token": bpt}
-    recs = _records(head, whole)
+    recs, bad = _records(head, whole)
     if not recs:
         return {"error": f"no complete record in the first {len(head):,} bytes of {path}",
                 "bytes_per_token": bpt}
@@ -151,8 +155,10 @@ def estimate(spec) -> dict:
     tokens = round(n * sum(per) / len(per))
     return {"tokens": tokens, "samples": n, "bytes_per_token": bpt, "bytes": tokens * bpt,
             "method": f"estimate: {len(recs):,} of {'' if whole else '~'}{n_file:,} records read"
-                      f"{'' if kind == 'plain' else ' (' + kind + ')'}, "
-                      f"{CHARS_PER_TOKEN:g} characters per token"}
+                      f"{'' if kind == 'plain' else ' (' + kind + ')'}"
+                      + (f", {bad:,} not readable as JSON (not counted; the stages count them against "
+                         "data.max_bad_fraction)" if bad else "")
+                      + f", {CHARS_PER_TOKEN:g} characters per token"}
 
 
 def train_share(spec, e: dict) -> dict:

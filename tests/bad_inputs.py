@@ -444,6 +444,10 @@ def _rec(i: int) -> dict:
                               {"from": "gpt", "value": f"answer {i}"}]}
 
 
+# valid JSON nested deeper than Python's parser goes (a RecursionError, not a JSONDecodeError)
+DEEP = '{"conversations": ' + "[" * 100_000 + "]" * 100_000 + "}"
+
+
 def data_cases() -> list[DataCase]:
     """Malformed records, truncated arrays, wrong encodings, wrong shapes."""
     good = [json.dumps(_rec(i)) for i in range(40)]
@@ -474,6 +478,8 @@ def data_cases() -> list[DataCase]:
         DataCase("json_object_root", json.dumps(_rec(0)).encode(), 1, 1),
         DataCase("utf16", jsonl(good[:5]).decode().encode("utf-16"), 5, 5),
         DataCase("binary", os.urandom(512), 1, 0),
+        DataCase("jsonl_too_deep_record", jsonl(good[:20] + [DEEP] + good[20:39]), 40, 39),
+        DataCase("array_too_deep_record", arr(good[:20] + [DEEP] + good[20:39]), 40, 39),
     ]
     return out
 
