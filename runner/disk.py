@@ -156,8 +156,8 @@ def estimate(spec) -> dict:
     return {"tokens": tokens, "samples": n, "bytes_per_token": bpt, "bytes": tokens * bpt,
             "method": f"estimate: {len(recs):,} of {'' if whole else '~'}{n_file:,} records read"
                       f"{'' if kind == 'plain' else ' (' + kind + ')'}"
-                      + (f", {bad:,} not readable as JSON (not counted; the stages count them against "
-                         "data.max_bad_fraction)" if bad else "")
+                      + (f", {bad:,} not readable as JSON (not counted; the stages count "
+                         "them against data.max_bad_fraction)" if bad else "")
                       + f", {CHARS_PER_TOKEN:g} characters per token"}
 
 

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from eagle3_runner.runner.errors import StageError
-from eagle3_runner.runner.job import (StageJob, StageOutcome, error_text, interrupted_text, run_stage,
-                                      stage_nproc)
+from eagle3_runner.runner.job import (StageJob, StageOutcome, error_text, interrupted_text,
+                                      run_stage, stage_nproc)
 from eagle3_runner.runner.spec.schema import Spec
 
 

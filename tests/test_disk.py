@@ -64,7 +64,8 @@ def test_estimate_says_how_many_records_were_not_json_and_survives_deep_nesting(
         f.write('{"messages": [oops\n' + '{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
     e = disk.estimate(_spec(tmp_path, tmp_path / "d.jsonl"))
     assert e["samples"] == 2
-    assert e["method"].startswith("estimate: 2 of 2 records read, 2 not readable as JSON (not counted")
+    assert e["method"].startswith("estimate: 2 of 2 records read, 2 not readable as JSON "
+                                  "(not counted")
     deep = tmp_path / "deep.json"
     deep.write_text("[" + '{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}]")
     assert "no complete record" in disk.estimate(_spec(tmp_path, deep))["error"]
