@@ -271,6 +271,9 @@ def path_cases(base: dict, tmp: Path) -> list[Case]:
     (tmp / "listcfg" / "config.json").write_text("[1, 2]")
     (tmp / "emptydir").mkdir(exist_ok=True)
     _truncated_duckdb(tmp / "cut.duckdb")
+    (tmp / "two_ggufs").mkdir(exist_ok=True)  # two real headers: which one is the target?
+    for q in ("Q4_1", "Q8_0"):
+        _tiny_gguf(tmp / "two_ggufs" / f"model.{q}.gguf")
     for fld, tag, v in (
             ("work_dir", "under_a_file", str(tmp / "a_file" / "w")),
             ("results.path", "a_folder", str(tmp)),
@@ -285,9 +288,24 @@ def path_cases(base: dict, tmp: Path) -> list[Case]:
             ("target.path", "bad_json_config", str(tmp / "badcfg")),
             ("target.path", "list_config", str(tmp / "listcfg")),
             ("target.path", "folder_without_config", str(tmp / "emptydir")),
-            ("target.path", "unknown_suffix", str(tmp / "a_file"))):
+            ("target.path", "unknown_suffix", str(tmp / "a_file")),
+            ("target.path", "two_ggufs_in_a_folder", str(tmp / "two_ggufs"))):
         out.append(Case("paths", f"{fld}={tag}", "data", _set(base, fld, v), fld))
     return out
+
+
+def _tiny_gguf(path: Path) -> None:
+    """A GGUF file holding only the header keys of a llama target shaped like SmolLM2-135M
+    (written with the `gguf` package's own writer; no tensors)."""
+    import gguf
+    w = gguf.GGUFWriter(str(path), "llama")
+    for k, v in (("block_count", 30), ("embedding_length", 576), ("vocab_size", 49152),
+                 ("feed_forward_length", 1536), ("attention.head_count", 9),
+                 ("attention.head_count_kv", 3), ("context_length", 8192)):
+        w.add_uint32(f"llama.{k}", v)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
 
 
 def _truncated_duckdb(path: Path) -> None:
