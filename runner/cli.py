@@ -66,7 +66,13 @@ def cmd_init(args) -> int:
 
 
 def cmd_validate(args) -> int:
+    from eagle3_runner.runner.plan import input_problems
     spec = _load(args)
+    errors, warnings = input_problems(spec)  # what this machine has: files, sglang, stages
+    if errors:
+        raise SpecError([(e.split(" ", 1)[0].rstrip(":"), e) for e in errors])
+    for w in warnings:
+        _err(f"warning: {w}")
     print(f"ok: {spec.name} (target L={spec.num_layers}, H={spec.target.hidden_size}, "
           f"aux ids {spec.aux_ids}, feature width {spec.feature_width}, draft vocab "
           f"{spec.drafter.draft_vocab_size})")
@@ -211,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="spec name (default: <target folder>-eagle3)")
     p.add_argument("--force", action="store_true", help="overwrite --out")
     p.add_argument("--json", action="store_true", help="the facts (and spec) as JSON")
-    add("validate", cmd_validate, "check a spec; exit 0 if valid, 1 with errors on stderr")
+    add("validate", cmd_validate, "check a spec and what it reads on this machine (target and "
+        "data files, the bench backend); exit 0 if it can run, 1 with errors on stderr")
     p = add("plan", cmd_plan, "show the stages that apply would run, with cache keys and reasons")
     p.add_argument("--json", action="store_true", help="machine-readable plan")
     _selection_args(p)

@@ -24,7 +24,7 @@ from pydantic import Field, create_model, model_validator
 from eagle3_runner.runner.drafts.rules import chain_draft_tokens, spec_draft_tokens_problem
 from eagle3_runner.runner.errors import PlanError
 from eagle3_runner.runner.spec.base import Strict
-from eagle3_runner.runner.spec.server import extra_args_problems, host_problem
+from eagle3_runner.runner.spec.server import extra_args_problems, host_problem, ports_problem
 
 # ----------------------------------------------------------------------------------------------
 # the stages' spec blocks
@@ -202,6 +202,8 @@ class SglangOptions(Strict):
         problems = extra_args_problems(self.extra_args)
         if (bad := host_problem(self.host)) is not None:
             problems.append(bad)
+        if (bad := ports_problem(self.port, self.parallel)) is not None:
+            problems.append(bad)
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -265,6 +267,13 @@ class StageKind:
     # (spec, {upstream stage: its artifact.json}) -> why the stage cannot run on those inputs,
     # or None; runner plan calls it when the upstream is complete, run_stage before the stage
     check: Optional[Callable[[Any, dict], Optional[str]]] = None
+    # spec -> the upstream stages without which it has nothing to work on (a bench without an
+    # export has no drafter to measure); validate and plan refuse a spec that lacks one
+    requires: Callable[[Any], tuple[str, ...]] = lambda spec: ()
+    # the name of a torch-free function of the stage's module, (spec) -> None or raises a
+    # RunnerError naming the fix, that validate and plan call: what this machine must have for
+    # the stage to start (bench: sglang importable by stages.bench.sglang.python)
+    preflight: Optional[str] = None
 
     @property
     def module(self) -> str:
@@ -331,10 +340,11 @@ REGISTRY: tuple[StageKind, ...] = (
               key=_train_key, files=lambda spec: ("target", "data") if _online(spec) else (),
               data_parallel=True, checkpointable=True, resume_file="ckpt.pt", check=_train_check),
     StageKind("export", ExportStage, "Write the SGLang draft directory.",
-              needs=lambda spec: ("train", "extract"),
+              needs=lambda spec: ("train", "extract"), requires=lambda spec: ("train",),
               key=lambda spec, d: {"drafter": d["drafter"], "export": d["stages"]["export"]}),
     StageKind("bench", BenchStage, "Measure accept length (tau) and tok/s.",
-              needs=lambda spec: ("export",),
+              needs=lambda spec: ("export",), requires=lambda spec: ("export",),
+              preflight="check_backend",
               key=lambda spec, d: {"target": {**_target(d), "device": d["target"]["device"]},
                                    "bench": d["stages"]["bench"],
                                    "data": {k: d["data"][k] for k in ("holdout", "seed")}},

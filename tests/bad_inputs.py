@@ -386,6 +386,24 @@ def override_cases(base: dict) -> list[Case]:
             for tag, item, what in OVERRIDES]
 
 
+def stage_cases(base: dict) -> list[Case]:
+    """Specs whose stages cannot run as written: a stage without the upstream it reads, ports
+    past 65535, a bench backend this machine does not have."""
+    stages = base["stages"]
+    no = lambda *names: _set(base, "stages", {k: v for k, v in stages.items()  # noqa: E731
+                                              if k not in names})
+    return [
+        Case("stages", "bench_without_export", "data", no("export"), "stages.bench"),
+        Case("stages", "export_without_train", "data", no("train", "bench"), "stages.export"),
+        Case("stages", "sglang_port_past_65535", "data", _set(_set(
+            base, "stages.bench.sglang.port", 65000), "stages.bench.sglang.parallel", 300),
+             "stages.bench.sglang.port"),
+        Case("stages", "sglang_not_importable", "data", _set(_set(
+            base, "stages.bench.backend", "sglang"), "stages.bench.sglang.python",
+            "/nonexistent/python3"), "stages.bench.backend"),
+    ]
+
+
 def spec_cases(tmp: Path) -> list[Case]:
     """Every spec case, for the base spec under `tmp` (files are created there)."""
     base = base_spec(tmp)
@@ -393,7 +411,7 @@ def spec_cases(tmp: Path) -> list[Case]:
     return (field_cases(base) + [c for c in field_cases(slurm, "schema-slurm")
                                  if c.field.startswith("executor.")]
             + name_cases(base) + path_cases(base, tmp) + yaml_cases(base)
-            + override_cases(base))
+            + override_cases(base) + stage_cases(base))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -451,3 +451,57 @@ def test_a_stage_is_one_registry_row(tmp_path, monkeypatch):
         for k in S.REGISTRY))
     plan = build_plan(make_spec(tmp_path))
     assert next(p for p in plan.stages if p.stage == "train").needs == ()
+
+
+def test_every_registry_preflight_is_a_function_of_its_stage_module():
+    from eagle3_runner.runner.stages import REGISTRY, stage_module
+    for k in REGISTRY:
+        if k.preflight is not None:
+            assert callable(getattr(stage_module(k.name), k.preflight, None)), k
+
+
+def test_bench_backend_sglang_without_sglang_is_refused_before_any_compute(tmp_path):
+    """backend sglang on a machine whose stages.bench.sglang.python cannot import sglang: plan
+    and validate refuse it on the local executor, naming the three fixes (it used to fail
+    after extract, train and export); on Slurm it is a warning (the plan cannot see a node)."""
+    from eagle3_runner.runner.errors import PlanError
+    from eagle3_runner.runner.plan import input_problems
+    bad = ["stages.bench.backend=sglang", "stages.bench.sglang.python=/nonexistent/python3"]
+    spec = make_spec(tmp_path, bad)
+    with pytest.raises(PlanError, match=r"sglang is not importable by '/nonexistent/python3'.*"
+                                        r"eagle3-runner\[sglang\].*stages.bench.sglang.python.*"
+                                        r"backend: embedded"):
+        build_plan(spec)
+    errors, warnings = input_problems(spec)
+    assert len(errors) == 1 and errors[0].startswith("stages.bench.backend = sglang") and not warnings
+    slurm = make_spec(tmp_path, bad + ["executor={kind: slurm, partition: gpu}"])
+    plan = build_plan(slurm)
+    assert any("sglang is not importable" in w and "compute nodes" in w for w in plan.warnings)
+    assert input_problems(slurm)[0] == []
+    assert input_problems(make_spec(tmp_path))[0] == []  # embedded: nothing to import
+
+
+def test_validate_sees_what_plan_sees(tmp_path):
+    """`runner validate` checks the files the stages read (a data file that does not exist) and
+    the stages a stage needs (a bench without an export: nothing to bench), as plan does."""
+    from eagle3_runner.runner.errors import PlanError
+    from eagle3_runner.runner.plan import input_problems
+    spec = make_spec(tmp_path, ["data.path=" + str(tmp_path / "missing.jsonl")])
+    errors, _ = input_problems(spec)
+    assert len(errors) == 1 and errors[0].startswith("data.path = ") and "does not exist" in errors[0]
+    r = subprocess.run([sys.executable, "-m", "eagle3_runner.runner", "validate",
+                        str(_write_spec(tmp_path, spec))], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.startswith("error: data.path = "), r.stderr
+    no_export = make_spec(tmp_path, ["stages.export=null"])
+    errors, _ = input_problems(no_export)
+    assert errors == [e for e in errors if e.startswith("stages.bench: set, but the spec has no "
+                                                        "stages.export")] and errors
+    with pytest.raises(PlanError, match="stages.bench: set, but the spec has no stages.export"):
+        build_plan(no_export)
+
+
+def _write_spec(tmp_path: Path, spec) -> Path:
+    import yaml
+    p = tmp_path / "spec.yaml"
+    p.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    return p
