@@ -210,6 +210,22 @@ def test_results_latest_summary_metrics(filled_db):
     assert r.returncode == 0 and "loss" in r.stdout and "mtbench" in r.stdout
 
 
+def test_the_bench_tables_of_apply_and_the_demo_use_bench_summary_names(filled_db):
+    """`runner apply`/`results` end with a bench table, and the demo queries the same rows: both
+    headers are bench_summary's own column names (no topk/ndt next to eagle_topk/num_draft_tokens
+    for the same rows)."""
+    from eagle3_runner.runner.results import BENCH_SUMMARY
+    names = {c.split()[0] for c in SCHEMA["bench_summary"].split(",")}
+    cols, rows = Store(filled_db).query(BENCH_SUMMARY.format(where=""))
+    assert rows and set(cols) <= names, set(cols) - names
+    demo = (ROOT / "scripts" / "demo.sh").read_text()
+    sql = demo[demo.index('runner query "') + len('runner query "'):].split('"')[0]
+    qcols, qrows = Store(filled_db).query(sql.replace("'smollm2-sharegpt'", "'s'"))
+    assert qrows and set(qcols) <= names, set(qcols) - names
+    assert {"num_steps", "eagle_topk", "num_draft_tokens", "tau", "break_even_tau"} <= \
+        set(cols) & set(qcols)
+
+
 @pytest.mark.parametrize("sql,why", [
     ("COPY metrics TO '{out}'", "COPY"), ("SELECT 1; COPY metrics TO '{out}'", "one statement"),
     ("EXPORT DATABASE '{tmp}/exp'", "EXPORT"), ("SELECT * FROM read_csv('{csv}')", "Permission"),
