@@ -115,10 +115,15 @@ def read_text(path: Path) -> tuple[str, str | None, bool]:
     elif raw.startswith(ZSTD_MAGIC):
         comp = "zstd"
         raw = _zstd_decompress(raw, path)
+    return _decode(raw, path), comp, cut
+
+
+def _decode(raw: bytes, path: Path) -> str:
+    """UTF-8 text, undecodable bytes kept as lone surrogates, BOM dropped; UTF-16 refused."""
     if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         raise StageError(f"data.path: {path} is UTF-16; the reader wants UTF-8. Convert it: "
                          f"iconv -f UTF-16 -t UTF-8 {path.name} > {path.stem}.utf8{path.suffix}")
-    return raw.removeprefix(codecs.BOM_UTF8).decode("utf-8", "surrogateescape"), comp, cut
+    return raw.removeprefix(codecs.BOM_UTF8).decode("utf-8", "surrogateescape")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -234,6 +239,35 @@ def read_records(path: Path) -> tuple[list[Any], dict]:
     single JSON object that is neither (pretty-printed) JSONL nor an array."""
     path = Path(path)
     text, comp, cut = read_text(path)
+    return _parse(path, text, comp, cut)
+
+
+def read_records_head(path: Path, max_bytes: int) -> tuple[list[Any], dict]:
+    """read_records over the first `max_bytes` of the file's text (decompressed, streamed: a
+    large file is not read whole): the records that end inside them, counted by the same rules;
+    the cut itself is not a truncated record. info["whole"] says whether the head was the whole
+    file. `runner init` surveys data this way. Raises as read_records."""
+    from eagle3_runner.runner.disk import read_head
+    path = Path(path)
+    if not path.is_file():
+        read_text(path)  # raises the StageError naming the file
+    try:
+        raw, _size, whole, kind = read_head(path, max_bytes)
+    except OSError as e:
+        raise StageError(f"data.path: {path}: cannot read ({e})")
+    text = _decode(raw, path)
+    if not whole:  # up to the last record that ends inside the head
+        text = text[:text.rfind("\n") + 1] if not text.lstrip().startswith("[") else text
+    records, info = _parse(path, text, None if kind == "plain" else kind, False)
+    if not whole and info["format"] == "json" and info["truncated"]:  # the cut, not the file
+        info["truncated"] = False
+        info["unusable"].pop("truncated", None)
+        info["examples"].pop("truncated", None)
+    return records, {**info, "whole": whole}
+
+
+def _parse(path: Path, text: str, comp: str | None, cut: bool) -> tuple[list[Any], dict]:
+    """Records of the text of `path` and the read info (read_records)."""
     tally = _Tally(path)
     i = _skip_ws(text, 0)
     if text.startswith("[", i):

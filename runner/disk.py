@@ -110,21 +110,21 @@ def _zstd_stream(f):
     return zstandard.ZstdDecompressor().stream_reader(f)
 
 
-def read_head(path: Path) -> tuple[bytes, int, bool, str]:
-    """(the first READ_BYTES of the file's text, decompressed; the text's size in bytes: exact,
-    or for a compressed file read in part gzip's size trailer (mod 2^32, placed by the head's
-    compression ratio) or, zstd, that ratio; whether the head is the whole text; "plain" /
-    "gzip" / "zstd")."""
+def read_head(path: Path, n: int = READ_BYTES) -> tuple[bytes, int, bool, str]:
+    """(the first n bytes (default READ_BYTES) of the file's text, decompressed; the text's size
+    in bytes: exact, or for a compressed file read in part gzip's size trailer (mod 2^32, placed
+    by the head's compression ratio) or, zstd, that ratio; whether the head is the whole text;
+    "plain" / "gzip" / "zstd")."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         magic = f.read(4)
         f.seek(0)
         if not magic.startswith((GZIP_MAGIC, ZSTD_MAGIC)):
-            head = f.read(READ_BYTES)
+            head = f.read(n)
             return head, size, len(head) >= size, "plain"
         kind = "gzip" if magic.startswith(GZIP_MAGIC) else "zstd"
         stream = gzip.GzipFile(fileobj=f) if kind == "gzip" else _zstd_stream(f)
-        head = stream.read(READ_BYTES)
+        head = stream.read(n)
         est = round(size * len(head) / max(f.tell(), 1))  # the head's ratio (read-ahead: rough)
         whole = not stream.read(1)
         if kind == "gzip" and not whole:  # ISIZE, the text size mod 2^32: the one nearest est

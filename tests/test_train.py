@@ -43,15 +43,21 @@ def test_vocab_top_k_sorted_ascending_ties_by_lower_id():
     assert st["coverage"] == pytest.approx(19 / 20)
 
 
-def test_vocab_pads_and_warns_naming_both_numbers():
-    """Handed case 8: 1,700 distinct supervised tokens, draft_vocab_size 32000."""
+def test_vocab_pads_and_warns_naming_both_numbers(capsys):
+    """Handed case 8: 1,700 distinct supervised tokens, draft_vocab_size 32000: one stderr line
+    naming both numbers and the value to set (no Python warning with its source line)."""
+    import warnings
     V_, Vd = 49152, 32000
     g = torch.Generator().manual_seed(0)
     seen = torch.randperm(V_, generator=g)[:1700]
     counts = torch.zeros(V_, dtype=torch.int64)
     counts[seen] = torch.randint(1, 100, (1700,), generator=g)
-    with pytest.warns(V.DraftVocabWarning, match=r"1700.*32000"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warnings.warn (a two-line message with source)
         used, st = V.select_vocab(counts, Vd)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "1700 distinct" in err[0] and "draft_vocab_size 32000" in err[0]
+    assert "drafter.draft_vocab_size: 1700" in err[0]
     assert used.numel() == Vd and st["padded"] == Vd - 1700 and st["distinct_tokens"] == 1700
     assert bool((used[1:] > used[:-1]).all())  # sorted, distinct
     assert set(seen.tolist()) <= set(used.tolist())  # every seen token kept
