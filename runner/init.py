@@ -51,6 +51,7 @@ from eagle3_runner.runner.drafts.rules import chain_draft_tokens, default_aux_id
 from eagle3_runner.runner.drafts.server import auto_speculative_params
 from eagle3_runner.runner.errors import InitError, TargetConfigError
 from eagle3_runner.runner.files import atomic_write, expand_path
+from eagle3_runner.runner.spec.base import MAX_NAME, NAME_PATTERN
 from eagle3_runner.runner.spec.geometry import draft_geometry
 from eagle3_runner.runner.target_config import chat_template_source, read_target_config
 
@@ -422,15 +423,26 @@ def _check(text: str) -> None:
 def init_cli(target: str, data: str | None, out: str | None, name: str | None,
              as_json: bool, force: bool) -> int:
     """`runner init`: write (or print) the spec; a summary goes to stderr. Returns 0."""
+    if name is not None and not re.fullmatch(NAME_PATTERN, name) or len(name or "") > MAX_NAME:
+        raise InitError(f"--name {name!r}: a spec name is letters, digits, _ . - (not starting "
+                        f"with '.'), at most {MAX_NAME} characters: it names folders and files. "
+                        f"E.g. --name {re.sub(r'[^A-Za-z0-9_.-]+', '-', name).strip('.-') or 'x'}")
+    o = expand_path(out) if out else None
+    if o is not None and o.is_dir():
+        raise InitError(f"--out {out}: is a folder; give the spec's file name, e.g. "
+                        f"{o / 'spec.yaml'}")
+    if o is not None and o.exists() and not force:
+        raise InitError(f"--out {out}: exists; pass --force to overwrite it, or choose "
+                        "another name.")
     text, facts = build(target, data, name)
     _check(text)
-    if out:
-        o = expand_path(out)
-        if o.exists() and not force:
-            raise InitError(f"--out {out}: exists; pass --force to overwrite it, or choose "
-                            "another name.")
-        o.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(o, text)
+    if o is not None:
+        try:
+            o.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(o, text)
+        except OSError as e:
+            raise InitError(f"--out {out}: cannot write it ({e.strerror or e}); choose a file "
+                            "in a folder you can write to.") from None
         facts["spec"] = str(o)
     if as_json:
         print(json.dumps({**facts, "spec_text": text if not out else None}, indent=1))

@@ -158,8 +158,8 @@ def file_identity(path: Path) -> str:
     items = []
     for q in sorted(p.rglob("*")):
         if q.is_file():
-            items.append((str(q.relative_to(p)), q.stat().st_size,
-                          q.read_text() if q.name == "config.json" else None))
+            items.append((str(q.relative_to(p)), q.stat().st_size,  # (a binary one: replaced)
+                          q.read_text(errors="replace") if q.name == "config.json" else None))
     return _h(items)
 
 
@@ -436,6 +436,9 @@ def stage_problems(spec: Spec, stage: str, manifests: dict | None = None,
                        f"({sid} reads it). Fix the path"
                        + (", or run `runner fetch all` for the demo assets." if f == "target"
                           else "."))
+        elif f == "data" and declared is not None and expand_path(declared).is_dir():
+            out.append(f"data.path = {declared!r}: a folder ({sid} reads one file); point it at "
+                       "the JSONL or JSON file of conversations (plain, .gz or .zst).")
     # (a module without it, a test's stand-in, has nothing to check; tests/test_plan.py holds
     # every registry preflight to a function of the real module)
     check = getattr(stage_module(stage), kind.preflight, None) if kind.preflight else None

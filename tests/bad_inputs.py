@@ -270,6 +270,8 @@ def path_cases(base: dict, tmp: Path) -> list[Case]:
     (tmp / "listcfg").mkdir(exist_ok=True)
     (tmp / "listcfg" / "config.json").write_text("[1, 2]")
     (tmp / "emptydir").mkdir(exist_ok=True)
+    (tmp / "binfolder").mkdir(exist_ok=True)  # a folder whose config.json is not text
+    (tmp / "binfolder" / "config.json").write_bytes(b"\xff\xfe\x00garbage")
     _truncated_duckdb(tmp / "cut.duckdb")
     (tmp / "two_ggufs").mkdir(exist_ok=True)  # two real headers: which one is the target?
     for q in ("Q4_1", "Q8_0"):
@@ -289,7 +291,9 @@ def path_cases(base: dict, tmp: Path) -> list[Case]:
             ("target.path", "list_config", str(tmp / "listcfg")),
             ("target.path", "folder_without_config", str(tmp / "emptydir")),
             ("target.path", "unknown_suffix", str(tmp / "a_file")),
-            ("target.path", "two_ggufs_in_a_folder", str(tmp / "two_ggufs"))):
+            ("target.path", "two_ggufs_in_a_folder", str(tmp / "two_ggufs")),
+            ("target.path", "binary_config", str(tmp / "binfolder")),
+            ("data.path", "a_folder", str(tmp / "binfolder"))):
         out.append(Case("paths", f"{fld}={tag}", "data", _set(base, fld, v), fld))
     return out
 

@@ -203,6 +203,20 @@ def test_init_refuses_unreadable_targets(tmp_path):
             build(str(tmp_path / "t"), str(tmp_path / name))
 
 
+def test_init_refuses_a_bad_name_or_out_before_any_work(tmp_path):
+    """--name with a space, --out a folder or in a place nobody can write: a clear error naming
+    the option (not 'a bug in runner init', not a traceback)."""
+    target = str(make_target(tmp_path / "q", "qwen3-8b"))
+    cases = ((["--name", "my model"], "--name 'my model': a spec name is letters"),
+             (["--out", str(tmp_path)], "is a folder; give the spec's file name"),
+             (["--out", "/proc/no/spec.yaml"], "cannot write it"))
+    for extra, want in cases:
+        r = subprocess.run([sys.executable, "-m", "eagle3_runner.runner", "init", "--target",
+                            target, *extra], cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 1 and r.stderr.startswith("error: ") and want in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and "bug in runner init" not in r.stderr
+
+
 def test_init_on_the_smollm2_gguf(smollm2_path):
     text, facts = build(str(smollm2_path))
     assert facts["chat_template"] == "chatml" and facts["aux_layer_ids"] == [1, 14, 26]

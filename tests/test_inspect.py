@@ -280,6 +280,14 @@ def test_truncated_file_and_missing_dir(tmp_path):
     assert errors(inspect_draft(tmp_path / "nope")) == ["E_NO_DRAFT_DIR"]
 
 
+def test_the_export_stage_folder_points_to_its_drafts(tmp_path):
+    """`runner inspect runs/x/export` (the stage's folder, not one artifact): the finding names
+    the subfolders that hold drafts."""
+    d = make_draft(tmp_path / "export", TINY, name="ab12cd34")
+    f = inspect_draft(tmp_path / "export")
+    assert errors(f) == ["E_NO_CONFIG"] and str(d) in msg(f, "E_NO_CONFIG")
+
+
 def test_gguf_target(tmp_path, smollm2_path):
     """TARGET as a GGUF file: only the header is read (SmolLM2: L=30, H=576, V=49152)."""
     g = dict(H=576, heads=9, kv=3, hd=64, I=1536, V=49152, Vd=1024, ids=[1, 14, 26], L=30, ctx=8192)
