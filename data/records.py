@@ -253,8 +253,8 @@ def read_records_head(path: Path, max_bytes: int) -> tuple[list[Any], dict]:
         read_text(path)  # raises the StageError naming the file
     try:
         raw, _size, whole, kind = read_head(path, max_bytes)
-    except OSError as e:
-        raise StageError(f"data.path: {path}: cannot read ({e})")
+    except (OSError, zlib.error) as e:
+        raise StageError(f"data.path: {path}: cannot read ({e}). Re-create the file.")
     text = _decode(raw, path)
     if not whole:  # up to the last record that ends inside the head
         text = text[:text.rfind("\n") + 1] if not text.lstrip().startswith("[") else text

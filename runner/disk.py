@@ -16,9 +16,9 @@ writes it into the spec's comments. No torch, no jobs/ (runner/ never imports th
 
 from __future__ import annotations
 
-import gzip
 import json
 import shutil
+import zlib
 from pathlib import Path
 
 from eagle3_runner.runner.files import GZIP_MAGIC, ZSTD_MAGIC, expand_path
@@ -123,15 +123,37 @@ def read_head(path: Path, n: int = READ_BYTES) -> tuple[bytes, int, bool, str]:
             head = f.read(n)
             return head, size, len(head) >= size, "plain"
         kind = "gzip" if magic.startswith(GZIP_MAGIC) else "zstd"
-        stream = gzip.GzipFile(fileobj=f) if kind == "gzip" else _zstd_stream(f)
-        head = stream.read(n)
+        head, whole = _gzip_head(f, n) if kind == "gzip" else _read_stream(_zstd_stream(f), n)
         est = round(size * len(head) / max(f.tell(), 1))  # the head's ratio (read-ahead: rough)
-        whole = not stream.read(1)
         if kind == "gzip" and not whole:  # ISIZE, the text size mod 2^32: the one nearest est
             f.seek(-4, 2)
             isize = int.from_bytes(f.read(4), "little")
             est = isize + max(0, round((est - isize) / 2**32)) * 2**32
     return head, len(head) if whole else est, whole, kind
+
+
+def _read_stream(stream, n: int) -> tuple[bytes, bool]:
+    """(up to n decompressed bytes of a zstd stream, whether it ended there)."""
+    head = stream.read(n)
+    return head, not stream.read(1)
+
+
+def _gzip_head(f, n: int) -> tuple[bytes, bool]:
+    """(up to n decompressed bytes of the gzip file `f`, whether the file ended there), member
+    after member (`gzip -c a b > ab.gz`). A file cut short ends where it was cut, with what
+    decompresses before the cut, as data/records.py reads it (it keeps the complete records
+    and counts the cut). Raises zlib.error for a corrupt stream."""
+    parts, got, d = [], 0, zlib.decompressobj(wbits=31)
+    while got <= n:
+        raw = f.read(1 << 16)
+        if not raw:
+            return b"".join(parts)[:n], True
+        while raw:
+            b = d.decompress(raw)
+            parts.append(b)
+            got += len(b)
+            raw, d = (d.unused_data, zlib.decompressobj(wbits=31)) if d.eof else (b"", d)
+    return b"".join(parts)[:n], False
 
 
 def estimate(spec) -> dict:

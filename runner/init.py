@@ -389,7 +389,7 @@ def _survey_lines(facts: dict) -> list[str]:
         out.append(f"init: warning: {100 * seen['bad_fraction']:.1f}% of the records are "
                    f"unusable, more than {MAX_BAD_RAISE:.0%}: the spec keeps data."
                    "max_bad_fraction 0.01 and the first apply will stop; fix the file")
-    elif seen["unusable_records"]:
+    elif facts["max_bad_fraction"] > DEFAULT_BAD:
         out.append(f"init: data.max_bad_fraction = {facts['max_bad_fraction']:g} so that the "
                    "spec runs on this file as it is; fix the file and lower it")
     if "distinct_supervised" in seen:

@@ -71,6 +71,21 @@ def test_estimate_says_how_many_records_were_not_json_and_survives_deep_nesting(
     assert "no complete record" in disk.estimate(_spec(tmp_path, deep))["error"]
 
 
+def test_a_gzip_file_cut_short_is_estimated_from_what_decompresses(tmp_path):
+    """A .gz cut mid-stream: the stages keep its complete records (data/records.py), so the
+    estimate (and runner init) reads them too instead of failing on the cut; two gzip members
+    concatenated read as one text."""
+    import gzip
+    _write(tmp_path / "d.jsonl", [80] * 400)
+    raw = gzip.compress((tmp_path / "d.jsonl").read_bytes())
+    (tmp_path / "cut.jsonl.gz").write_bytes(raw[:len(raw) // 2])
+    e = disk.estimate(_spec(tmp_path, tmp_path / "cut.jsonl.gz"))
+    assert "error" not in e and 0 < e["samples"] < 400, e
+    (tmp_path / "two.jsonl.gz").write_bytes(raw + raw)
+    head, size, whole, kind = disk.read_head(tmp_path / "two.jsonl.gz", 1 << 30)
+    assert whole and kind == "gzip" and head == (tmp_path / "d.jsonl").read_bytes() * 2
+
+
 def test_plan_says_when_extract_will_not_fit_and_suggests_online(tmp_path):
     """A sparse 4 TB data file (nothing written): the estimate exceeds the free space."""
     path = tmp_path / "big.jsonl"
