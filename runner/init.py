@@ -44,6 +44,7 @@ import sys
 from pathlib import Path
 
 from eagle3_runner.runner import disk
+from eagle3_runner.runner.placement import gpu_visible
 from eagle3_runner.runner.chat import KNOWN, template_family
 from eagle3_runner.runner.drafts.families import target_family
 from eagle3_runner.runner.drafts.layout import AUX_COUNT, to_hf_indices
@@ -115,7 +116,7 @@ def build(target: str, data: str | None = None, name: str | None = None) -> tupl
         raise InitError(f"--data {data}: {'is a folder' if dpath.is_dir() else 'does not exist'}"
                         "; point it at a JSONL or JSON file (plain, .gz or .zst).")
     max_length = min(2048, ctx or 2048)
-    gpu = _gpu_here()
+    gpu = gpu_visible()
     name = name or spec_name(tpath)
     data_block = {"source": "jsonl", "path": str(dpath)} if dpath else {"source": "sharegpt"}
     probe = _load({"name": name, "target": {"path": str(tpath), "num_hidden_layers": L,
@@ -364,14 +365,6 @@ def _backend_reason(backend: str, probe) -> str:
         return "real SGLang servers; embedded = our engine (Llama targets)"
     return ("needs SGLang (`pip install 'eagle3-runner[sglang]'`, or set stages.bench.sglang."
             "python): not importable here, so `runner plan` refuses it until it is")
-
-
-def _gpu_here() -> bool:
-    """Whether this machine shows an NVIDIA GPU (the driver's /proc entries; no torch)."""
-    try:
-        return any(Path("/proc/driver/nvidia/gpus").iterdir())
-    except OSError:
-        return False
 
 
 def _survey_lines(facts: dict) -> list[str]:

@@ -411,7 +411,8 @@ def stage_problems(spec: Spec, stage: str, manifests: dict | None = None,
     """What would make `stage` fail at once, checkable now, each a line naming its field and
     the fix: an upstream stage it requires that the spec lacks (registry `requires`), an input
     file (target.path, data.path, the fetched ShareGPT) that does not exist, the registry's
-    `preflight` (bench: sglang importable), and the registry's `check` of its upstream
+    `preflight` (bench: sglang importable), target.device: cuda on a machine without a GPU
+    (runner/placement.py device_problem), and the registry's `check` of its upstream
     artifacts when every one is complete (manifests: {stage: artifact.json or None}; None = not
     looked at, as in `runner validate`). sid names the stage in messages (stage@variant)."""
     out = []
@@ -439,6 +440,8 @@ def stage_problems(spec: Spec, stage: str, manifests: dict | None = None,
         elif f == "data" and declared is not None and expand_path(declared).is_dir():
             out.append(f"data.path = {declared!r}: a folder ({sid} reads one file); point it at "
                        "the JSONL or JSON file of conversations (plain, .gz or .zst).")
+    if (why := placement.device_problem(spec, stage, sid)) is not None:
+        out.append(why)
     # (a module without it, a test's stand-in, has nothing to check; tests/test_plan.py holds
     # every registry preflight to a function of the real module)
     check = getattr(stage_module(stage), kind.preflight, None) if kind.preflight else None

@@ -104,6 +104,9 @@ def test_validate_and_plan_do_not_import_torch(cmd, spec, tmp_path):
         f.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"},
                                               {"role": "assistant", "content": "Hello!"}]}) + "\n")
         args += ["-o", f"data.path={f}"]
+    from eagle3_runner.runner.placement import gpu_visible
+    if yaml.safe_load(spec.read_text())["target"].get("device") == "cuda" and not gpu_visible():
+        args += ["-o", "target.device=auto"]  # a GPU spec on this machine: refused, said so
     r = subprocess.run([sys.executable, "-c", NO_TORCH, *args], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert "HEAVY [] RC 0" in r.stderr, r.stderr

@@ -505,3 +505,25 @@ def _write_spec(tmp_path: Path, spec) -> Path:
     p = tmp_path / "spec.yaml"
     p.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
     return p
+
+
+def test_a_cuda_target_on_a_machine_without_a_gpu_is_said_before_any_compute(tmp_path,
+                                                                          monkeypatch):
+    """target.device: cuda (a GPU spec copied to a laptop): the stages that load the target
+    would fail after the earlier ones ran; plan refuses it locally (a warning on Slurm) when no
+    GPU shows (runner/placement.py gpu_visible: the driver's entries, no torch)."""
+    from eagle3_runner.runner import placement
+    from eagle3_runner.runner.errors import PlanError
+    from eagle3_runner.runner.plan import input_problems
+    monkeypatch.setattr(placement, "GPU_SIGNS", (str(tmp_path / "no-such-driver"),))
+    spec = make_spec(tmp_path, ["target.device=cuda"])
+    with pytest.raises(PlanError, match="target.device = 'cuda': this machine shows no GPU .* "
+                                        "extract would fail"):
+        build_plan(spec)
+    errors, _ = input_problems(spec)
+    assert [e.split(", so ")[1].split(" ")[0] for e in errors] == ["extract", "bench"]
+    assert not input_problems(make_spec(tmp_path))[0]  # device auto: the CPU here
+    (tmp_path / "gpus").mkdir()
+    (tmp_path / "gpus" / "0000:01:00.0").mkdir()
+    monkeypatch.setattr(placement, "GPU_SIGNS", (str(tmp_path / "gpus"),))
+    assert not input_problems(spec)[0]
