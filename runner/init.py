@@ -220,6 +220,7 @@ def build(target: str, data: str | None = None, name: str | None = None) -> tupl
         "    epochs: 1",
         "    batch_size: 4",
         "    lr: 1.0e-4",
+        *_eval_line(seen),
         "    features: online           # the target runs in the train stage (no stages.extract)"
         if online else "    features: offline          # online = the target runs in the train "
         "stage: no features on disk, no stages.extract",
@@ -335,6 +336,21 @@ def _data_comments(seen: dict | None) -> list[str]:
     part = "" if seen["whole"] else " (its first 64 MiB)"
     return [f"  # read{part}: {seen['records_seen']:,} records, {seen['clean']:,} conversations "
             f"kept; cleaned away (not counted as bad): {_counts(policy)}"]
+
+
+EVAL_SAMPLES = 8  # stages.train.eval_samples' default (runner/stages.py)
+
+
+def _eval_line(seen: dict | None) -> list[str]:
+    """stages.train.eval_samples for a small data set (fewer than 10 x the default's
+    conversations): a tenth of them, so that the eval does not take most of the training set;
+    nothing (the default) otherwise."""
+    n = seen["clean"] if seen else None
+    if n is None or n >= 10 * EVAL_SAMPLES:
+        return []
+    ev = max(1, n // 10) if n > 1 else 0
+    return [f"    eval_samples: {ev:<17}# held out of the {n} conversations for the eval loss "
+            f"(default {EVAL_SAMPLES}: most of this set)"]
 
 
 def family_of(cfg: dict) -> str:

@@ -104,6 +104,7 @@ def test_init_reads_the_data_it_is_given(tmp_path, capsys):
     text = out.read_text()
     raw = yaml.safe_load(text)
     assert raw["data"]["max_bad_fraction"] == 0.04 and "raised from 1%" in text
+    assert raw["stages"]["train"]["eval_samples"] == 3  # a tenth of 30, not the default 8
     from eagle3_runner.data.conversations import check_bad_fraction, conversations_from_file
     _, rep = conversations_from_file(data)  # the stages' own check passes on this spec
     check_bad_fraction(rep, raw["data"]["max_bad_fraction"])
