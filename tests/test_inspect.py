@@ -258,7 +258,8 @@ def test_overlapping_tensor_byte_ranges_are_not_clean(tmp_path):
     with pytest.raises(Exception, match="invalid offset"):  # the library's own verdict
         safe_open(str(d / "model.safetensors"), "np")
     f = run(d)
-    assert "E_SAFETENSORS" in errors(f) and "overlaps the tensor before it" in msg(f, "E_SAFETENSORS")
+    assert "E_SAFETENSORS" in errors(f)
+    assert "overlaps the tensor before it" in msg(f, "E_SAFETENSORS")
     d2 = make_draft(tmp_path, TINY, dense=True, name="trailing")
     with open(d2 / "model.safetensors", "ab") as fh:
         fh.write(bytes(8))

@@ -473,7 +473,8 @@ def test_bench_backend_sglang_without_sglang_is_refused_before_any_compute(tmp_p
                                         r"backend: embedded"):
         build_plan(spec)
     errors, warnings = input_problems(spec)
-    assert len(errors) == 1 and errors[0].startswith("stages.bench.backend = sglang") and not warnings
+    assert len(errors) == 1 and not warnings
+    assert errors[0].startswith("stages.bench.backend = sglang")
     slurm = make_spec(tmp_path, bad + ["executor={kind: slurm, partition: gpu}"])
     plan = build_plan(slurm)
     assert any("sglang is not importable" in w and "compute nodes" in w for w in plan.warnings)
@@ -488,7 +489,8 @@ def test_validate_sees_what_plan_sees(tmp_path):
     from eagle3_runner.runner.plan import input_problems
     spec = make_spec(tmp_path, ["data.path=" + str(tmp_path / "missing.jsonl")])
     errors, _ = input_problems(spec)
-    assert len(errors) == 1 and errors[0].startswith("data.path = ") and "does not exist" in errors[0]
+    assert len(errors) == 1 and errors[0].startswith("data.path = ")
+    assert "does not exist" in errors[0]
     r = subprocess.run([sys.executable, "-m", "eagle3_runner.runner", "validate",
                         str(_write_spec(tmp_path, spec))], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.startswith("error: data.path = "), r.stderr

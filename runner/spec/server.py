@@ -114,7 +114,7 @@ def ports_problem(port: int | None, parallel: int = 1) -> str | None:
     last = port + 2 * parallel - 1
     if last <= MAX_PORT:
         return None
-    return (f"{BENCH_FIELD}.port = {port}: {BENCH_FIELD}.parallel = {parallel} servers at once take "
-            f"ports {port}..{last} (HTTP and --nccl-port each), past {MAX_PORT}, the last TCP "
+    return (f"{BENCH_FIELD}.port = {port}: {BENCH_FIELD}.parallel = {parallel} servers at once "
+            f"take ports {port}..{last} (HTTP and --nccl-port each), past {MAX_PORT}, the last TCP "
             f"port. Set port to at most {MAX_PORT - 2 * parallel + 1}, lower parallel, or leave "
             "port out (free ports are picked per server).")
