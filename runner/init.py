@@ -23,9 +23,10 @@ What it decides, and from what:
   and init warns that the first apply will stop), so the spec runs as written.
 - the bench: backend sglang when `stages.bench.sglang.python` (python3) imports sglang here
   (jobs/bench.py check_backend, through the registry), else embedded for a Llama target (our
-  engine runs it) and sglang with a warning otherwise; num_prompts all 80 of MT-bench when this
-  machine shows an NVIDIA GPU, else 8 prompts of 64 tokens (a CPU decodes a 135M target at a
-  few tokens per second per configuration).
+  engine runs it: runner/engines.py llama_target) and sglang with a warning otherwise;
+  num_prompts all 80 of MT-bench when this machine shows a GPU (runner/placement.py
+  gpu_visible), else 8 prompts of 64 tokens (a CPU decodes a 135M target at a few tokens per
+  second per configuration).
 - chat template: which `target.chat_template` value its template source names
   (runner/chat.py `template_family`); the stages render the template and check it.
 - the offline feature size: runner/disk.py `estimate`, the one `runner plan` prints (the data
@@ -50,6 +51,7 @@ from eagle3_runner.runner.drafts.families import target_family
 from eagle3_runner.runner.drafts.layout import AUX_COUNT, to_hf_indices
 from eagle3_runner.runner.drafts.rules import chain_draft_tokens, default_aux_ids
 from eagle3_runner.runner.drafts.server import auto_speculative_params
+from eagle3_runner.runner.engines import llama_target
 from eagle3_runner.runner.errors import InitError, TargetConfigError
 from eagle3_runner.runner.files import atomic_write, expand_path
 from eagle3_runner.runner.spec.base import MAX_NAME, NAME_PATTERN
@@ -136,7 +138,8 @@ def build(target: str, data: str | None = None, name: str | None = None) -> tupl
     bad = seen["bad_fraction"] if seen else 0.0
     limit = DEFAULT_BAD if bad <= DEFAULT_BAD or bad > MAX_BAD_RAISE else \
         math.ceil(bad * 100) / 100
-    backend = "sglang" if _sglang_here(probe) or family_of(cfg) != "llama" else "embedded"
+    sglang_ok = _sglang_here(probe)
+    backend = "sglang" if sglang_ok or not llama_target(probe, cfg) else "embedded"
     free, _fs = disk.free_bytes(probe.resolved_work_dir())
     mean_len = max(256, max_length // 2)
     shard = max(1, min(256, SHARD_BYTES // (mean_len * est["bytes_per_token"])))
@@ -228,7 +231,7 @@ def build(target: str, data: str | None = None, name: str | None = None) -> tupl
     lines += [
         "  export: {}",
         "  bench:",
-        f"    backend: {backend:<18}# {_backend_reason(backend, probe)}",
+        f"    backend: {backend:<18}# {_backend_reason(backend, sglang_ok)}",
         "    prompt_sets: [mtbench]",
         "    num_prompts: null          # all 80 MT-bench prompts (this machine has a GPU)" if gpu
         else "    num_prompts: 8             # of MT-bench's 80: no GPU here (null = all; hours on "
@@ -353,12 +356,6 @@ def _eval_line(seen: dict | None) -> list[str]:
             f"(default {EVAL_SAMPLES}: most of this set)"]
 
 
-def family_of(cfg: dict) -> str:
-    """'llama' for a Llama target (the embedded engine runs it: models/llama.py), else its
-    model_type."""
-    return str(cfg.get("model_type") or "").lower()
-
-
 def _sglang_here(probe) -> bool:
     """Whether the bench's sglang backend can start here (`probe` benches with it): the check
     `runner plan` makes, jobs/bench.py check_backend, reached through the stage registry (it
@@ -372,12 +369,12 @@ def _sglang_here(probe) -> bool:
     return True
 
 
-def _backend_reason(backend: str, probe) -> str:
+def _backend_reason(backend: str, sglang_ok: bool) -> str:
     if backend == "embedded":
         return ("SGLang is not installed here: our engine benches this Llama target (chains "
                 "and trees); for real servers `pip install 'eagle3-runner[sglang]'` and set "
                 "backend: sglang")
-    if _sglang_here(probe):
+    if sglang_ok:
         return "real SGLang servers; embedded = our engine (Llama targets)"
     return ("needs SGLang (`pip install 'eagle3-runner[sglang]'`, or set stages.bench.sglang."
             "python): not importable here, so `runner plan` refuses it until it is")
