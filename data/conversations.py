@@ -31,8 +31,8 @@ Cleaning (counted in report["dropped"] / report["trimmed"], keyed by reason):
 - leading assistant/tool turns after the system turns are trimmed (split continuations);
   trailing non-assistant turns are trimmed.
 - dropped records, UNUSABLE (count toward data.max_bad_fraction: the file or the reader is
-  wrong): "malformed" (not JSON, or not the shape above), "truncated", "trailing_data" (from
-  data/records.py), "bad_encoding" (bytes that are not UTF-8 in a role or content),
+  wrong): "malformed" (not JSON, or not the shape above), "truncated", "trailing_data",
+  "too_deep" (from data/records.py), "bad_encoding" (bytes that are not UTF-8 in a role or content),
   "unknown_role" (report["unknown_roles"] counts the names).
 - dropped records, POLICY (do not count: the data is fine, the record just has nothing to train
   on): "empty", "no_assistant", "starts_with_assistant" (only an assistant continuation),
@@ -69,7 +69,7 @@ ROLE_MAP = {"human": "user", "user": "user",
             "system": "system", "developer": "system",
             "tool": "tool", "function": "tool", "observation": "tool", "ipython": "tool",
             "tool_response": "tool"}
-UNUSABLE = ("malformed", "truncated", "trailing_data", "bad_encoding", "unknown_role")
+UNUSABLE = ("malformed", "truncated", "trailing_data", "too_deep", "bad_encoding", "unknown_role")
 POLICY = ("empty", "no_assistant", "starts_with_assistant", "non_text_content", "duplicate")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # undecodable bytes (surrogateescape) or bad escapes
 _MERGEABLE = ("user", "assistant", "system")

@@ -16,6 +16,8 @@ Reasons counted here (all count toward data.max_bad_fraction, see data/conversat
   stream ends early (the complete records before the cut are kept); one count.
 - "trailing_data": non-blank text after a JSON array's closing `]` (e.g. two arrays
   concatenated); one count.
+- "too_deep": a record nested deeper than Python's JSON parser goes (about 1,000 levels of
+  lists or objects; no conversation is); it is skipped like a malformed one.
 Bytes that are not UTF-8 are NOT replaced: they are decoded with `surrogateescape`, so they
 reach the record as lone surrogates (U+DC80..U+DCFF), and cleaning drops that record as
 "bad_encoding" (data/conversations.py), one count per record. A UTF-8 byte-order mark is dropped; a UTF-16
@@ -113,10 +115,15 @@ def read_text(path: Path) -> tuple[str, str | None, bool]:
     elif raw.startswith(ZSTD_MAGIC):
         comp = "zstd"
         raw = _zstd_decompress(raw, path)
+    return _decode(raw, path), comp, cut
+
+
+def _decode(raw: bytes, path: Path) -> str:
+    """UTF-8 text, undecodable bytes kept as lone surrogates, BOM dropped; UTF-16 refused."""
     if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         raise StageError(f"data.path: {path} is UTF-16; the reader wants UTF-8. Convert it: "
                          f"iconv -f UTF-16 -t UTF-8 {path.name} > {path.stem}.utf8{path.suffix}")
-    return raw.removeprefix(codecs.BOM_UTF8).decode("utf-8", "surrogateescape"), comp, cut
+    return raw.removeprefix(codecs.BOM_UTF8).decode("utf-8", "surrogateescape")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -184,12 +191,12 @@ def parse_json_array(text: str, tally: _Tally) -> tuple[list[Any], dict]:
             obj, j = dec.raw_decode(text, i)
             records.append(obj)
             lines.append(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError) as e:
             j = _value_end(text, i)
             if j is None:
                 truncated = True
                 break
-            tally.add("malformed", f"{line}")
+            tally.add("too_deep" if isinstance(e, RecursionError) else "malformed", f"{line}")
         i = _skip_ws(text, j)
         if i < n and text[i] == ",":
             i += 1
@@ -213,6 +220,8 @@ def parse_jsonl(text: str, tally: _Tally, path: Path) -> tuple[list[Any], dict]:
         try:
             records.append(json.loads(line))
             where.append(k)
+        except RecursionError:
+            tally.add("too_deep", f"{k}")
         except json.JSONDecodeError as e:
             if k == last:
                 truncated = True
@@ -230,6 +239,35 @@ def read_records(path: Path) -> tuple[list[Any], dict]:
     single JSON object that is neither (pretty-printed) JSONL nor an array."""
     path = Path(path)
     text, comp, cut = read_text(path)
+    return _parse(path, text, comp, cut)
+
+
+def read_records_head(path: Path, max_bytes: int) -> tuple[list[Any], dict]:
+    """read_records over the first `max_bytes` of the file's text (decompressed, streamed: a
+    large file is not read whole): the records that end inside them, counted by the same rules;
+    the cut itself is not a truncated record. info["whole"] says whether the head was the whole
+    file. `runner init` surveys data this way. Raises as read_records."""
+    from eagle3_runner.runner.disk import read_head
+    path = Path(path)
+    if not path.is_file():
+        read_text(path)  # raises the StageError naming the file
+    try:
+        raw, _size, whole, kind = read_head(path, max_bytes)
+    except (OSError, zlib.error) as e:
+        raise StageError(f"data.path: {path}: cannot read ({e}). Re-create the file.")
+    text = _decode(raw, path)
+    if not whole:  # up to the last record that ends inside the head
+        text = text[:text.rfind("\n") + 1] if not text.lstrip().startswith("[") else text
+    records, info = _parse(path, text, None if kind == "plain" else kind, False)
+    if not whole and info["format"] == "json" and info["truncated"]:  # the cut, not the file
+        info["truncated"] = False
+        info["unusable"].pop("truncated", None)
+        info["examples"].pop("truncated", None)
+    return records, {**info, "whole": whole}
+
+
+def _parse(path: Path, text: str, comp: str | None, cut: bool) -> tuple[list[Any], dict]:
+    """Records of the text of `path` and the read info (read_records)."""
     tally = _Tally(path)
     i = _skip_ws(text, 0)
     if text.startswith("[", i):

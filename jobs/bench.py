@@ -59,7 +59,8 @@ def check_backend(spec) -> None:
         raise StageError(f"stages.bench.backend = {b.backend}: sglang is not importable by "
                          f"{b.sglang.python!r} ({why}). Install the optional extra: "
                          f"`{SGLANG_EXTRA}`, or set stages.bench.sglang.python to an "
-                         "interpreter that has it.")
+                         "interpreter that has it, or bench on the embedded engine "
+                         "(stages.bench.backend: embedded; Llama-family targets).")
 
 
 def summarize(cfg: dict, rows: list[dict], base: list[dict]) -> dict:

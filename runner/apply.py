@@ -86,6 +86,9 @@ def apply(spec: Spec, plan: Plan, quiet: bool = False) -> tuple[str, list[StageO
     try:
         outcomes = executor.run_jobs(jobs, on_event)
         status = "done" if all(o.status == "done" for o in outcomes) else "failed"
+    except KeyboardInterrupt:  # Ctrl-C: the run was cancelled, not broken
+        status = "cancelled"
+        raise
     finally:
         work = Path(plan.work_dir)
         for o in outcomes:

@@ -66,7 +66,13 @@ def cmd_init(args) -> int:
 
 
 def cmd_validate(args) -> int:
+    from eagle3_runner.runner.plan import input_problems
     spec = _load(args)
+    errors, warnings = input_problems(spec)  # what this machine has: files, sglang, stages
+    if errors:
+        raise SpecError([(e.split(" ", 1)[0].rstrip(":"), e) for e in errors])
+    for w in warnings:
+        _err(f"warning: {w}")
     print(f"ok: {spec.name} (target L={spec.num_layers}, H={spec.target.hidden_size}, "
           f"aux ids {spec.aux_ids}, feature width {spec.feature_width}, draft vocab "
           f"{spec.drafter.draft_vocab_size})")
@@ -122,8 +128,16 @@ def cmd_apply(args) -> int:
     print_results(Path(plan.results), run_id=run_id)
     failed = [o for o in outcomes if o.status != "done"]
     for o in failed:
-        _err(f"error: stage {o.job.id} {o.status}: {o.error}  (log: {o.job.log_path})")
+        _err(outcome_line(o))
     return 1 if failed else 0
+
+
+def outcome_line(o) -> str:
+    """The error line of a stage that did not finish: its status, why, and its log when it has
+    one (a stage skipped after an upstream failure never ran, so it wrote none)."""
+    log = o.job.log_path and Path(o.job.log_path).is_file()
+    return (f"error: stage {o.job.id} {o.status}: {o.error}"
+            + (f"  (log: {o.job.log_path})" if log else ""))
 
 
 def cmd_status(args) -> int:
@@ -203,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="spec name (default: <target folder>-eagle3)")
     p.add_argument("--force", action="store_true", help="overwrite --out")
     p.add_argument("--json", action="store_true", help="the facts (and spec) as JSON")
-    add("validate", cmd_validate, "check a spec; exit 0 if valid, 1 with errors on stderr")
+    add("validate", cmd_validate, "check a spec and what it reads on this machine (target and "
+        "data files, the bench backend); exit 0 if it can run, 1 with errors on stderr")
     p = add("plan", cmd_plan, "show the stages that apply would run, with cache keys and reasons")
     p.add_argument("--json", action="store_true", help="machine-readable plan")
     _selection_args(p)

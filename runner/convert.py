@@ -93,6 +93,14 @@ def _torch_dtype(src_cfg: dict, tensors: dict) -> tuple[str, str]:
                         "auto)")
 
 
+def _empty_dir(p: Path) -> bool:
+    """Whether `p` is a folder with nothing in it (a real one, not a link to one)."""
+    try:
+        return p.is_dir() and not p.is_symlink() and next(p.iterdir(), None) is None
+    except OSError:
+        return False
+
+
 def _clean_stale(dst: Path) -> list[str]:
     """Remove `.tmp-<dst.name>-<pid>` siblings left by converts that were killed (pid gone)."""
     notes = []
@@ -202,14 +210,17 @@ def convert_d2t(d2t: np.ndarray | None, dtype: str | None, t2d: np.ndarray | Non
 
 
 def convert(src, dst, target=None, sglang_version: str | None = None) -> list[str]:
-    """Convert SRC (speculators or layers.0 style) into an SGLang draft at DST (must not exist).
+    """Convert SRC (speculators or layers.0 style) into an SGLang draft at DST (must not exist, or
+    be an empty folder: people `mkdir` it first; the converted folder replaces it).
 
     target: HF folder / config.json / GGUF (checks vocab and widths) or None. sglang_version: the
     version the result is inspected for (None: as `runner inspect`). Returns notes on what
     changed. Raises ConvertError (nothing written at DST) when unsafe."""
     src, dst = Path(src), Path(dst)
-    if dst.exists():
-        raise ConvertError(f"{dst} exists; choose a new destination (convert never overwrites).")
+    if dst.exists() and not _empty_dir(dst):
+        what = "a file" if not dst.is_dir() else "a folder that is not empty"
+        raise ConvertError(f"{dst} exists and is {what}; choose a new (or empty) destination "
+                           "(convert never overwrites).")
     if dst.resolve().is_relative_to(src.resolve()):
         raise ConvertError(f"{dst} is inside the source {src}; choose a destination outside it.")
     scfg, why = read_small_json(src / "config.json")

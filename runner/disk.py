@@ -16,9 +16,9 @@ writes it into the spec's comments. No torch, no jobs/ (runner/ never imports th
 
 from __future__ import annotations
 
-import gzip
 import json
 import shutil
+import zlib
 from pathlib import Path
 
 from eagle3_runner.runner.files import GZIP_MAGIC, ZSTD_MAGIC, expand_path
@@ -37,9 +37,10 @@ def bytes_per_token(spec) -> int:
     return (len(spec.aux_ids) + 1) * spec.target.hidden_size * DTYPE_BYTES[dt] + 9
 
 
-def _records(head: bytes, whole: bool) -> list:
-    """The complete JSON records at the start of a JSON array or JSONL file (a record cut off by
-    the end of `head` is left out)."""
+def _records(head: bytes, whole: bool) -> tuple[list, int]:
+    """(the complete JSON records at the start of a JSON array or JSONL file, how many records
+    there were not valid JSON). A record cut off by the end of `head` is left out; a JSON array
+    stops at its first bad record (data/records.py reads past it)."""
     text = head.decode("utf-8", errors="ignore").removeprefix("\ufeff")
     dec, out = json.JSONDecoder(), []
     i = len(text) - len(text.lstrip())
@@ -50,16 +51,19 @@ def _records(head: bytes, whole: bool) -> list:
                 i += 1
             try:
                 rec, i = dec.raw_decode(text, i)
-            except json.JSONDecodeError:
-                return out
+            except (json.JSONDecodeError, RecursionError):  # the `]`, the cut, or a bad one
+                return out, int(whole and text[i:].strip() not in ("", "]"))
             out.append(rec)
     lines = text.split("\n")  # only \n ends a JSONL line (data/records.py)
+    bad = 0
     for ln in lines if whole else lines[:-1]:
+        if not ln.strip():
+            continue
         try:
             out.append(json.loads(ln))
-        except json.JSONDecodeError:
-            pass
-    return out
+        except (json.JSONDecodeError, RecursionError):
+            bad += 1
+    return out, bad
 
 
 def _tokens(rec, max_length: int, regen) -> int:
@@ -106,28 +110,50 @@ def _zstd_stream(f):
     return zstandard.ZstdDecompressor().stream_reader(f)
 
 
-def read_head(path: Path) -> tuple[bytes, int, bool, str]:
-    """(the first READ_BYTES of the file's text, decompressed; the text's size in bytes: exact,
-    or for a compressed file read in part gzip's size trailer (mod 2^32, placed by the head's
-    compression ratio) or, zstd, that ratio; whether the head is the whole text; "plain" /
-    "gzip" / "zstd")."""
+def read_head(path: Path, n: int = READ_BYTES) -> tuple[bytes, int, bool, str]:
+    """(the first n bytes (default READ_BYTES) of the file's text, decompressed; the text's size
+    in bytes: exact, or for a compressed file read in part gzip's size trailer (mod 2^32, placed
+    by the head's compression ratio) or, zstd, that ratio; whether the head is the whole text;
+    "plain" / "gzip" / "zstd")."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         magic = f.read(4)
         f.seek(0)
         if not magic.startswith((GZIP_MAGIC, ZSTD_MAGIC)):
-            head = f.read(READ_BYTES)
+            head = f.read(n)
             return head, size, len(head) >= size, "plain"
         kind = "gzip" if magic.startswith(GZIP_MAGIC) else "zstd"
-        stream = gzip.GzipFile(fileobj=f) if kind == "gzip" else _zstd_stream(f)
-        head = stream.read(READ_BYTES)
+        head, whole = _gzip_head(f, n) if kind == "gzip" else _read_stream(_zstd_stream(f), n)
         est = round(size * len(head) / max(f.tell(), 1))  # the head's ratio (read-ahead: rough)
-        whole = not stream.read(1)
         if kind == "gzip" and not whole:  # ISIZE, the text size mod 2^32: the one nearest est
             f.seek(-4, 2)
             isize = int.from_bytes(f.read(4), "little")
             est = isize + max(0, round((est - isize) / 2**32)) * 2**32
     return head, len(head) if whole else est, whole, kind
+
+
+def _read_stream(stream, n: int) -> tuple[bytes, bool]:
+    """(up to n decompressed bytes of a zstd stream, whether it ended there)."""
+    head = stream.read(n)
+    return head, not stream.read(1)
+
+
+def _gzip_head(f, n: int) -> tuple[bytes, bool]:
+    """(up to n decompressed bytes of the gzip file `f`, whether the file ended there), member
+    after member (`gzip -c a b > ab.gz`). A file cut short ends where it was cut, with what
+    decompresses before the cut, as data/records.py reads it (it keeps the complete records
+    and counts the cut). Raises zlib.error for a corrupt stream."""
+    parts, got, d = [], 0, zlib.decompressobj(wbits=31)
+    while got <= n:
+        raw = f.read(1 << 16)
+        if not raw:
+            return b"".join(parts)[:n], True
+        while raw:
+            b = d.decompress(raw)
+            parts.append(b)
+            got += len(b)
+            raw, d = (d.unused_data, zlib.decompressobj(wbits=31)) if d.eof else (b"", d)
+    return b"".join(parts)[:n], False
 
 
 def estimate(spec) -> dict:
@@ -140,7 +166,7 @@ def estimate(spec) -> dict:
         head, size, whole, kind = read_head(path)
     except Exception as e:  # noqa: BLE001 - no estimate is not a planning error
         return {"error": f"cannot read the data ({e})", "bytes_per_token": bpt}
-    recs = _records(head, whole)
+    recs, bad = _records(head, whole)
     if not recs:
         return {"error": f"no complete record in the first {len(head):,} bytes of {path}",
                 "bytes_per_token": bpt}
@@ -151,8 +177,10 @@ def estimate(spec) -> dict:
     tokens = round(n * sum(per) / len(per))
     return {"tokens": tokens, "samples": n, "bytes_per_token": bpt, "bytes": tokens * bpt,
             "method": f"estimate: {len(recs):,} of {'' if whole else '~'}{n_file:,} records read"
-                      f"{'' if kind == 'plain' else ' (' + kind + ')'}, "
-                      f"{CHARS_PER_TOKEN:g} characters per token"}
+                      f"{'' if kind == 'plain' else ' (' + kind + ')'}"
+                      + (f", {bad:,} not readable as JSON (not counted; the stages count "
+                         "them against data.max_bad_fraction)" if bad else "")
+                      + f", {CHARS_PER_TOKEN:g} characters per token"}
 
 
 def train_share(spec, e: dict) -> dict:

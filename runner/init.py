@@ -12,7 +12,21 @@ What it decides, and from what:
   100k and more (Llama 3 128k, Qwen 152k, DeepSeek/Kimi 129k-164k, GPT-OSS 201k); 16000 for
   mid-size ones (32k-100k: SmolLM 49k, Mistral 33k-131k below 100k) and for small targets
   (hidden < 1024, e.g. Qwen2.5-0.5B: the draft head is Vd x hidden, the drafter's largest matrix
-  and cost per draft step); the whole vocabulary when it is at most 16000.
+  and cost per draft step); the whole vocabulary when it is at most 16000. With --data, never
+  more than the distinct supervised (assistant) tokens the data holds: a larger head is padded
+  with ids no sample ever targets (trainer/vocab.py).
+- the data (--data): target/survey.py, run as a child process (it loads the target's tokenizer
+  with transformers; this module stays torch-free), reads the file with the stages' own reader
+  and cleaner and counts what they would drop, then tokenizes it with the target's chat
+  template and loss mask. Its unusable records (malformed, truncated, ...) are reported, and
+  data.max_bad_fraction is raised to cover them (up to MAX_BAD_RAISE; above, the spec keeps 1%
+  and init warns that the first apply will stop), so the spec runs as written.
+- the bench: backend sglang when `stages.bench.sglang.python` (python3) imports sglang here
+  (jobs/bench.py check_backend, through the registry), else embedded for a Llama target (our
+  engine runs it: runner/engines.py llama_target) and sglang with a warning otherwise;
+  num_prompts all 80 of MT-bench when this machine shows a GPU (runner/placement.py
+  gpu_visible), else 8 prompts of 64 tokens (a CPU decodes a 135M target at a few tokens per
+  second per configuration).
 - chat template: which `target.chat_template` value its template source names
   (runner/chat.py `template_family`); the stages render the template and check it.
 - the offline feature size: runner/disk.py `estimate`, the one `runner plan` prints (the data
@@ -25,23 +39,29 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import re
 import sys
 from pathlib import Path
 
 from eagle3_runner.runner import disk
+from eagle3_runner.runner.placement import gpu_visible
 from eagle3_runner.runner.chat import KNOWN, template_family
 from eagle3_runner.runner.drafts.families import target_family
 from eagle3_runner.runner.drafts.layout import AUX_COUNT, to_hf_indices
 from eagle3_runner.runner.drafts.rules import chain_draft_tokens, default_aux_ids
 from eagle3_runner.runner.drafts.server import auto_speculative_params
+from eagle3_runner.runner.engines import llama_target
 from eagle3_runner.runner.errors import InitError, TargetConfigError
 from eagle3_runner.runner.files import atomic_write, expand_path
+from eagle3_runner.runner.spec.base import MAX_NAME, NAME_PATTERN
 from eagle3_runner.runner.spec.geometry import draft_geometry
 from eagle3_runner.runner.target_config import chat_template_source, read_target_config
 
 LARGE_FEATURES = 200e9  # bytes of offline features above which the spec trains online
 SHARD_BYTES = 2**30  # aim for ~1 GiB shards (stages.extract.shard_samples)
+DEFAULT_BAD = 0.01  # data.max_bad_fraction's default (runner/spec/schema.py)
+MAX_BAD_RAISE = 0.10  # init raises max_bad_fraction to the data's own rate up to this
 
 def draft_vocab_size_for(vocab: int, hidden: int) -> int:
     """The draft vocab size `runner init` proposes (module docstring: the rule and why)."""
@@ -98,18 +118,28 @@ def build(target: str, data: str | None = None, name: str | None = None) -> tupl
         raise InitError(f"--data {data}: {'is a folder' if dpath.is_dir() else 'does not exist'}"
                         "; point it at a JSONL or JSON file (plain, .gz or .zst).")
     max_length = min(2048, ctx or 2048)
+    gpu = gpu_visible()
     name = name or spec_name(tpath)
     data_block = {"source": "jsonl", "path": str(dpath)} if dpath else {"source": "sharegpt"}
     probe = _load({"name": name, "target": {"path": str(tpath), "num_hidden_layers": L,
                                             "hidden_size": H, "vocab_size": V},
                    "drafter": {"aux_layer_ids": aux, "draft_vocab_size": vd},
                    "data": {**data_block, "max_length": max_length},
-                   "stages": {"extract": {}}}, check_target=False)
+                   "stages": {"extract": {}, "bench": {"backend": "sglang"}}},
+                  check_target=False)
     est = disk.estimate(probe)  # the plan's estimate (runner/disk.py)
     if dpath and ("error" in est or not est.get("samples")):
         raise InitError(f"--data {data}: " + (est.get("error") or "no usable conversation in "
                         "it") + "; point it at a JSONL or JSON file of conversations (docs/data.md"
                         " lists the formats), or leave --data out for ShareGPT.")
+    seen = _survey(tpath, dpath, data, tmpl or "auto", max_length) if dpath else None
+    if seen is not None and "distinct_supervised" in seen:
+        vd = max(1, min(vd, seen["distinct_supervised"]))
+    bad = seen["bad_fraction"] if seen else 0.0
+    limit = DEFAULT_BAD if bad <= DEFAULT_BAD or bad > MAX_BAD_RAISE else \
+        math.ceil(bad * 100) / 100
+    sglang_ok = _sglang_here(probe)
+    backend = "sglang" if sglang_ok or not llama_target(probe, cfg) else "embedded"
     free, _fs = disk.free_bytes(probe.resolved_work_dir())
     mean_len = max(256, max_length // 2)
     shard = max(1, min(256, SHARD_BYTES // (mean_len * est["bytes_per_token"])))
@@ -144,8 +174,7 @@ def build(target: str, data: str | None = None, name: str | None = None) -> tupl
         "  algorithm: EAGLE3          # exactly this string: 'EAGLE' disables aux capture",
         f"  aux_layer_ids: {aux}   # SGLang's default, {family} layer-id rule (L={L}) = HF "
         f"hidden_states {to_hf_indices(aux)}",
-        f"  draft_vocab_size: {vd}     # most frequent assistant tokens of {V:,}: 32000 for "
-        "V >= 100k, else 16000",
+        f"  draft_vocab_size: {vd}     # {_vocab_reason(V, H, vd, seen)}",
         f"  # geometry = the target's: hidden {H}, {geo['num_attention_heads']} heads, "
         f"{geo['num_key_value_heads']} KV heads, head_dim {geo['head_dim']}, "
         f"intermediate {geo['intermediate_size']}",
@@ -162,7 +191,8 @@ def build(target: str, data: str | None = None, name: str | None = None) -> tupl
         f"  max_length: {max_length}           # tokens per sample (longer ones are cut)",
         "  # max_samples: 10000        # conversations to train on (null = all)",
         "  holdout: 0                 # > 0: held out for the `sharegpt` bench prompt set",
-        "  max_bad_fraction: 0.01     # fail above 1% unusable records (docs/data.md)",
+        f"  max_bad_fraction: {limit:<9g}# {_bad_reason(seen, limit)}",
+        *_data_comments(seen),
         "stages:",
         "  # regenerate: {max_new_tokens: 1024}   # EAGLE-3's recipe: train on the target's own "
         "answers",
@@ -193,6 +223,7 @@ def build(target: str, data: str | None = None, name: str | None = None) -> tupl
         "    epochs: 1",
         "    batch_size: 4",
         "    lr: 1.0e-4",
+        *_eval_line(seen),
         "    features: online           # the target runs in the train stage (no stages.extract)"
         if online else "    features: offline          # online = the target runs in the train "
         "stage: no features on disk, no stages.extract",
@@ -200,9 +231,12 @@ def build(target: str, data: str | None = None, name: str | None = None) -> tupl
     lines += [
         "  export: {}",
         "  bench:",
-        "    backend: sglang            # real servers; embedded = our engine (Llama, chains)",
+        f"    backend: {backend:<18}# {_backend_reason(backend, sglang_ok)}",
         "    prompt_sets: [mtbench]",
-        "    max_new_tokens: [256]",
+        "    num_prompts: null          # all 80 MT-bench prompts (this machine has a GPU)" if gpu
+        else "    num_prompts: 8             # of MT-bench's 80: no GPU here (null = all; hours on "
+        "a CPU)",
+        f"    max_new_tokens: [{256 if gpu else 64}]",
         "    configs:",
         f"      - {{num_steps: {steps}, eagle_topk: {topk}, num_draft_tokens: {ndt}}}  # SGLang's "
         f"auto choice for {arch}",
@@ -222,8 +256,157 @@ def build(target: str, data: str | None = None, name: str | None = None) -> tupl
              "template_source": where if text else None,
              "bench": {"num_steps": steps, "eagle_topk": topk, "num_draft_tokens": ndt},
              "estimate": est,
-             "features": "online" if online else "offline", "data": str(dpath) if dpath else None}
+             "features": "online" if online else "offline", "data": str(dpath) if dpath else None,
+             "survey": seen, "max_bad_fraction": limit, "backend": backend}
     return "\n".join(x for x in lines if x) + "\n", facts
+
+
+def _survey(tpath: Path, dpath: Path, data: str, template: str, max_length: int) -> dict:
+    """target/survey.py's report of the data file (module docstring), run as a child process
+    (it imports transformers; this module stays torch-free). Raises InitError for data that
+    cannot be read or holds no usable conversation."""
+    import subprocess
+    r = subprocess.run([sys.executable, "-m", "eagle3_runner.target.survey", "--target",
+                        str(tpath), "--data", str(dpath), "--template", template,
+                        "--max-length", str(max_length)], capture_output=True, text=True)
+    try:
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        raise InitError(f"--data {data}: reading it failed ({tail}); please report this with "
+                        "the file's first lines.") from None
+    if "error" in out:
+        raise InitError(f"--data {data}: {out['error']}")
+    if not out.get("clean"):
+        raise InitError(f"--data {data}: no usable conversation in its {out['records_seen']} "
+                        f"records (dropped: {_counts(out['dropped'])}); records need user and "
+                        "assistant turns (docs/data.md lists the formats).")
+    return out
+
+
+def _counts(d: dict, examples: dict | None = None) -> str:
+    """'malformed 1 (first at chats.jsonl:16), empty 2' (largest first), or 'none'."""
+    ex = examples or {}
+    return ", ".join(f"{r} {n}" + (f" (first at {ex[r][0]})" if ex.get(r) else "")
+                     for r, n in sorted(d.items(), key=lambda kv: -kv[1])) or "none"
+
+
+def _where(seen: dict) -> str:
+    """'the 30 conversations' / 'the first 4,000 of 17,000 conversations' the survey tokenized
+    (of the file, or of its first 64 MiB)."""
+    n, all_ = seen["tokenized"], seen["all_tokenized"] and seen["whole"]
+    return (f"the {n:,} conversations" if all_ else f"the first {n:,} conversations") + \
+        ("" if seen["whole"] else " of the file's first 64 MiB")
+
+
+def _vocab_reason(V: int, H: int, vd: int, seen: dict | None) -> str:
+    """The comment on draft_vocab_size (module docstring: the rule)."""
+    rule = draft_vocab_size_for(V, H)
+    why = f"{'32000 for V >= 100k' if rule == 32000 else '16000 for V < 100k or H < 1024'}"
+    if seen is None:
+        return f"most frequent assistant tokens of {V:,}: {why}"
+    if "distinct_supervised" not in seen:
+        return (f"most frequent assistant tokens of {V:,}: {why} (the data's tokens not counted: "
+                f"{seen['tokenizer_error'][:80]})")
+    d = seen["distinct_supervised"]
+    if vd < rule:
+        return (f"= the {d:,} distinct assistant tokens in {_where(seen)} (of {V:,}); a larger "
+                f"head would be padded with ids no sample targets. More data: raise it (up to "
+                f"{rule})")
+    return f"most frequent of the {d:,} distinct assistant tokens in {_where(seen)}: {why}"
+
+
+def _bad_reason(seen: dict | None, limit: float) -> str:
+    """The comment on data.max_bad_fraction."""
+    if not seen or not seen["unusable_records"]:
+        return f"fail above {limit:.0%} unusable records (docs/data.md)" + (
+            f"; none in {seen['records_seen']:,} records read" if seen else "")
+    n, of, pct = seen["unusable_records"], seen["records_seen"], 100 * seen["bad_fraction"]
+    what = _counts(seen["unusable"], seen["examples"])
+    if limit > DEFAULT_BAD:
+        return (f"raised from 1%: {n} of {of:,} records ({pct:.2f}%) are unusable: {what}; "
+                "fix the file and lower it")
+    return (f"{n} of {of:,} records ({pct:.2f}%) are unusable: {what}" +
+            ("; the first apply stops there: fix the file" if seen["bad_fraction"] > limit
+             else ""))
+
+
+def _data_comments(seen: dict | None) -> list[str]:
+    """The data block's comment lines on what the survey read and cleaned away."""
+    if not seen:
+        return []
+    policy = {r: n for r, n in seen["dropped"].items() if r not in seen["unusable"]}
+    part = "" if seen["whole"] else " (its first 64 MiB)"
+    return [f"  # read{part}: {seen['records_seen']:,} records, {seen['clean']:,} conversations "
+            f"kept; cleaned away (not counted as bad): {_counts(policy)}"]
+
+
+EVAL_SAMPLES = 8  # stages.train.eval_samples' default (runner/stages.py)
+
+
+def _eval_line(seen: dict | None) -> list[str]:
+    """stages.train.eval_samples for a small data set (fewer than 10 x the default's
+    conversations): a tenth of them, so that the eval does not take most of the training set;
+    nothing (the default) otherwise."""
+    n = seen["clean"] if seen else None
+    if n is None or n >= 10 * EVAL_SAMPLES:
+        return []
+    ev = max(1, n // 10) if n > 1 else 0
+    return [f"    eval_samples: {ev:<17}# held out of the {n} conversations for the eval loss "
+            f"(default {EVAL_SAMPLES}: most of this set)"]
+
+
+def _sglang_here(probe) -> bool:
+    """Whether the bench's sglang backend can start here (`probe` benches with it): the check
+    `runner plan` makes, jobs/bench.py check_backend, reached through the stage registry (it
+    imports no torch)."""
+    from eagle3_runner.runner.errors import RunnerError
+    from eagle3_runner.runner.stages import stage_module
+    try:
+        stage_module("bench").check_backend(probe)
+    except RunnerError:
+        return False
+    return True
+
+
+def _backend_reason(backend: str, sglang_ok: bool) -> str:
+    if backend == "embedded":
+        return ("SGLang is not installed here: our engine benches this Llama target (chains "
+                "and trees); for real servers `pip install 'eagle3-runner[sglang]'` and set "
+                "backend: sglang")
+    if sglang_ok:
+        return "real SGLang servers; embedded = our engine (Llama targets)"
+    return ("needs SGLang (`pip install 'eagle3-runner[sglang]'`, or set stages.bench.sglang."
+            "python): not importable here, so `runner plan` refuses it until it is")
+
+
+def _survey_lines(facts: dict) -> list[str]:
+    """init's stderr lines on what it read of the data and what it made of it."""
+    seen = facts["survey"]
+    if not seen:
+        return []
+    policy = {r: n for r, n in seen["dropped"].items() if r not in seen["unusable"]}
+    out = [f"init: data: {seen['records_seen']:,} records read"
+           + ("" if seen["whole"] else " (the file's first 64 MiB)")
+           + f", {seen['clean']:,} conversations kept; unusable {seen['unusable_records']} "
+           f"({100 * seen['bad_fraction']:.2f}%): {_counts(seen['unusable'], seen['examples'])}; "
+           f"cleaned away: {_counts(policy)}"]
+    if seen["bad_fraction"] > facts["max_bad_fraction"]:
+        out.append(f"init: warning: {100 * seen['bad_fraction']:.1f}% of the records are "
+                   f"unusable, more than {MAX_BAD_RAISE:.0%}: the spec keeps data."
+                   "max_bad_fraction 0.01 and the first apply will stop; fix the file")
+    elif facts["max_bad_fraction"] > DEFAULT_BAD:
+        out.append(f"init: data.max_bad_fraction = {facts['max_bad_fraction']:g} so that the "
+                   "spec runs on this file as it is; fix the file and lower it")
+    if "distinct_supervised" in seen:
+        out.append(f"init: {seen['distinct_supervised']:,} distinct assistant tokens in "
+                   f"{_where(seen)}: draft vocab {facts['draft_vocab_size']}")
+    else:
+        out.append(f"init: warning: the data's tokens were not counted "
+                   f"({seen['tokenizer_error']}); draft vocab by the vocabulary rule")
+    if facts["backend"] == "embedded":
+        out.append("init: SGLang is not installed here: the bench runs on the embedded engine")
+    return out
 
 
 def _load(data: dict, check_target: bool = True):
@@ -246,15 +429,26 @@ def _check(text: str) -> None:
 def init_cli(target: str, data: str | None, out: str | None, name: str | None,
              as_json: bool, force: bool) -> int:
     """`runner init`: write (or print) the spec; a summary goes to stderr. Returns 0."""
+    if name is not None and not re.fullmatch(NAME_PATTERN, name) or len(name or "") > MAX_NAME:
+        raise InitError(f"--name {name!r}: a spec name is letters, digits, _ . - (not starting "
+                        f"with '.'), at most {MAX_NAME} characters: it names folders and files. "
+                        f"E.g. --name {re.sub(r'[^A-Za-z0-9_.-]+', '-', name).strip('.-') or 'x'}")
+    o = expand_path(out) if out else None
+    if o is not None and o.is_dir():
+        raise InitError(f"--out {out}: is a folder; give the spec's file name, e.g. "
+                        f"{o / 'spec.yaml'}")
+    if o is not None and o.exists() and not force:
+        raise InitError(f"--out {out}: exists; pass --force to overwrite it, or choose "
+                        "another name.")
     text, facts = build(target, data, name)
     _check(text)
-    if out:
-        o = expand_path(out)
-        if o.exists() and not force:
-            raise InitError(f"--out {out}: exists; pass --force to overwrite it, or choose "
-                            "another name.")
-        o.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(o, text)
+    if o is not None:
+        try:
+            o.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(o, text)
+        except OSError as e:
+            raise InitError(f"--out {out}: cannot write it ({e.strerror or e}); choose a file "
+                            "in a folder you can write to.") from None
         facts["spec"] = str(o)
     if as_json:
         print(json.dumps({**facts, "spec_text": text if not out else None}, indent=1))
@@ -271,6 +465,7 @@ def init_cli(target: str, data: str | None, out: str | None, name: str | None,
                    "tokens)")
     if not facts["template_source"]:
         msg.append("init: warning: no chat template found; extract (or online training) needs one")
+    msg += _survey_lines(facts)
     if out:
         msg.append(f"init: wrote {out}; next: runner validate {out} && runner plan {out}")
     print("\n".join(msg), file=sys.stderr)

@@ -85,7 +85,10 @@ def _inspect(d: Path, target, server_args, rules: RuleSet, out: Findings) -> Non
         return
     cfg, why = read_small_json(d / "config.json")
     if why:
-        out.error("E_NO_CONFIG", f"{d}/config.json: missing or not JSON ({why}).")
+        inner = sorted(q.parent for q in d.glob("*/config.json"))[:3]  # runs/x/export/<key>
+        out.error("E_NO_CONFIG", f"{d}/config.json: missing or not JSON ({why})."
+                  + (f" Its subfolders hold drafts: inspect one of {[str(q) for q in inner]}."
+                     if not (d / "config.json").exists() and inner else ""))
         return
     if not isinstance(cfg, dict):
         out.error("E_NO_CONFIG", f"{d}/config.json: must be a JSON object, got a "

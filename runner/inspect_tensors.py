@@ -96,6 +96,15 @@ def _row_names(row, view, tensors, params) -> list[tuple]:
     told = {sglang_name(n) for ns in cats.values() for n in ns}  # dropped, said why above
     missing = [p for p in params if p not in into and p not in told
                and p not in optional_params(row, view)]
+    deeper = [p for p in missing if is_second_layer(p)]
+    if deeper and not any(is_second_layer(p) for p in into):  # the config is the cause
+        N = view.get("num_hidden_layers")
+        out.append(("error", "E_NUM_LAYERS", "num_hidden_layers", lambda v, N=N, p=deeper[0]: (
+            f"config.json num_hidden_layers = {N}: {v} builds {N} decoder layers, but the "
+            f"safetensors hold one (no {p.split('.')[0]}.1.* tensor, e.g. {p}), so layers "
+            f"1..{N - 1} stay uninitialised. An EAGLE-3 draft has one layer: set "
+            "num_hidden_layers: 1.")))
+        missing = [p for p in missing if p not in deeper]
     plain = []
     for p in missing:
         if p.endswith("o_proj.bias"):

@@ -71,6 +71,12 @@ def error_text(e: BaseException) -> str:
     return str(e) if isinstance(e, StageError) else f"{type(e).__name__}: {e}"
 
 
+def interrupted_text(job: StageJob) -> str:
+    """What a stage stopped by Ctrl-C (SIGINT) reports: it was cancelled, not broken."""
+    return (f"{job.id} interrupted (Ctrl-C); the next `runner apply` runs it again (regenerate "
+            "and extract resume after their last shard, train from its last checkpoint)")
+
+
 def make_context(job: StageJob, rank: int = 0, world_size: int = 1) -> StageContext:
     spec = Spec.model_validate_json(job.spec_json)
     Path(job.partial).mkdir(parents=True, exist_ok=True)
@@ -159,10 +165,11 @@ def run_stage(job: StageJob, rank: int = 0, world_size: int = 1) -> dict:
         # a Slurm timeout/preemption that requeued the job (runner/slurm/task.py StageTask)
         # exits with SystemExit: the stage resumes in the requeued job, it did not fail
         requeued = isinstance(e, SystemExit) and os.environ.get("EAGLE3_STAGE_REQUEUED") == "1"
-        store.emit("stages", job_row(
-            job, "requeued" if requeued else "failed", started_at=started, job_id=job_id,
-            duration_s=time.time() - t0,
-            error="timed out or preempted; requeued" if requeued else error_text(e)))
+        status, error = (("requeued", "timed out or preempted; requeued") if requeued else
+                         ("cancelled", interrupted_text(job)) if isinstance(e, KeyboardInterrupt)
+                         else ("failed", error_text(e)))
+        store.emit("stages", job_row(job, status, started_at=started, job_id=job_id,
+                                     duration_s=time.time() - t0, error=error))
         raise
     finally:
         if lock is not None:

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from eagle3_runner.runner.errors import StageError
-from eagle3_runner.runner.job import StageJob, StageOutcome, error_text, run_stage, stage_nproc
+from eagle3_runner.runner.job import (StageJob, StageOutcome, error_text, interrupted_text,
+                                      run_stage, stage_nproc)
 from eagle3_runner.runner.spec.schema import Spec
 
 
@@ -51,9 +52,11 @@ class LocalExecutor:
         outcomes: list[StageOutcome] = []
         failed: set[int] = set()
         for i, job in enumerate(jobs):
-            if any(a in failed for a in job.after):
+            up = next((a for a in job.after if a in failed), None)
+            if up is not None:
                 failed.add(i)
-                outcomes.append(StageOutcome(job, "skipped", error="upstream stage failed"))
+                outcomes.append(StageOutcome(job, "skipped",
+                                             error=f"upstream stage {jobs[up].id} failed"))
                 continue
             if on_event:
                 on_event("start", job)
@@ -63,8 +66,8 @@ class LocalExecutor:
                 metrics = run_stage(job) if n == 1 else launch_local(job, n)
                 outcomes.append(StageOutcome(job, "done", metrics, duration_s=time.time() - t0,
                                              job_id=str(os.getpid())))
-            except KeyboardInterrupt:
-                outcomes.append(StageOutcome(job, "cancelled", error="interrupted"))
+            except KeyboardInterrupt:  # run_stage recorded the stage as cancelled
+                outcomes.append(StageOutcome(job, "cancelled", error=interrupted_text(job)))
                 raise
             except Exception as e:  # noqa: BLE001 - reported, not swallowed
                 failed.add(i)

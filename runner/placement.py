@@ -36,9 +36,10 @@ the online drafter. A server you run (target.sglang.server) is not checked.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
-from eagle3_runner.runner.engines import CAPTURE, SGLANG, choose_engine, stage_role
+from eagle3_runner.runner.engines import CAPTURE, SGLANG, choose_engine, stage_role, target_cfg
 from eagle3_runner.runner.errors import PlanError
 from eagle3_runner.runner.stages import stage_nproc
 from eagle3_runner.runner.target_size import DTYPE_BITS, FUSED_ATTENTION, activation_bytes, weight_bytes
@@ -127,6 +128,38 @@ def stage_target(spec, stage: str, cfg: dict | None = None) -> str | None:
     if choice.engine == SGLANG:
         return "server"
     return "split" if stage_role(spec, stage) == CAPTURE else "whole"
+
+
+GPU_SIGNS = ("/proc/driver/nvidia/gpus", "/dev/nvidia0", "/dev/kfd")  # NVIDIA driver, AMD ROCm
+
+
+def gpu_visible() -> bool:
+    """Whether this machine shows a GPU torch could use, without importing torch: the NVIDIA
+    driver's /proc entries or device node, or ROCm's /dev/kfd."""
+    for sign in map(Path, GPU_SIGNS):
+        try:
+            if sign.is_dir() and any(sign.iterdir()) or not sign.is_dir() and sign.exists():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def device_problem(spec, stage: str, sid: str) -> str | None:
+    """target.device: cuda for a stage that loads the target (or benches on the embedded engine)
+    on a machine that shows no GPU: the stage would fail when it loads the target."""
+    p = spec.stages.bench
+    try:  # an SGLang server ("server") holds the target on its own GPUs
+        local = stage_target(spec, stage, target_cfg(spec)) in ("split", "whole")
+    except PlanError:  # an engine that cannot run the stage: the plan's engine check says so
+        return None
+    loads = local or (stage == "bench" and p is not None and p.backend in ("embedded", "both"))
+    if not loads or not str(spec.target.device).startswith("cuda") or gpu_visible():
+        return None
+    return (f"target.device = {spec.target.device!r}: this machine shows no GPU "
+            f"({', '.join(GPU_SIGNS)}), so {sid} would fail when it loads the target. Use "
+            "target.device: auto (the GPU when there is one, else the CPU), or run on a GPU "
+            "machine.")
 
 
 def splits(spec, stage: str, cfg: dict | None = None) -> bool:

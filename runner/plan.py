@@ -19,13 +19,13 @@ from functools import lru_cache
 from pathlib import Path
 
 from eagle3_runner.runner import disk, engines, placement
-from eagle3_runner.runner.errors import PlanError
+from eagle3_runner.runner.errors import PlanError, RunnerError, StoreError
 from eagle3_runner.runner.files import atomic_write, cache_dir, expand_path, sha256_file
 from eagle3_runner.runner.spec.load import variant_spec
 from eagle3_runner.runner.spec.schema import Spec
 from eagle3_runner.runner.stage import artifact_identity, read_manifest
-from eagle3_runner.runner.stages import (STAGE_ORDER, enabled_stages, stage_files, stage_kind, stage_needs,
-                           stage_slice)
+from eagle3_runner.runner.stages import (STAGE_ORDER, enabled_stages, stage_files, stage_kind,
+                                         stage_module, stage_needs, stage_slice)
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository root = the package eagle3_runner
 PACKAGE = "eagle3_runner"  # every project module is PACKAGE.<folder>...; their sources are hashed
@@ -158,8 +158,8 @@ def file_identity(path: Path) -> str:
     items = []
     for q in sorted(p.rglob("*")):
         if q.is_file():
-            items.append((str(q.relative_to(p)), q.stat().st_size,
-                          q.read_text() if q.name == "config.json" else None))
+            items.append((str(q.relative_to(p)), q.stat().st_size,  # (a binary one: replaced)
+                          q.read_text(errors="replace") if q.name == "config.json" else None))
     return _h(items)
 
 
@@ -316,7 +316,7 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
             action, reason = "skip", ("not selected (--variant)" if vname not in picked and not only
                                       else "not selected (--only)")
         elif Path(partial).exists():
-            action, reason = "run", "incomplete: resuming partial output"
+            action, reason = "run", _incomplete(stage, Path(partial))
         else:
             state = _read_state(work, vname, stage)
             action = "run"
@@ -341,11 +341,13 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
     warnings = []
     for p in planned:
         if p.action == "run":
-            for problem in _run_problems(specs[p.variant], p, by_slot):
-                if spec.executor.kind == "slurm" and problem.startswith(("target.", "data.")):
-                    warnings.append(problem + " (it may exist on the compute nodes only)")
-                else:
-                    raise PlanError(problem)
+            manifests = {n: read_manifest(Path(_source(by_slot, (v, n)).artifact))
+                         for v, n in p.needs}
+            errors, warn = _sort_problems(spec, stage_problems(specs[p.variant], p.stage,
+                                                               manifests, p.id))
+            if errors:
+                raise PlanError(errors[0])
+            warnings += warn
     ex = spec.executor.kind
     extracts = [(p.id, specs[p.variant]) for p in planned
                 if p.stage == "extract" and p.action == "run"]
@@ -381,6 +383,15 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
                 placement.report(holds), tuple(chosen))
 
 
+def _incomplete(stage: str, partial: Path) -> str:
+    """The reason of a stage whose partial dir exists: it resumes, unless it resumes from a file
+    (the registry's resume_file: train's checkpoint) that is not there yet."""
+    f = stage_kind(stage).resume_file
+    if f is not None and not (partial / f).is_file():
+        return f"incomplete: no {f} yet, restarts from the beginning"
+    return "incomplete: resuming partial output"
+
+
 def _source(by_slot: dict, need: tuple[str, str]) -> PlannedStage:
     """The entry that computes the artifact of slot `need` (itself, or the entry it shares)."""
     up = by_slot[need]
@@ -406,13 +417,29 @@ def _stale(manifest: dict, sources: list[PlannedStage]) -> str | None:
     return None
 
 
-def _run_problems(spec: Spec, p: PlannedStage, by_slot: dict) -> list[str]:
-    """What would make stage `p` fail at once, checkable now: an input file (target.path,
-    data.path, the fetched ShareGPT) that does not exist, or the registry row's check of its
-    complete upstream artifacts (e.g. train.num_samples against the extract)."""
+# problems about what this machine has (files, installed packages): on Slurm the compute nodes
+# may have what the login node lacks, so there they are warnings (the plan cannot see a node)
+MACHINE_FIELDS = ("target.", "data.", "stages.bench.backend")
+
+
+def stage_problems(spec: Spec, stage: str, manifests: dict | None = None,
+                   sid: str | None = None) -> list[str]:
+    """What would make `stage` fail at once, checkable now, each a line naming its field and
+    the fix: an upstream stage it requires that the spec lacks (registry `requires`), an input
+    file (target.path, data.path, the fetched ShareGPT) that does not exist, the registry's
+    `preflight` (bench: sglang importable), target.device: cuda on a machine without a GPU
+    (runner/placement.py device_problem), and the registry's `check` of its upstream
+    artifacts when every one is complete (manifests: {stage: artifact.json or None}; None = not
+    looked at, as in `runner validate`). sid names the stage in messages (stage@variant)."""
     out = []
-    kind = stage_kind(p.stage)
-    for f in stage_files(spec, p.stage):
+    kind, sid = stage_kind(stage), sid or stage
+    on = enabled_stages(spec)
+    for need in kind.requires(spec):
+        if need not in on:
+            out.append(f"stages.{stage}: set, but the spec has no stages.{need}, so {stage} "
+                       f"has nothing to work on ({need}: {stage_kind(need).description}) Add a "
+                       f"stages.{need} block, or remove stages.{stage}.")
+    for f in stage_files(spec, stage):
         declared = _declared(spec, f)
         if declared is None and f == "data" and spec.data.source == "sharegpt":
             from eagle3_runner.runner.assets import asset_path
@@ -420,21 +447,56 @@ def _run_problems(spec: Spec, p: PlannedStage, by_slot: dict) -> list[str]:
             try:
                 asset_path("sharegpt")
             except FetchError as e:
-                out.append(f"data.source = sharegpt ({p.id} reads it): {e}")
+                out.append(f"data.source = sharegpt ({sid} reads it): {e}")
         elif declared is not None and not expand_path(declared).exists():
             field = "stages.bench.drafter" if f == "drafter" else f"{f}.path"
             out.append(f"{field} = {declared!r}: {expand_path(declared)} does not exist "
-                       f"({p.id} reads it). Fix the path"
+                       f"({sid} reads it). Fix the path"
                        + (", or run `runner fetch all` for the demo assets." if f == "target"
                           else "."))
-    if kind.check is not None:
-        manifests = {n: read_manifest(Path(_source(by_slot, (v, n)).artifact))
-                     for v, n in p.needs}
-        if all(m is not None for m in manifests.values()):
-            problem = kind.check(spec, manifests)
-            if problem:
-                out.append(f"{p.id}: {problem}")
+        elif f == "data" and declared is not None and expand_path(declared).is_dir():
+            out.append(f"data.path = {declared!r}: a folder ({sid} reads one file); point it at "
+                       "the JSONL or JSON file of conversations (plain, .gz or .zst).")
+    if (why := placement.device_problem(spec, stage, sid)) is not None:
+        out.append(why)
+    # (a module without it, a test's stand-in, has nothing to check; tests/test_plan.py holds
+    # every registry preflight to a function of the real module)
+    check = getattr(stage_module(stage), kind.preflight, None) if kind.preflight else None
+    if check is not None:
+        try:
+            check(spec)
+        except RunnerError as e:
+            out.append(str(e))
+    if kind.check is not None and manifests and all(m is not None for m in manifests.values()):
+        problem = kind.check(spec, manifests)
+        if problem:
+            out.append(f"{sid}: {problem}")
     return out
+
+
+def _sort_problems(spec: Spec, problems: list[str]) -> tuple[list[str], list[str]]:
+    """(errors, warnings): on Slurm a problem about this machine (MACHINE_FIELDS) is a warning,
+    said as such; everything else is an error."""
+    errors, warnings = [], []
+    for problem in problems:
+        if spec.executor.kind == "slurm" and problem.startswith(MACHINE_FIELDS):
+            warnings.append(problem + " (checked on this machine; the compute nodes may have it)")
+        else:
+            errors.append(problem)
+    return errors, warnings
+
+
+def input_problems(spec: Spec) -> tuple[list[str], list[str]]:
+    """`runner validate`'s look at the machine: stage_problems of every enabled stage of the
+    spec and of each variant, as (errors, warnings) (_sort_problems), each once."""
+    found = []
+    for vname, vspec in [("base", spec)] + [(v.name, variant_spec(spec, v.name))
+                                            for v in spec.variants]:
+        for stage in enabled_stages(vspec):
+            found += stage_problems(vspec, stage, None,
+                                    stage if vname == "base" else f"{stage}@{vname}")
+    errors, warnings = _sort_problems(spec, found)
+    return list(dict.fromkeys(errors)), list(dict.fromkeys(warnings))
 
 
 def _check_results_file(path: Path) -> None:
@@ -453,6 +515,11 @@ def _check_results_file(path: Path) -> None:
         raise PlanError(f"results.path: {path} exists and is not a DuckDB file"
                         f"{' (it is empty)' if not head else ''}; point "
                         "results.path at a DuckDB file or a new path (e.g. runs/results.duckdb).")
+    from eagle3_runner.runner.store import check_readable
+    try:
+        check_readable(path)
+    except StoreError as e:
+        raise PlanError(f"results.path: {e}") from None
 
 
 def _check_length(field: str, path: Path, declared: str) -> None:

@@ -3,7 +3,8 @@
 Five plots, from `bench_summary` rows (one per bench configuration, written by the bench stage):
   <name>_tau_vs_samples.png   tau against train_samples, one line per prompt set; each variant of a
                               data-scaling sweep gives one point (its latest row, by
-                              runs.started_at, over all runs of the spec).
+                              runs.started_at, over all runs of the spec); skipped, with a
+                              note, when every row has the same train_samples.
   <name>_accept_per_pos.png   acceptance rate at draft position 1..num_steps, one line per
                               variant x bench config.
   <name>_tok_s.png            spec tok/s against num_steps, one line per tree shape (chains one
@@ -12,7 +13,8 @@ Five plots, from `bench_summary` rows (one per bench configuration, written by t
                               run), speedup written at each point.
   <name>_configs.png          tau and tok/s per configuration, chains and trees side by side
                               (bars labelled "chain K" / "tree K/k/N"; speedup and break-even tau
-                              written on them, each bar's same-run baseline dashed across it).
+                              ("pays at tau X") written on them, each bar's same-run baseline
+                              dashed across it).
   <name>_variants.png         tau per variant (a recipe sweep: one factor per variant), one panel
                               per prompt set x bench config, bars sorted by tau, each labelled with
                               its difference to base's; drawn when the rows hold 2+ variants.
@@ -191,17 +193,26 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+# marker shapes and sizes per line, largest first and hollow: lines that coincide (a starved
+# drafter gives chains 3 and 5 the same tau) stay visible as nested markers
+MARKERS = (("o", 11), ("s", 8), ("^", 6), ("D", 4.5), ("v", 3.5), ("P", 3))
+
+
 def plot_tau_vs_samples(rows: list[dict], spec_name: str, path: Path) -> Path | None:
     """tau (incl. bonus token) against train_samples; rows = latest per variant x config.
-    One line per prompt set (and per config field that varies); None when no row has both."""
+    One line per prompt set (and per config field that varies), each with its own hollow marker
+    (MARKERS). None when no row has both, or when every row has the same train_samples (one
+    point per line says nothing about data: it takes a data-scaling sweep)."""
     rows = [r for r in rows if _ok(r.get("train_samples")) and _ok(r.get("tau"))]
-    if not rows:
+    if len({r["train_samples"] for r in rows}) < 2:
         return None
     fig, ax = _figure(f"{spec_name}: accept length vs training data\n(latest row per variant)",
                       "training samples", "tau = tokens per verify pass (incl. bonus)")
-    for label, rs in group(rows, ("prompt_set",), ("variant",)).items():
+    for i, (label, rs) in enumerate(group(rows, ("prompt_set",), ("variant",)).items()):
         rs = sorted(rs, key=lambda r: r["train_samples"])
-        ax.plot([r["train_samples"] for r in rs], [r["tau"] for r in rs], "o-", label=label)
+        m, size = MARKERS[i % len(MARKERS)]
+        ax.plot([r["train_samples"] for r in rs], [r["tau"] for r in rs], marker=m, ms=size,
+                mfc="none", mew=1.4, label=label)
     top: dict[tuple, float] = {}  # name each variant once, above its highest point
     for r in rows:
         k = (r["variant"], r["train_samples"])
@@ -307,7 +318,8 @@ def plot_configs(rows: list[dict], spec_name: str, path: Path) -> Path | None:
     a2.set_ylabel("tokens / s")
     for i, r in enumerate(rows):
         note = [f"{r['speedup']:.2f}x" if _ok(r.get("speedup")) else "",
-                f"be {r['break_even_tau']:.2f}" if _ok(r.get("break_even_tau")) else ""]
+                f"pays at\ntau {r['break_even_tau']:.2f}" if _ok(r.get("break_even_tau"))
+                else ""]
         top = max(tok[i], r["base_tok_s"] if _ok(r.get("base_tok_s")) else 0.0)
         a2.annotate("\n".join(n for n in note if n), (i, top), fontsize=7, ha="center",
                     textcoords="offset points", xytext=(0, 3))
@@ -315,7 +327,9 @@ def plot_configs(rows: list[dict], spec_name: str, path: Path) -> Path | None:
     if base:  # each bar's own same-run baseline: runs differ (machine, load), so no average
         a2.hlines([b for _, b in base], [i - 0.45 for i, _ in base], [i + 0.45 for i, _ in base],
                   colors="black", linestyles="--", lw=1)
-        a2.set_title("dashed: each bar's same-run baseline (target only)", fontsize=8)
+        a2.set_title("dashed: each bar's same-run baseline (target only); on each bar its "
+                     "speedup and\nthe break-even tau: the tau at which it would match the "
+                     "baseline", fontsize=8)
     for ax in (a1, a2):
         ax.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=7)
         ax.grid(True, axis="y", alpha=0.3)
@@ -372,7 +386,8 @@ def write_report(spec: Spec, out_dir) -> tuple[list[Path], list[str]]:
     written, notes = [], []
     for name, fn, what in (
             ("tau_vs_samples", lambda p: plot_tau_vs_samples(latest_per_config(rows), spec.name, p),
-             "no bench_summary row has train_samples and tau"),
+             "it needs rows trained on different numbers of samples (a data-scaling sweep: "
+             "variants that set data.max_samples or stages.train.num_samples); these have one"),
             ("accept_per_pos", lambda p: plot_accept_per_pos(latest_per_config(rows), spec.name, p),
              "no bench_summary row has accept_per_pos"),
             ("tok_s", lambda p: plot_tok_s(latest_per_config(rows), spec.name, p),

@@ -50,6 +50,16 @@ ORDER BY r.started_at DESC, l.run_id, l.variant, l.stage, l.name
 """
 
 
+# the bench table `runner apply` and `runner results` end with; its columns keep the names of
+# bench_summary (README "Results schema"), so a `runner query` of the same rows reads the same
+BENCH_SUMMARY = (
+    "SELECT variant, prompt_set, num_steps, eagle_topk, num_draft_tokens, max_new_tokens, "
+    "round(tau, 3) AS tau, round(accept_rate, 3) AS accept_rate, round(spec_tok_s, 1) AS "
+    "spec_tok_s, round(base_tok_s, 1) AS base_tok_s, round(speedup, 3) AS speedup, "
+    "round(break_even_tau, 2) AS break_even_tau, flags FROM bench_summary {where}"
+    "ORDER BY run_id DESC, 1, 2, 3, 4, 5")
+
+
 def print_results(db: Path, run_id: str | None = None, as_json: bool = False) -> None:
     """The latest summary metric of each (run, variant, stage, name), and bench summaries."""
     if not Path(db).exists():
@@ -57,12 +67,8 @@ def print_results(db: Path, run_id: str | None = None, as_json: bool = False) ->
     store = Store(db)
     where = f"AND l.run_id = '{run_id}'" if run_id else ""
     cols, rows = store.query(LATEST_METRICS.format(where=where))
-    bcols, brows = store.query(
-        "SELECT variant, prompt_set, num_steps, eagle_topk AS topk, num_draft_tokens AS ndt, "
-        "max_new_tokens AS new, round(tau, 3) AS tau, round(accept_rate, 3) AS accept_rate, "
-        "round(spec_tok_s, 1) AS spec_tok_s, round(base_tok_s, 1) AS base_tok_s, "
-        "round(speedup, 3) AS speedup, flags FROM bench_summary "
-        + (f"WHERE run_id = '{run_id}' " if run_id else "") + "ORDER BY run_id DESC, 1, 2, 3")
+    bcols, brows = store.query(BENCH_SUMMARY.format(
+        where=f"WHERE run_id = '{run_id}' " if run_id else ""))
     if as_json:
         print(json.dumps({"metrics": [dict(zip(cols, r)) for r in rows],
                           "bench": [dict(zip(bcols, r)) for r in brows]}, default=str, indent=1))

@@ -24,7 +24,7 @@ from pydantic import Field, create_model, model_validator
 from eagle3_runner.runner.drafts.rules import chain_draft_tokens, spec_draft_tokens_problem
 from eagle3_runner.runner.errors import PlanError
 from eagle3_runner.runner.spec.base import Strict
-from eagle3_runner.runner.spec.server import extra_args_problems, host_problem
+from eagle3_runner.runner.spec.server import extra_args_problems, host_problem, ports_problem
 
 # ----------------------------------------------------------------------------------------------
 # the stages' spec blocks
@@ -106,6 +106,11 @@ class TrainStage(Strict):
     eval_every: int = Field(50, ge=1, description="Steps between evaluations (logged to DuckDB).")
     eval_samples: int = Field(8, ge=0, description="Held-out extracted samples for evaluation.")
     checkpoint_every: int = Field(100, ge=1, description="Steps between checkpoints.")
+    checkpoint_minutes: Optional[float] = Field(10.0, gt=0, description=(
+        "Minutes of training between checkpoints, as well as every checkpoint_every steps: an "
+        "interrupted run (Ctrl-C, a killed job) loses at most this much; null = steps only. "
+        "(Data parallel: checked at the host syncs, every 32 steps.) Not part of the cache key: "
+        "changing it keeps the partial run."))
     seed: int = Field(0, description="Initialisation and shuffling seed.")
     kernels: Literal["auto", "triton", "flex", "torch", "reference"] = Field("auto", description=(
         "The training step: auto = triton on CUDA, torch on CPU; triton = the fast step with "
@@ -212,6 +217,8 @@ class SglangOptions(Strict):
         problems = extra_args_problems(self.extra_args)
         if (bad := host_problem(self.host)) is not None:
             problems.append(bad)
+        if (bad := ports_problem(self.port, self.parallel)) is not None:
+            problems.append(bad)
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -276,9 +283,19 @@ class StageKind:
     files: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = ()
     data_parallel: bool = False  # runs executor.nproc_per_node ranks (one per GPU)
     checkpointable: bool = False  # a Slurm timeout/preemption requeues it; it resumes
+    # the file in its partial dir that a resumed run starts from (train: the checkpoint); the
+    # plan says when there is none yet, so "resuming" never hides a restart from step 0
+    resume_file: Optional[str] = None
     # (spec, {upstream stage: its artifact.json}) -> why the stage cannot run on those inputs,
     # or None; runner plan calls it when the upstream is complete, run_stage before the stage
     check: Optional[Callable[[Any, dict], Optional[str]]] = None
+    # spec -> the upstream stages without which it has nothing to work on (a bench without an
+    # export has no drafter to measure); validate and plan refuse a spec that lacks one
+    requires: Callable[[Any], tuple[str, ...]] = lambda spec: ()
+    # the name of a torch-free function of the stage's module, (spec) -> None or raises a
+    # RunnerError naming the fix, that validate and plan call: what this machine must have for
+    # the stage to start (bench: sglang importable by stages.bench.sglang.python)
+    preflight: Optional[str] = None
 
     @property
     def module(self) -> str:
@@ -292,8 +309,9 @@ def _online(spec) -> bool:
 
 def _train_key(spec, d: dict) -> dict:
     drafter = {k: v for k, v in d["drafter"].items() if k != "sglang_version"}  # serving only
+    train = {k: v for k, v in d["stages"]["train"].items() if k != "checkpoint_minutes"}
     key = {"target": _target(d), "drafter": drafter, "aux_layer_ids": spec.aux_ids,
-           "train": d["stages"]["train"]}
+           "train": train}
     return {**key, "data": _data(d)} if _online(spec) else key
 
 
@@ -348,12 +366,14 @@ REGISTRY: tuple[StageKind, ...] = (
     StageKind("train", TrainStage, "Train the drafter with TTT.",
               needs=lambda spec: ("regenerate",) if _online(spec) else ("extract",),
               key=_train_key, files=lambda spec: ("target", "data") if _online(spec) else (),
-              data_parallel=True, checkpointable=True, check=_train_check),
+              data_parallel=True, checkpointable=True, resume_file="ckpt.pt", check=_train_check),
     StageKind("export", ExportStage, "Write the SGLang draft directory.",
-              needs=lambda spec: ("train", "extract"),
+              needs=lambda spec: ("train", "extract"), requires=lambda spec: ("train",),
               key=lambda spec, d: {"drafter": d["drafter"], "export": d["stages"]["export"]}),
     StageKind("bench", BenchStage, "Measure accept length (tau) and tok/s.",
               needs=lambda spec: () if _external_drafter(spec) else ("export",),
+              requires=lambda spec: () if _external_drafter(spec) else ("export",),
+              preflight="check_backend",
               key=lambda spec, d: {"target": {**_target(d), "device": d["target"]["device"]},
                                    "bench": d["stages"]["bench"],
                                    "data": {k: d["data"][k] for k in ("holdout", "seed")}},

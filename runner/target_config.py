@@ -25,15 +25,21 @@ def read_target_config(path: Path) -> dict:
     Returns keys like num_hidden_layers, hidden_size, vocab_size, max_position_embeddings,
     num_attention_heads, num_key_value_heads, head_dim, intermediate_size, rope_theta,
     rope_scaling, rms_norm_eps, model_type.
-    Raises FileNotFoundError when nothing is there, TargetConfigError when unreadable."""
+    Raises FileNotFoundError when nothing is there, TargetConfigError when unreadable or when a
+    folder without config.json holds several .gguf files (which one is meant?)."""
     path = Path(path)
     if path.is_dir():
         cfg = path / "config.json"
         if cfg.exists():
             return _read_json(cfg)
         ggufs = sorted(path.glob("*.gguf"))
-        if ggufs:
+        if len(ggufs) == 1:
             return read_gguf_config(ggufs[0])
+        if ggufs:  # the stages refuse it too (target/load.py): never pick one silently
+            names = ", ".join(g.name for g in ggufs[:3]) + (", ..." if len(ggufs) > 3 else "")
+            raise TargetConfigError(f"{path} holds {len(ggufs)} .gguf files ({names}) and no "
+                                    "config.json; point target.path at the one .gguf file to "
+                                    f"use, e.g. {ggufs[0]}")
         raise TargetConfigError(f"{path} is a folder without config.json or a .gguf file")
     if not path.exists():
         raise FileNotFoundError(path)
@@ -91,6 +97,8 @@ def _find_chat_template(path: Path) -> tuple[str | None, str, bool]:
         if not ggufs:
             return None, (f"{path}: no chat_template.jinja, chat_template.json or "
                           "tokenizer_config.json chat_template"), seen
+        if len(ggufs) > 1:  # which one? (read_target_config refuses the folder)
+            return None, f"{path}: {len(ggufs)} .gguf files", False
         path = ggufs[0]
     if path.is_file() and path.suffix == ".gguf":
         try:

@@ -5,4 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 runner apply specs/smollm2-sharegpt.yaml "$@"
-runner query "SELECT variant, prompt_set, num_steps, eagle_topk, num_draft_tokens, round(tau, 3) AS tau, round(speedup, 3) AS speedup, round(break_even_tau, 2) AS break_even_tau, flags FROM bench_summary ORDER BY run_id DESC, num_steps, eagle_topk LIMIT 10"
+# the same rows, by the same column names, with the costs behind break_even_tau: a round costs
+# draft + verify + other ms; break_even_tau = that cost / base_ms_per_token = the tau at which
+# speculation pays for itself (a tau below it is slower than the target alone)
+echo "why: break_even_tau = (draft + verify + other ms per round) / base_ms_per_token, the tau at which a round pays"
+runner query "SELECT num_steps, eagle_topk, num_draft_tokens, round(tau, 3) AS tau, round(break_even_tau, 2) AS break_even_tau, round(draft_ms_per_round, 1) AS draft_ms_per_round, round(verify_ms_per_round, 1) AS verify_ms_per_round, round(other_ms_per_round, 1) AS other_ms_per_round, round(base_ms_per_token, 1) AS base_ms_per_token FROM bench_summary WHERE run_id = (SELECT run_id FROM runs WHERE spec_name = 'smollm2-sharegpt' ORDER BY started_at DESC LIMIT 1) ORDER BY eagle_topk, num_steps"

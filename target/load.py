@@ -190,6 +190,22 @@ def load_tokenizer(target: Any):
     return AutoTokenizer.from_pretrained(str(hf_folder(target)), trust_remote_code=trust)
 
 
+def tokenizer_only(path: Path, trust_remote_code: bool = False):
+    """The target's tokenizer (with its chat template) without its weights: an HF folder's
+    tokenizer files, or the tokenizer a GGUF's header describes, read as transformers reads it
+    when it converts the GGUF (no conversion, no dequantizing). Raises StageError naming
+    target.path when transformers cannot build it."""
+    from transformers import AutoTokenizer
+    folder, gguf = _find_model(Path(path))
+    try:
+        if gguf is not None:
+            return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError, NotImplementedError, RuntimeError) as e:
+        raise StageError(f"target.path: transformers cannot read the tokenizer of {path}: "
+                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}")
+
+
 def target_config(target: Any) -> dict:
     """The target's HF config as a dict, with `architectures` set (no weights loaded)."""
     folder = hf_folder(target)

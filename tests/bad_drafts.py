@@ -9,7 +9,8 @@ Classes generated (seeded, so a failure names a reproducible case):
 - safetensors files: random bytes, header lengths past the end or huge, headers that are not
   objects, entries with bad dtypes / shapes / offsets, offsets past the end of the file
   (truncation), byte counts that disagree with dtype x shape, huge shapes, d2t of another rank,
-  a tensor in two files, a broken index;
+  byte ranges that overlap or leave bytes no tensor covers (the safetensors library refuses
+  both), a tensor in two files, a broken index;
 - server lines: random flags of launch_server's speculative vocabulary with random values,
   unbalanced quotes, leading environment words, empty values, huge and negative numbers.
 
@@ -77,7 +78,7 @@ def _header_bytes(header) -> bytes:
 
 def bad_safetensors(rng: random.Random, cfg: dict) -> dict[str, bytes] | None:
     """Files to write over a valid draft's model.safetensors ({name: bytes}; None = keep)."""
-    kind = rng.randrange(10)
+    kind = rng.randrange(11)
     if kind == 0:
         return {"model.safetensors": bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 64)))}
     if kind == 1:  # header length past the end, or huge
@@ -94,11 +95,27 @@ def bad_safetensors(rng: random.Random, cfg: dict) -> dict[str, bytes] | None:
         return "truncate"
     if kind == 7:  # a tensor in two files
         return "duplicate"
+    if kind == 9:  # byte ranges that overlap, or bytes no tensor covers
+        return rng.choice(["overlap", "trailing"])
     if kind == 8:
         return {"model.safetensors.index.json": rng.choice(
             [b"{", b"[]", b'{"weight_map": 3}', b'{"weight_map": {"fc.weight": 5}}',
              b'{"weight_map": {"fc.weight": "nope.safetensors"}}'])}
     return None
+
+
+def _overlap(p: Path) -> None:
+    """Move the second tensor of a valid file 8 bytes back, into the first (every entry still
+    inside the file and of the right size; only the tiling is wrong)."""
+    raw = p.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    h = json.loads(raw[8:8 + n])
+    names = sorted((k for k in h if k != "__metadata__"), key=lambda k: h[k]["data_offsets"][0])
+    a, b = h[names[1]]["data_offsets"]
+    h[names[1]]["data_offsets"] = [a - 8, b - 8]
+    head = json.dumps(h).encode()
+    head += b" " * (n - len(head))  # the same header length: the data stays where it was
+    p.write_bytes(raw[:8] + head + raw[8 + n:])
 
 
 def bad_server_line(rng: random.Random, d: Path) -> str:
@@ -142,6 +159,11 @@ def make_case(root: Path, i: int, seed: int = 0) -> tuple[Path, Path, str | None
         if files == "truncate":
             with open(p, "r+b") as f:
                 f.truncate(max(8, p.stat().st_size - rng.randint(1, 5000)))
+        elif files == "overlap":
+            _overlap(p)
+        elif files == "trailing":
+            with open(p, "ab") as f:
+                f.write(bytes(8))
         elif files == "duplicate":
             write_st(d / "zz.safetensors", {"fc.weight": ("BF16", [64, 192], np.zeros((64, 192),
                                                                                        np.uint16))})

@@ -213,6 +213,7 @@ def field_cases(base: dict, cls: str = "schema") -> list[Case]:
             add("int", 12345)
             add("empty", "")
             add("blank", "  ")
+            add("nul", "x\0y")
         if "literal" in kinds:
             add("bogus_choice", "bogus-choice")
         if bool in kinds and not kinds & {int, float}:
@@ -256,7 +257,8 @@ def path_cases(base: dict, tmp: Path) -> list[Case]:
         for tag, v in (("unset_braced", "/x/${EAGLE3_BAD_UNSET}/y"),
                        ("unset_plain", "/x/$EAGLE3_BAD_UNSET"),
                        ("unclosed", "/x/${HOME"), ("not_a_name", "/x/${1x}"),
-                       ("empty", ""), ("long_part", str(tmp / ("p" * 300)))):
+                       ("empty", ""), ("long_part", str(tmp / ("p" * 300))),
+                       ("nul_byte", str(tmp / "a\0b"))):
             out.append(Case("paths", f"{fld}={tag}", "data", _set(base, fld, v), fld))
     (tmp / "a_file").write_text("x")
     (tmp / "not-duck.duckdb").write_text("hello, not a database\n" * 3)
@@ -268,12 +270,19 @@ def path_cases(base: dict, tmp: Path) -> list[Case]:
     (tmp / "listcfg").mkdir(exist_ok=True)
     (tmp / "listcfg" / "config.json").write_text("[1, 2]")
     (tmp / "emptydir").mkdir(exist_ok=True)
+    (tmp / "binfolder").mkdir(exist_ok=True)  # a folder whose config.json is not text
+    (tmp / "binfolder" / "config.json").write_bytes(b"\xff\xfe\x00garbage")
+    _truncated_duckdb(tmp / "cut.duckdb")
+    (tmp / "two_ggufs").mkdir(exist_ok=True)  # two real headers: which one is the target?
+    for q in ("Q4_1", "Q8_0"):
+        _tiny_gguf(tmp / "two_ggufs" / f"model.{q}.gguf")
     for fld, tag, v in (
             ("work_dir", "under_a_file", str(tmp / "a_file" / "w")),
             ("results.path", "a_folder", str(tmp)),
             ("results.path", "not_duckdb", str(tmp / "not-duck.duckdb")),
             ("results.path", "empty_file", str(tmp / "empty.duckdb")),
             ("results.path", "under_a_file", str(tmp / "a_file" / "r.duckdb")),
+            ("results.path", "truncated_duckdb", str(tmp / "cut.duckdb")),
             ("data.path", "missing", str(tmp / "missing.jsonl")),
             ("target.path", "missing", str(tmp / "missing.gguf")),
             ("target.path", "random_bytes", str(tmp / "rnd.gguf")),
@@ -281,9 +290,38 @@ def path_cases(base: dict, tmp: Path) -> list[Case]:
             ("target.path", "bad_json_config", str(tmp / "badcfg")),
             ("target.path", "list_config", str(tmp / "listcfg")),
             ("target.path", "folder_without_config", str(tmp / "emptydir")),
-            ("target.path", "unknown_suffix", str(tmp / "a_file"))):
+            ("target.path", "unknown_suffix", str(tmp / "a_file")),
+            ("target.path", "two_ggufs_in_a_folder", str(tmp / "two_ggufs")),
+            ("target.path", "binary_config", str(tmp / "binfolder")),
+            ("data.path", "a_folder", str(tmp / "binfolder"))):
         out.append(Case("paths", f"{fld}={tag}", "data", _set(base, fld, v), fld))
     return out
+
+
+def _tiny_gguf(path: Path) -> None:
+    """A GGUF file holding only the header keys of a llama target shaped like SmolLM2-135M
+    (written with the `gguf` package's own writer; no tensors)."""
+    import gguf
+    w = gguf.GGUFWriter(str(path), "llama")
+    for k, v in (("block_count", 30), ("embedding_length", 576), ("vocab_size", 49152),
+                 ("feed_forward_length", 1536), ("attention.head_count", 9),
+                 ("attention.head_count_kv", 3), ("context_length", 8192)):
+        w.add_uint32(f"llama.{k}", v)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+
+
+def _truncated_duckdb(path: Path) -> None:
+    """A real results file cut to 300,000 bytes (its header whole, its last pages gone), as a
+    full disk or an interrupted copy leaves it."""
+    from eagle3_runner.runner.store import Store
+    whole = path.with_name(path.name + ".whole")
+    if not whole.exists():
+        store = Store(whole)
+        store.emit("runs", {"run_id": "r", "status": "done"})
+        store.ingest()
+    path.write_bytes(whole.read_bytes()[:300_000])
 
 
 YAML_CASES = {  # text -> what the error names (the file, or a field)
@@ -304,6 +342,9 @@ YAML_CASES = {  # text -> what the error names (the file, or a field)
     "yes_for_a_number": (None, "stages.train.epochs"),  # filled from the base below
     "string_for_a_section": ("name: x\ntarget: /m\ndrafter: {draft_vocab_size: 1}\n", "target"),
     "missing_required": ("name: x\n", "target"),
+    "complex_key": ("name: x\n? [a, b]\n: c\n", "spec.yaml"),
+    "complex_key_flow": ("{? {a: 1} : 2}\n", "spec.yaml"),
+    "local_tag": ("name: !custom x\n", "spec.yaml"),
 }
 
 
@@ -319,6 +360,12 @@ def yaml_cases(base: dict) -> list[Case]:
         out.append(Case("yaml", tag, "yaml", raw, "spec.yaml"))
     out.append(Case("yaml", "bom", "yaml", ("\ufeff" + yaml.safe_dump(base)).encode(), "",
                     accept=lambda s: s.name == "bad"))
+    # the standard merge key: merged values, the mapping's own keys winning (YAML 1.1)
+    rest = {k: v for k, v in base.items() if k != "drafter"}
+    merged = yaml.safe_dump(rest) + ("drafter:\n  <<: {aux_layer_ids: [1, 14, 26], "
+                                     "draft_vocab_size: 4096}\n  draft_vocab_size: 2048\n")
+    out.append(Case("yaml", "merge_key", "yaml", merged, "", accept=lambda s: (
+        s.drafter.draft_vocab_size == 2048 and list(s.aux_ids) == [1, 14, 26])))
     return out
 
 
@@ -343,6 +390,24 @@ def override_cases(base: dict) -> list[Case]:
             for tag, item, what in OVERRIDES]
 
 
+def stage_cases(base: dict) -> list[Case]:
+    """Specs whose stages cannot run as written: a stage without the upstream it reads, ports
+    past 65535, a bench backend this machine does not have."""
+    stages = base["stages"]
+    no = lambda *names: _set(base, "stages", {k: v for k, v in stages.items()  # noqa: E731
+                                              if k not in names})
+    return [
+        Case("stages", "bench_without_export", "data", no("export"), "stages.bench"),
+        Case("stages", "export_without_train", "data", no("train", "bench"), "stages.export"),
+        Case("stages", "sglang_port_past_65535", "data", _set(_set(
+            base, "stages.bench.sglang.port", 65000), "stages.bench.sglang.parallel", 300),
+             "stages.bench.sglang.port"),
+        Case("stages", "sglang_not_importable", "data", _set(_set(
+            base, "stages.bench.backend", "sglang"), "stages.bench.sglang.python",
+            "/nonexistent/python3"), "stages.bench.backend"),
+    ]
+
+
 def spec_cases(tmp: Path) -> list[Case]:
     """Every spec case, for the base spec under `tmp` (files are created there)."""
     base = base_spec(tmp)
@@ -350,7 +415,7 @@ def spec_cases(tmp: Path) -> list[Case]:
     return (field_cases(base) + [c for c in field_cases(slurm, "schema-slurm")
                                  if c.field.startswith("executor.")]
             + name_cases(base) + path_cases(base, tmp) + yaml_cases(base)
-            + override_cases(base))
+            + override_cases(base) + stage_cases(base))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -419,6 +484,10 @@ def _rec(i: int) -> dict:
                               {"from": "gpt", "value": f"answer {i}"}]}
 
 
+# valid JSON nested deeper than Python's parser goes (a RecursionError, not a JSONDecodeError)
+DEEP = '{"conversations": ' + "[" * 100_000 + "]" * 100_000 + "}"
+
+
 def data_cases() -> list[DataCase]:
     """Malformed records, truncated arrays, wrong encodings, wrong shapes."""
     good = [json.dumps(_rec(i)) for i in range(40)]
@@ -449,6 +518,8 @@ def data_cases() -> list[DataCase]:
         DataCase("json_object_root", json.dumps(_rec(0)).encode(), 1, 1),
         DataCase("utf16", jsonl(good[:5]).decode().encode("utf-16"), 5, 5),
         DataCase("binary", os.urandom(512), 1, 0),
+        DataCase("jsonl_too_deep_record", jsonl(good[:20] + [DEEP] + good[20:39]), 40, 39),
+        DataCase("array_too_deep_record", arr(good[:20] + [DEEP] + good[20:39]), 40, 39),
     ]
     return out
 

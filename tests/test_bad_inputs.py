@@ -29,7 +29,7 @@ _DIR, _CASES = _cases()
 
 def test_the_generator_covers_the_classes():
     classes = {c.cls.split(":")[0] for c in _CASES}
-    assert {"schema", "schema-slurm", "names", "paths", "yaml", "overrides"} <= classes
+    assert {"schema", "schema-slurm", "names", "paths", "yaml", "overrides", "stages"} <= classes
     assert len(_CASES) > 500
     kinds = {c.cls for c in _CASES}
     for k in ("unknown_key", "null", "nan", "bool", "huge", "bogus_choice", "ge_violated"):

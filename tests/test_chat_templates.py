@@ -146,3 +146,18 @@ def test_smollm2_template_file_is_the_published_one(smollm2_path):
     assert read_gguf_metadata(smollm2_path)["tokenizer.chat_template"] == \
         template_text("chatml-smollm2")
 
+
+
+def test_a_declared_template_that_is_not_the_targets_is_refused_at_validation(tmp_path):
+    """target.chat_template: llama3 on a ChatML target: validate says so, naming the target's
+    own convention (extract would otherwise load the target, find no assistant turn and stop);
+    qwen on ChatML is the same markers, so it passes, and so does a template no name matches."""
+    from eagle3_runner.runner.errors import SpecError
+    from eagle3_runner.runner.spec.load import load_spec
+    target = make_target(tmp_path / "t", "chatml-smollm2")
+    data = {"name": "t", "target": {"path": str(target)}, "drafter": {"draft_vocab_size": 64}}
+    with pytest.raises(SpecError, match=r"target.chat_template.*'llama3'.*uses chatml's.*Set "
+                                        r"target.chat_template: chatml"):
+        load_spec(data={**data, "target": {"path": str(target), "chat_template": "llama3"}})
+    for ok in ("qwen", "chatml", "auto"):
+        load_spec(data={**data, "target": {"path": str(target), "chat_template": ok}})

@@ -2,6 +2,7 @@
 `validate`/`plan` never importing torch."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -104,6 +105,17 @@ def test_validate_and_plan_do_not_import_torch(cmd, spec, tmp_path):
         f.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"},
                                               {"role": "assistant", "content": "Hello!"}]}) + "\n")
         args += ["-o", f"data.path={f}"]
+    from eagle3_runner.runner.placement import gpu_visible
+    raw = yaml.safe_load(spec.read_text())
+    if raw["target"].get("device") == "cuda" and not gpu_visible():
+        args += ["-o", "target.device=auto"]  # a GPU spec on this machine: refused, said so
+    bench = (raw.get("stages") or {}).get("bench") or {}
+    if bench.get("backend", "embedded") != "embedded" and raw.get("executor", {}).get(
+            "kind", "local") == "local":
+        from eagle3_runner.target.sglang import sglang_available
+        if not sglang_available(os.path.expandvars(bench.get("sglang", {}).get(
+                "python", "python3")))[0]:  # no SGLang here: refused, said so (test_plan.py)
+            args += ["-o", "stages.bench.backend=embedded"]
     r = subprocess.run([sys.executable, "-c", NO_TORCH, *args], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert "HEAVY [] RC 0" in r.stderr, r.stderr

@@ -135,8 +135,23 @@ def test_refuses_unsafe(tmp_path, case, edit, cfg_edit, why):
 def test_refuses_existing_destination(tmp_path, capsys):
     src = make_draft(tmp_path, TINY)
     (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("mine")
     assert cli_main(["convert", str(src), str(tmp_path / "out")]) == 1
-    assert "exists" in capsys.readouterr().err
+    assert "not empty" in capsys.readouterr().err
+    assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+    (tmp_path / "a-file").write_text("x")
+    assert cli_main(["convert", str(src), str(tmp_path / "a-file")]) == 1
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_converts_into_an_empty_folder_made_first(tmp_path, capsys):
+    """People `mkdir DST` before converting into it: an empty folder is a destination."""
+    src = make_draft(tmp_path, TINY, tensor_edit=_layers0, dense=True)
+    dst = tmp_path / "out"
+    dst.mkdir()
+    assert cli_main(["convert", str(src), str(dst), "--target", str(_target(tmp_path))]) == 0
+    assert (dst / "model.safetensors").is_file() and (dst / "config.json").is_file()
+    _clean(dst, tmp_path)
 
 
 def test_refuses_destination_inside_source_or_under_a_file(tmp_path, capsys):

@@ -56,6 +56,36 @@ def test_estimate_counts_tokens_records_and_caps(tmp_path):
     assert "error" in disk.estimate(_spec(tmp_path, tmp_path / "missing.jsonl"))
 
 
+def test_estimate_says_how_many_records_were_not_json_and_survives_deep_nesting(tmp_path):
+    """A malformed line is named in the estimate (it is not silently "30 of 30 records read");
+    a record nested too deep for the JSON parser is skipped, not a RecursionError in the plan."""
+    _write(tmp_path / "d.jsonl", [80, 80])
+    with open(tmp_path / "d.jsonl", "a") as f:
+        f.write('{"messages": [oops\n' + '{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    e = disk.estimate(_spec(tmp_path, tmp_path / "d.jsonl"))
+    assert e["samples"] == 2
+    assert e["method"].startswith("estimate: 2 of 2 records read, 2 not readable as JSON "
+                                  "(not counted")
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" + '{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}]")
+    assert "no complete record" in disk.estimate(_spec(tmp_path, deep))["error"]
+
+
+def test_a_gzip_file_cut_short_is_estimated_from_what_decompresses(tmp_path):
+    """A .gz cut mid-stream: the stages keep its complete records (data/records.py), so the
+    estimate (and runner init) reads them too instead of failing on the cut; two gzip members
+    concatenated read as one text."""
+    import gzip
+    _write(tmp_path / "d.jsonl", [80] * 400)
+    raw = gzip.compress((tmp_path / "d.jsonl").read_bytes())
+    (tmp_path / "cut.jsonl.gz").write_bytes(raw[:len(raw) // 2])
+    e = disk.estimate(_spec(tmp_path, tmp_path / "cut.jsonl.gz"))
+    assert "error" not in e and 0 < e["samples"] < 400, e
+    (tmp_path / "two.jsonl.gz").write_bytes(raw + raw)
+    head, size, whole, kind = disk.read_head(tmp_path / "two.jsonl.gz", 1 << 30)
+    assert whole and kind == "gzip" and head == (tmp_path / "d.jsonl").read_bytes() * 2
+
+
 def test_plan_says_when_extract_will_not_fit_and_suggests_online(tmp_path):
     """A sparse 4 TB data file (nothing written): the estimate exceeds the free space."""
     path = tmp_path / "big.jsonl"

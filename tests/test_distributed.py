@@ -177,6 +177,17 @@ def test_resume_across_rank_counts(one_rank, tmp_path):
     assert hist[0].get("marker") == "from-2-ranks"
 
 
+def test_two_ranks_checkpoint_by_time_together(one_rank, tmp_path):
+    """stages.train.checkpoint_minutes with 2 ranks: the ranks agree at a host sync (here the
+    evaluation at step 2) and checkpoint together, no rank left waiting in a barrier; killed
+    after step 3, the checkpoint is step 2's (checkpoint_every is far away)."""
+    spec, ex, _ = one_rank
+    timed = train_spec(**{**TRAIN, "checkpoint_every": 1000, "checkpoint_minutes": 1e-9})
+    q = tmp_path / "t"
+    spawn(_train_until, 2, timed.model_dump_json(), ex, q, tmp_path / "r.duckdb", 3)
+    assert torch.load(q / "ckpt.pt", weights_only=False)["step"] == 2
+
+
 def test_stage_error_on_two_ranks_comes_back_once(one_rank, tmp_path):
     """A StageError raised in the ranks reaches the local executor as the stage's own message,
     with one failed `stages` row and no artifact."""

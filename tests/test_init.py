@@ -39,6 +39,7 @@ def test_init_writes_a_spec_that_validates_and_plans(tmp_path, monkeypatch, caps
     target = make_target(tmp_path / family, family)
     data = chats(tmp_path / "chats.jsonl")
     assert main(["init", "--target", str(target), "--data", str(data), "--out", "s.yaml"]) == 0
+    assert "wrote s.yaml" in capsys.readouterr().err
     text = (tmp_path / "s.yaml").read_text()
     assert "# " in text and "Offline features: (3 aux + 1 last) x 4096 x 2 bytes + 9 (id, " \
         "mask) = 32,777 B per token" in text  # runner/disk.py's figure, as plan prints it
@@ -47,13 +48,25 @@ def test_init_writes_a_spec_that_validates_and_plans(tmp_path, monkeypatch, caps
     assert raw["drafter"]["aux_layer_ids"] == want["aux"]
     assert raw["data"] == {"source": "jsonl", "path": str(data), "max_length": 2048,
                            "holdout": 0, "max_bad_fraction": 0.01}
+    # 20 short answers hold far fewer distinct assistant tokens than the vocabulary rule's
+    # 32000: the head is sized to them, and the comment says so
+    vd = raw["drafter"]["draft_vocab_size"]
+    assert 10 < vd < 100 and f"= the {vd} distinct assistant tokens in the 20 conversations" in text
     assert raw["stages"]["bench"]["configs"] == [  # SGLang's auto choice, then a chain
         {"num_steps": 5, "eagle_topk": 4, "num_draft_tokens": 8},
         {"num_steps": 5, "eagle_topk": 1, "num_draft_tokens": 6}]
     assert raw["stages"]["train"]["features"] == "offline" and "extract" in raw["stages"]
     spec = load_spec(tmp_path / "s.yaml")
-    assert spec.num_layers == want["L"] and spec.drafter.draft_vocab_size == want["vocab"]
+    assert spec.num_layers == want["L"]  # the rule's choice, capped by the data's tokens:
+    assert draft_vocab_size_for(spec.target.vocab_size, 4096) == want["vocab"] > vd
     assert spec.feature_width == 3 * 4096
+    assert raw["stages"]["bench"]["num_prompts"] == 8  # no GPU on the test machine
+    sglang = raw["stages"]["bench"]["backend"] == "sglang"
+    assert sglang or (family.startswith("llama") and "SGLang is not installed here" in text)
+    if sglang and main(["validate", "s.yaml"]) == 1:  # SGLang missing: said before any compute
+        assert "sglang is not importable" in capsys.readouterr().err
+        (tmp_path / "s.yaml").write_text(text.replace("backend: sglang", "backend: embedded"))
+        spec = load_spec(tmp_path / "s.yaml")
     plan = build_plan(spec)
     assert [p.stage for p in plan.stages] == ["extract", "train", "export", "bench"]
     # a tolerance is no part of a cache key: changing it reruns nothing
@@ -63,11 +76,51 @@ def test_init_writes_a_spec_that_validates_and_plans(tmp_path, monkeypatch, caps
     assert main(["plan", "s.yaml"]) == 0
     out = capsys.readouterr()
     assert "disk: extract writes ~" in out.out and "x 32,777 B" in out.out  # plan's estimate
-    assert "wrote s.yaml" in out.err
     # an existing output is kept unless --force
     assert main(["init", "--target", str(target), "--out", "s.yaml"]) == 1
     assert "pass --force" in capsys.readouterr().err
     assert main(["init", "--target", str(target), "--out", "s.yaml", "--force"]) == 0
+
+
+def test_init_reads_the_data_it_is_given(tmp_path, capsys):
+    """The issue's first hour: a file with one malformed line of 31 and a few empty records.
+    init names the malformed line and the records cleaned away, raises data.max_bad_fraction so
+    that its own spec passes the first apply's check (3.23% > 1%), and sizes the draft vocab
+    from the distinct assistant tokens it tokenized, saying so. A file mostly broken keeps 1%
+    and gets a warning instead."""
+    target = make_target(tmp_path / "llama", "llama3.1-8b")
+    lines = [json.dumps({"messages": [{"role": "user", "content": f"question {i}"},
+                                      {"role": "assistant", "content": f"answer {i % 7}"}]})
+             for i in range(30)]
+    lines.insert(15, '{"messages": [{"role": "user", "content": "hi"},')
+    lines += [json.dumps({"messages": [{"role": "user", "content": "no answer"}]})] * 2
+    data = tmp_path / "chats.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "s.yaml"
+    assert main(["init", "--target", str(target), "--data", str(data), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "init: data: 33 records read, 30 conversations kept; unusable 1 (3.03%): malformed 1 " \
+        "(first at chats.jsonl:16); cleaned away: no_assistant 2" in err
+    text = out.read_text()
+    raw = yaml.safe_load(text)
+    assert raw["data"]["max_bad_fraction"] == 0.04 and "raised from 1%" in text
+    assert raw["stages"]["train"]["eval_samples"] == 3  # a tenth of 30, not the default 8
+    from eagle3_runner.data.conversations import check_bad_fraction, conversations_from_file
+    _, rep = conversations_from_file(data)  # the stages' own check passes on this spec
+    check_bad_fraction(rep, raw["data"]["max_bad_fraction"])
+    vd = raw["drafter"]["draft_vocab_size"]
+    assert f"{vd} distinct assistant tokens in the 30 conversations: draft vocab {vd}" in err
+    from chat_helpers import load_tokenizer
+    from eagle3_runner.data.chat import tokenize_dataset
+    from eagle3_runner.data.conversations import load_conversations
+    from eagle3_runner.runner.spec.load import load_spec as ls
+    convs, _, _ = load_conversations(ls(out).data)
+    samples, _ = tokenize_dataset(load_tokenizer(target), convs, "auto", 2048)
+    assert vd == len({i for ids, m in samples for i, k in zip(ids, m) if k})  # exactly the stages'
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("\n".join(lines[:5] + ["{oops"] * 3 + lines[5:6]) + "\n")
+    text, facts = build(str(target), str(broken))
+    assert facts["max_bad_fraction"] == 0.01 and "the first apply stops there" in text
 
 
 def test_deepseek_family_without_tokenizer(tmp_path, capsys):
@@ -149,6 +202,20 @@ def test_init_refuses_unreadable_targets(tmp_path):
         (tmp_path / name).write_bytes(body)  # unreadable data: an error, not a spec comment
         with pytest.raises(InitError, match="--data "):
             build(str(tmp_path / "t"), str(tmp_path / name))
+
+
+def test_init_refuses_a_bad_name_or_out_before_any_work(tmp_path):
+    """--name with a space, --out a folder or in a place nobody can write: a clear error naming
+    the option (not 'a bug in runner init', not a traceback)."""
+    target = str(make_target(tmp_path / "q", "qwen3-8b"))
+    cases = ((["--name", "my model"], "--name 'my model': a spec name is letters"),
+             (["--out", str(tmp_path)], "is a folder; give the spec's file name"),
+             (["--out", "/proc/no/spec.yaml"], "cannot write it"))
+    for extra, want in cases:
+        r = subprocess.run([sys.executable, "-m", "eagle3_runner.runner", "init", "--target",
+                            target, *extra], cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 1 and r.stderr.startswith("error: ") and want in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and "bug in runner init" not in r.stderr
 
 
 def test_init_on_the_smollm2_gguf(smollm2_path):

@@ -233,9 +233,39 @@ def test_more_than_one_layer_and_tied_embeddings(tmp_path):
     d = make_draft(tmp_path, cfg_edit=lambda c: c.update(num_hidden_layers=2,
                                                          tie_word_embeddings=True))
     assert sorted(errors(run(d, v="0.5.6"))) == ["E_NUM_LAYERS", "E_TIED_EMBEDDINGS"]
-    f = run(d, v="0.5.23")  # builds two layers: layer 1's tensors are missing
-    assert sorted(errors(f)) == ["E_KEY_MISSING", "E_TIED_EMBEDDINGS"]
-    assert "layers.1." in msg(f, "E_KEY_MISSING")
+    f = run(d, v="0.5.23")  # builds two layers: the config is named as the cause, once
+    assert sorted(errors(f)) == ["E_NUM_LAYERS", "E_TIED_EMBEDDINGS"]
+    m = msg(f, "E_NUM_LAYERS")
+    assert "num_hidden_layers = 2" in m and "layers.1." in m and "set num_hidden_layers: 1" in m
+    assert "E_KEY_MISSING" not in codes(f)
+    # a second layer's tensors present but incomplete: those are missing keys, not the config
+    two = make_draft(tmp_path, cfg_edit=lambda c: c.update(num_hidden_layers=2), name="two",
+                     tensor_edit=lambda ts: ts.update({
+                         k.replace("midlayer.", "layers.1."): v for k, v in ts.items()
+                         if k.startswith("midlayer.mlp.")}))
+    f = run(two, v="0.5.23")
+    assert "E_KEY_MISSING" in errors(f) and "E_NUM_LAYERS" not in errors(f)
+    assert "layers.1.self_attn" in msg(f, "E_KEY_MISSING")
+
+
+def test_overlapping_tensor_byte_ranges_are_not_clean(tmp_path):
+    """Tensors whose byte ranges overlap (or leave bytes no tensor covers): every entry reads
+    fine alone, but the safetensors library (SGLang's loader) refuses the file."""
+    from safetensors import safe_open
+    from bad_drafts import _overlap
+    d = make_draft(tmp_path, TINY, dense=True)
+    _overlap(d / "model.safetensors")
+    with pytest.raises(Exception, match="invalid offset"):  # the library's own verdict
+        safe_open(str(d / "model.safetensors"), "np")
+    f = run(d)
+    assert "E_SAFETENSORS" in errors(f)
+    assert "overlaps the tensor before it" in msg(f, "E_SAFETENSORS")
+    d2 = make_draft(tmp_path, TINY, dense=True, name="trailing")
+    with open(d2 / "model.safetensors", "ab") as fh:
+        fh.write(bytes(8))
+    with pytest.raises(Exception, match="incomplete metadata"):
+        safe_open(str(d2 / "model.safetensors"), "np")
+    assert "incomplete metadata" in msg(run(d2), "E_SAFETENSORS")
 
 
 def test_architecture_and_speculators_format(tmp_path):
@@ -249,6 +279,14 @@ def test_truncated_file_and_missing_dir(tmp_path):
     p.write_bytes(p.read_bytes()[:-100])
     assert "E_TRUNCATED" in errors(run(d))
     assert errors(inspect_draft(tmp_path / "nope")) == ["E_NO_DRAFT_DIR"]
+
+
+def test_the_export_stage_folder_points_to_its_drafts(tmp_path):
+    """`runner inspect runs/x/export` (the stage's folder, not one artifact): the finding names
+    the subfolders that hold drafts."""
+    d = make_draft(tmp_path / "export", TINY, name="ab12cd34")
+    f = inspect_draft(tmp_path / "export")
+    assert errors(f) == ["E_NO_CONFIG"] and str(d) in msg(f, "E_NO_CONFIG")
 
 
 def test_gguf_target(tmp_path, smollm2_path):

@@ -255,6 +255,10 @@ def test_failed_stage_leaves_no_complete_artifact(tmp_path, fake_stages):
     assert Path(train.partial).exists() and not (Path(train.partial) / MANIFEST).exists()
     r = reasons(build_plan(make_spec(tmp_path)))
     assert r["extract"] == ("skip", "up to date")
+    # no checkpoint in the partial dir: the plan says the run restarts (not "resuming")
+    assert r["train"] == ("run", "incomplete: no ckpt.pt yet, restarts from the beginning")
+    (Path(train.partial) / "ckpt.pt").write_bytes(b"")
+    r = reasons(build_plan(make_spec(tmp_path)))
     assert r["train"] == ("run", "incomplete: resuming partial output")
     _, rows = Store(plan.results).query(
         f"SELECT stage, status, error FROM stages WHERE run_id = '{run_id}' ORDER BY started_at")
@@ -448,3 +452,81 @@ def test_a_stage_is_one_registry_row(tmp_path, monkeypatch):
         for k in S.REGISTRY))
     plan = build_plan(make_spec(tmp_path))
     assert next(p for p in plan.stages if p.stage == "train").needs == ()
+
+
+def test_every_registry_preflight_is_a_function_of_its_stage_module():
+    from eagle3_runner.runner.stages import REGISTRY, stage_module
+    for k in REGISTRY:
+        if k.preflight is not None:
+            assert callable(getattr(stage_module(k.name), k.preflight, None)), k
+
+
+def test_bench_backend_sglang_without_sglang_is_refused_before_any_compute(tmp_path):
+    """backend sglang on a machine whose stages.bench.sglang.python cannot import sglang: plan
+    and validate refuse it on the local executor, naming the three fixes (it used to fail
+    after extract, train and export); on Slurm it is a warning (the plan cannot see a node)."""
+    from eagle3_runner.runner.errors import PlanError
+    from eagle3_runner.runner.plan import input_problems
+    bad = ["stages.bench.backend=sglang", "stages.bench.sglang.python=/nonexistent/python3"]
+    spec = make_spec(tmp_path, bad)
+    with pytest.raises(PlanError, match=r"sglang is not importable by '/nonexistent/python3'.*"
+                                        r"eagle3-runner\[sglang\].*stages.bench.sglang.python.*"
+                                        r"backend: embedded"):
+        build_plan(spec)
+    errors, warnings = input_problems(spec)
+    assert len(errors) == 1 and not warnings
+    assert errors[0].startswith("stages.bench.backend = sglang")
+    slurm = make_spec(tmp_path, bad + ["executor={kind: slurm, partition: gpu}"])
+    plan = build_plan(slurm)
+    assert any("sglang is not importable" in w and "compute nodes" in w for w in plan.warnings)
+    assert input_problems(slurm)[0] == []
+    assert input_problems(make_spec(tmp_path))[0] == []  # embedded: nothing to import
+
+
+def test_validate_sees_what_plan_sees(tmp_path):
+    """`runner validate` checks the files the stages read (a data file that does not exist) and
+    the stages a stage needs (a bench without an export: nothing to bench), as plan does."""
+    from eagle3_runner.runner.errors import PlanError
+    from eagle3_runner.runner.plan import input_problems
+    spec = make_spec(tmp_path, ["data.path=" + str(tmp_path / "missing.jsonl")])
+    errors, _ = input_problems(spec)
+    assert len(errors) == 1 and errors[0].startswith("data.path = ")
+    assert "does not exist" in errors[0]
+    r = subprocess.run([sys.executable, "-m", "eagle3_runner.runner", "validate",
+                        str(_write_spec(tmp_path, spec))], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.startswith("error: data.path = "), r.stderr
+    no_export = make_spec(tmp_path, ["stages.export=null"])
+    errors, _ = input_problems(no_export)
+    assert errors == [e for e in errors if e.startswith("stages.bench: set, but the spec has no "
+                                                        "stages.export")] and errors
+    with pytest.raises(PlanError, match="stages.bench: set, but the spec has no stages.export"):
+        build_plan(no_export)
+
+
+def _write_spec(tmp_path: Path, spec) -> Path:
+    import yaml
+    p = tmp_path / "spec.yaml"
+    p.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    return p
+
+
+def test_a_cuda_target_on_a_machine_without_a_gpu_is_said_before_any_compute(tmp_path,
+                                                                          monkeypatch):
+    """target.device: cuda (a GPU spec copied to a laptop): the stages that load the target
+    would fail after the earlier ones ran; plan refuses it locally (a warning on Slurm) when no
+    GPU shows (runner/placement.py gpu_visible: the driver's entries, no torch)."""
+    from eagle3_runner.runner import placement
+    from eagle3_runner.runner.errors import PlanError
+    from eagle3_runner.runner.plan import input_problems
+    monkeypatch.setattr(placement, "GPU_SIGNS", (str(tmp_path / "no-such-driver"),))
+    spec = make_spec(tmp_path, ["target.device=cuda"])
+    with pytest.raises(PlanError, match="target.device = 'cuda': this machine shows no GPU .* "
+                                        "extract would fail"):
+        build_plan(spec)
+    errors, _ = input_problems(spec)
+    assert [e.split(", so ")[1].split(" ")[0] for e in errors] == ["extract", "bench"]
+    assert not input_problems(make_spec(tmp_path))[0]  # device auto: the CPU here
+    (tmp_path / "gpus").mkdir()
+    (tmp_path / "gpus" / "0000:01:00.0").mkdir()
+    monkeypatch.setattr(placement, "GPU_SIGNS", (str(tmp_path / "gpus"),))
+    assert not input_problems(spec)[0]

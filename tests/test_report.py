@@ -154,6 +154,37 @@ def test_missing_data_skips_a_plot(tmp_path, capsys):
         "rep_accept_per_pos.png", "rep_configs.png", "rep_tok_s.png"]
 
 
+def test_one_run_has_no_tau_vs_samples_plot_and_the_labels_say_what_they_are(tmp_path, capsys,
+                                                                            monkeypatch):
+    """A single run (every row trained on the same samples) gets no one-point tau-vs-samples
+    plot, but a note saying what draws it; the configs plot writes "pays at tau X" (the
+    break-even tau) and its title says what that is; in a sweep, lines that coincide (chains 3
+    and 5 with equal tau) keep distinct hollow markers, so neither hides the other."""
+    from eagle3_runner.runner import report
+    spec = make_spec(tmp_path)
+    store = Store(tmp_path / "r.duckdb")
+    store.emit("runs", dict(run_id="a", spec_name="rep", started_at="2025-01-01 10:00:00"))
+    store.emit("bench_summary", [{**summary_row("a", "base", k, 54, 1.15, 30.0),
+                                  "break_even_tau": 7.56} for k in (3, 5)])
+    figs = []
+    monkeypatch.setattr(report, "_save", lambda fig, path: figs.append(fig) or path)
+    assert report_cli(spec, tmp_path / "out") == 0
+    err = capsys.readouterr().err
+    assert "skipped tau_vs_samples" in err and "data-scaling sweep" in err
+    texts = [t.get_text() for f in figs for ax in f.axes for t in ax.texts]
+    titles = " ".join(ax.get_title() for f in figs for ax in f.axes)
+    assert "0.75x\npays at\ntau 7.56" in texts and "break-even tau" in titles
+    assert not any(t.startswith("be ") for t in texts)
+    # a sweep whose two chains coincide: two lines, two different markers
+    rows = [summary_row("a", v, k, n, 1.2 + n / 1000, 30.0) for k in (3, 5)
+            for v, n in (("base", 54), ("n16", 16))]
+    figs.clear()
+    report.plot_tau_vs_samples(rows, "rep", tmp_path / "x.png")
+    lines = [ln for ln in figs[0].axes[0].lines if "chain" in ln.get_label()]
+    assert len(lines) == 2 and lines[0].get_marker() != lines[1].get_marker()
+    assert lines[0].get_markersize() > lines[1].get_markersize()
+
+
 def test_empty_db_is_a_clear_error(tmp_path, capsys):
     spec = make_spec(tmp_path)
     # no results file at all

@@ -137,3 +137,43 @@ def test_a_slurm_stage_whose_job_ended_is_dead(tmp_path, capsys, monkeypatch):
     assert {s["stage"]: s["status"] for s in got["stages"]} == {
         "extract": "dead (Slurm CANCELLED by 0)", "train": "running"}
     assert got["status"] == "running (runner apply is gone; its Slurm jobs go on)"
+
+
+def test_ctrl_c_in_a_stage_is_cancelled_not_failed(tmp_path, fake_stages, capsys):
+    """Ctrl-C (SIGINT = KeyboardInterrupt) during train: the stage row and the run say
+    `cancelled` with what the next apply does, never `failed ... KeyboardInterrupt:`."""
+    spec = make_spec(tmp_path)
+
+    def train(ctx):
+        raise KeyboardInterrupt
+
+    fake_stages.setattr(sys.modules["eagle3_runner.jobs.train"], "run", train)
+    import pytest
+    with pytest.raises(KeyboardInterrupt):
+        apply(spec, build_plan(spec), quiet=True)
+    st = _status(Path(spec.results.path), capsys)
+    assert st["status"] == "cancelled"
+    by = {s["stage"]: s for s in st["stages"]}
+    assert by["extract"]["status"] == "done" and by["train"]["status"] == "cancelled"
+    assert "KeyboardInterrupt" not in str(by["train"]["error"])
+    assert "interrupted (Ctrl-C)" in by["train"]["error"] and "checkpoint" in by["train"]["error"]
+
+
+def test_a_stage_skipped_after_a_failure_names_the_upstream_and_no_log(tmp_path, fake_stages):
+    """The error lines of `runner apply`: a failed stage points to its log; the stages skipped
+    after it name the stage that failed and point to no log file (they never ran)."""
+    from eagle3_runner.runner.cli import outcome_line
+    from eagle3_runner.runner.errors import StageError
+    spec = make_spec(tmp_path)
+
+    def train(ctx):
+        raise StageError("train: broken on purpose")
+
+    fake_stages.setattr(sys.modules["eagle3_runner.jobs.train"], "run", train)
+    _, outcomes = apply(spec, build_plan(spec), quiet=True)
+    lines = {o.job.stage: outcome_line(o) for o in outcomes if o.status != "done"}
+    assert lines["train"].startswith("error: stage train failed: train: broken on purpose")
+    assert "(log: " in lines["train"] and Path(lines["train"].split("(log: ")[1][:-1]).is_file()
+    for s in ("export", "bench"):
+        assert lines[s] == f"error: stage {s} skipped: upstream stage " \
+            f"{'train' if s == 'export' else 'export'} failed"

@@ -210,6 +210,22 @@ def test_results_latest_summary_metrics(filled_db):
     assert r.returncode == 0 and "loss" in r.stdout and "mtbench" in r.stdout
 
 
+def test_the_bench_tables_of_apply_and_the_demo_use_bench_summary_names(filled_db):
+    """`runner apply`/`results` end with a bench table, and the demo queries the same rows: both
+    headers are bench_summary's own column names (no topk/ndt next to eagle_topk/num_draft_tokens
+    for the same rows)."""
+    from eagle3_runner.runner.results import BENCH_SUMMARY
+    names = {c.split()[0] for c in SCHEMA["bench_summary"].split(",")}
+    cols, rows = Store(filled_db).query(BENCH_SUMMARY.format(where=""))
+    assert rows and set(cols) <= names, set(cols) - names
+    demo = (ROOT / "scripts" / "demo.sh").read_text()
+    sql = demo[demo.index('runner query "') + len('runner query "'):].split('"')[0]
+    qcols, qrows = Store(filled_db).query(sql.replace("'smollm2-sharegpt'", "'s'"))
+    assert qrows and set(qcols) <= names, set(qcols) - names
+    assert {"num_steps", "eagle_topk", "num_draft_tokens", "tau", "break_even_tau"} <= \
+        set(cols) & set(qcols)
+
+
 @pytest.mark.parametrize("sql,why", [
     ("COPY metrics TO '{out}'", "COPY"), ("SELECT 1; COPY metrics TO '{out}'", "one statement"),
     ("EXPORT DATABASE '{tmp}/exp'", "EXPORT"), ("SELECT * FROM read_csv('{csv}')", "Permission"),
@@ -235,6 +251,23 @@ def test_results_path_not_a_duckdb_file(tmp_path):
             assert r.returncode == 1 and why in r.stderr and "Traceback" not in r.stderr, r.stderr
     with pytest.raises(StoreError, match="writable"):  # results under a file: emit refuses
         Store(junk / "r.duckdb").emit("metrics", {"name": "x"})
+
+
+def test_a_results_file_cut_short_is_named_damaged_by_query_status_and_plan(filled_db, tmp_path):
+    """A results file cut short (full disk, interrupted copy) opens in DuckDB and fails only when
+    a query reaches a missing page: query, results and status say it is damaged and what to do,
+    and the plan refuses it before any stage runs (tests/bad_inputs.py covers the plan)."""
+    raw = filled_db.read_bytes()
+    cut = tmp_path / "cut.duckdb"
+    cut.write_bytes(raw[:len(raw) // 2])
+    for args in (["query", "SELECT * FROM bench"], ["results"], ["status"]):
+        r = runner(*args, "--results", str(cut))
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert "is damaged" in r.stderr and "move it away" in r.stderr, r.stderr
+    from eagle3_runner.runner.store import check_readable
+    check_readable(filled_db)  # a whole file passes
+    with pytest.raises(StoreError, match="damaged"):
+        check_readable(cut)
 
 
 def test_ctrl_c_during_a_query_prints_interrupted(filled_db, monkeypatch, capsys):

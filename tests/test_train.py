@@ -43,15 +43,21 @@ def test_vocab_top_k_sorted_ascending_ties_by_lower_id():
     assert st["coverage"] == pytest.approx(19 / 20)
 
 
-def test_vocab_pads_and_warns_naming_both_numbers():
-    """Handed case 8: 1,700 distinct supervised tokens, draft_vocab_size 32000."""
+def test_vocab_pads_and_warns_naming_both_numbers(capsys):
+    """Handed case 8: 1,700 distinct supervised tokens, draft_vocab_size 32000: one stderr line
+    naming both numbers and the value to set (no Python warning with its source line)."""
+    import warnings
     V_, Vd = 49152, 32000
     g = torch.Generator().manual_seed(0)
     seen = torch.randperm(V_, generator=g)[:1700]
     counts = torch.zeros(V_, dtype=torch.int64)
     counts[seen] = torch.randint(1, 100, (1700,), generator=g)
-    with pytest.warns(V.DraftVocabWarning, match=r"1700.*32000"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warnings.warn (a two-line message with source)
         used, st = V.select_vocab(counts, Vd)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "1700 distinct" in err[0] and "draft_vocab_size 32000" in err[0]
+    assert "drafter.draft_vocab_size: 1700" in err[0]
     assert used.numel() == Vd and st["padded"] == Vd - 1700 and st["distinct_tokens"] == 1700
     assert bool((used[1:] > used[:-1]).all())  # sorted, distinct
     assert set(seen.tolist()) <= set(used.tolist())  # every seen token kept
@@ -296,6 +302,27 @@ def test_resume_is_bit_exact(extract_dir, tmp_path):
     train(c)
     sc = load_file(str(tmp_path / "c" / "draft.safetensors"))
     assert not torch.equal(sa["fc.weight"], sc["fc.weight"])
+
+
+def test_checkpoints_by_time_as_well_as_steps(extract_dir, tmp_path):
+    """stages.train.checkpoint_minutes: with checkpoint_every far away, a run killed after step 3
+    still left a checkpoint (here every step is past a tiny time limit), and the resumed run
+    ends with the uninterrupted run's weights. The limit is not part of the run's fingerprint:
+    another value keeps the checkpoint. With null, only steps count (nothing saved)."""
+    db = tmp_path / "r.duckdb"
+    spec = train_spec(max_steps=5, eval_every=50, checkpoint_every=1000, checkpoint_minutes=1e-9)
+    b = train_ctx(spec, extract_dir, tmp_path / "b", db)
+    assert train(b, stop_at=3) is None
+    assert torch.load(tmp_path / "b" / "ckpt.pt", weights_only=False)["step"] == 3
+    later = train_spec(max_steps=5, eval_every=50, checkpoint_every=1000, checkpoint_minutes=60)
+    train(train_ctx(later, extract_dir, tmp_path / "b", db))
+    train(train_ctx(later, extract_dir, tmp_path / "a", db))  # uninterrupted
+    sa, sb = (load_file(str(tmp_path / d / "draft.safetensors")) for d in "ab")
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    steps_only = train_spec(max_steps=5, eval_every=50, checkpoint_every=1000,
+                            checkpoint_minutes=None)
+    assert train(train_ctx(steps_only, extract_dir, tmp_path / "c", db), stop_at=3) is None
+    assert not (tmp_path / "c" / "ckpt.pt").exists()
 
 
 def test_refusals(extract_dir, tmp_path):

@@ -59,8 +59,9 @@ from eagle3_runner.trainer.objective import (Loss, TTTObjective, aux_noise, loss
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.files import atomic_path, atomic_write
 from eagle3_runner.runner.stage import StageContext
+from eagle3_runner.runner.stages import stage_kind
 
-CKPT = "ckpt.pt"
+CKPT = stage_kind("train").resume_file  # ckpt.pt; the plan looks for it (runner/stages.py)
 SYNC_EVERY = 32  # optimizer steps between host reads of the step results (module docstring)
 
 
@@ -334,7 +335,8 @@ def setup(ctx: StageContext, impl: Any = "spec") -> TrainRun:
     total = max(1, math.ceil(p.epochs * spe))
     total = min(total, p.max_steps) if p.max_steps else total
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, p.warmup_steps, total))
-    fp = hashlib.sha256(json.dumps({"train": p.model_dump(), "draft": cfg.as_dict(), "vocab": key,
+    fp = hashlib.sha256(json.dumps({"train": p.model_dump(exclude={"checkpoint_minutes"}),
+                                    "draft": cfg.as_dict(), "vocab": key,
                                     "device": device.type, "impl": impl}, sort_keys=True,
                                    default=str).encode()).hexdigest()[:16]
     learner = Learner(model, opt, p, head, used, t2d.to(device), eps, device, None, rank, world,
@@ -446,6 +448,23 @@ def step_ids(run: TrainRun, step: int) -> tuple[list[int], bool]:
     return [run.train_ids[i] for i in (mine or idx[:1])], not mine
 
 
+def checkpoint_due(run: TrainRun, since: float, at_sync: bool) -> bool:
+    """Whether stages.train.checkpoint_minutes have passed since `since` (time.monotonic() of the
+    last checkpoint, or of the loop's start): checked at every step on one rank; data parallel,
+    only at a host sync (`at_sync`), where the ranks agree through one all-reduce (any rank
+    late = all checkpoint), so that they all reach checkpoint()'s barrier together."""
+    minutes = run.ctx.params.checkpoint_minutes
+    if minutes is None:
+        return False
+    late = time.monotonic() - since >= minutes * 60
+    if run.learner.world == 1:
+        return late
+    if not at_sync:
+        return False
+    flag = torch.tensor([float(late)], device=run.learner.device)
+    return bool(D.all_reduce_sum(flag).item() > 0)
+
+
 def train(ctx: StageContext, stop_at: int | None = None, impl: Any = "spec") -> dict:
     """Train the drafter of ctx.spec on its sample source (trainer/sources.py); resume from
     ctx.out_dir/ckpt.pt. impl: as `setup`.
@@ -471,6 +490,7 @@ def train(ctx: StageContext, stop_at: int | None = None, impl: Any = "spec") -> 
                disable=learner.rank != 0)
     feed = Prefetch(run.source, learner.device) if p.prefetch else None
     run_loss, run_n, t0 = 0.0, 0, time.perf_counter()
+    saved = time.monotonic()  # of the last checkpoint (stages.train.checkpoint_minutes)
     while run.step < run.total:
         if stop_at is not None and run.step >= stop_at:
             bar.close()
@@ -487,8 +507,10 @@ def train(ctx: StageContext, stop_at: int | None = None, impl: Any = "spec") -> 
         run.pending.append((run.step, out))
         bar.update(1)
         log = run.step % p.eval_every == 0 or run.step == run.total
-        ckpt = run.step % p.checkpoint_every == 0 and run.step < run.total
-        if log or ckpt or run.step % SYNC_EVERY == 0:
+        ckpt = run.step % p.checkpoint_every == 0
+        sync = log or ckpt or run.step % SYNC_EVERY == 0
+        ckpt = (ckpt or checkpoint_due(run, saved, sync)) and run.step < run.total
+        if sync or ckpt:
             loss_sum, n = drain(run)  # the host sync: the steps so far are done
             run.train_s += time.perf_counter() - t0
             run.budget_s.append((run.step, run.train_s, run.tokens))
@@ -505,6 +527,7 @@ def train(ctx: StageContext, stop_at: int | None = None, impl: Any = "spec") -> 
                 record_eval(run)
             if ckpt:
                 checkpoint(run)
+                saved = time.monotonic()
             t0 = time.perf_counter()  # eval and checkpoint time excluded
     bar.close()
     if not run.history or run.history[-1]["step"] != run.step:

@@ -4,7 +4,8 @@ Convention (SpecForge preprocessing.generate_vocab_mapping_file; SGLang llama_ea
 - count token frequencies over SUPERVISED tokens only (loss_mask == 1);
 - keep the draft_vocab_size most frequent (ties: lower id first), then sort the ids ascending;
 - when fewer distinct tokens than draft_vocab_size were seen, pad with the lowest unused ids (as
-  SpecForge does) and warn, naming both numbers;
+  SpecForge does) and say so in one stderr line, naming both numbers and the field to set
+  (`runner init --data` sizes the vocab from the data's distinct tokens in the first place);
 - d2t int64 [Vd] holds OFFSETS: d2t[i] = used[i] - i, so target_id = i + d2t[i];
 - t2d bool [V]: t2d[j] = j is in the draft vocab.
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
+import sys
 from pathlib import Path
 from typing import Iterable
 
@@ -25,10 +26,6 @@ import torch
 from eagle3_runner.runner.files import atomic_path
 
 FORMAT = "draft-vocab/1"
-
-
-class DraftVocabWarning(UserWarning):
-    """Fewer distinct supervised tokens than draft_vocab_size: the vocab was padded."""
 
 
 def count_tokens(samples: Iterable[tuple[torch.Tensor, torch.Tensor]], vocab_size: int) -> torch.Tensor:
@@ -47,8 +44,8 @@ def select_vocab(counts: torch.Tensor, draft_vocab_size: int) -> tuple[torch.Ten
     """counts int64 [V] -> used ids int64 [Vd] (ascending) and stats.
 
     Top draft_vocab_size by count (ties broken by lower id); padded with the lowest unseen ids
-    when fewer distinct tokens were seen (SpecForge pads the same way), with a DraftVocabWarning.
-    Raises ValueError when draft_vocab_size > V."""
+    when fewer distinct tokens were seen (SpecForge pads the same way), said on stderr in one
+    line. Raises ValueError when draft_vocab_size > V."""
     V = counts.numel()
     if draft_vocab_size > V:
         raise ValueError(f"draft_vocab_size {draft_vocab_size} is larger than the target vocab {V}")
@@ -57,11 +54,11 @@ def select_vocab(counts: torch.Tensor, draft_vocab_size: int) -> tuple[torch.Ten
     order = torch.sort(-counts, stable=True).indices
     distinct = int((counts > 0).sum())
     if distinct < draft_vocab_size:
-        warnings.warn(
-            f"draft vocab: only {distinct} distinct supervised tokens in the training data, but "
-            f"draft_vocab_size is {draft_vocab_size}; padding with {draft_vocab_size - distinct} "
-            "unseen token ids (as SpecForge does). Those lm_head rows never get a positive target; "
-            "use more data or a smaller drafter.draft_vocab_size.", DraftVocabWarning, stacklevel=2)
+        print(f"train: draft vocab: {distinct} distinct supervised tokens in the training "
+              f"samples, drafter.draft_vocab_size {draft_vocab_size}: {draft_vocab_size - distinct}"
+              " padded with unseen ids (as SpecForge does; no sample targets them). Set "
+              f"drafter.draft_vocab_size: {distinct}, or train on more data.", file=sys.stderr,
+              flush=True)
     used = ids[order[:draft_vocab_size]].sort().values
     total = int(counts.sum())
     covered = int(counts[used].sum())

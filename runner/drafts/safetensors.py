@@ -93,6 +93,28 @@ def entry_problem(name: str, e: dict, start: int, file_size: int) -> str | None:
     return None
 
 
+def layout_problem(header: dict, start: int, file_size: int) -> str | None:
+    """Why the tensors of one file do not tile its data, or None. The safetensors library (and
+    so SGLang's loader) refuses a file whose byte ranges, in order, overlap or leave a gap
+    ("invalid offset for tensor") or do not reach the end of the file ("incomplete metadata,
+    file not fully covered"): the format indexes every data byte exactly once (safetensors
+    0.4-0.7). Empty tensors take no bytes."""
+    end = 0
+    for name, e in sorted(header.items(), key=lambda kv: tuple(kv[1]["data_offsets"])):
+        a, b = e["data_offsets"]
+        if a != end:
+            what = "overlaps the tensor before it" if a < end else \
+                "leaves a gap after the one before"
+            return (f"tensor {name!r} holds data bytes {a}..{b}, which {what} (it should start "
+                    f"at {end}): the safetensors library, so SGLang, refuses the file ('invalid "
+                    "offset')")
+        end = b
+    if start + end != file_size:
+        return (f"the tensors cover {end} data bytes but the file holds {file_size - start}: "
+                "the safetensors library, so SGLang, refuses the file ('incomplete metadata')")
+    return None
+
+
 @dataclass
 class DraftScan:
     """A draft directory's safetensors as SGLang loads them."""
@@ -132,10 +154,12 @@ def scan_draft(draft_dir: Path) -> DraftScan:
             out.problems.append(str(e))
             continue
         out.files.append(p)
+        whys = {k: entry_problem(k, v, start, size) for k, v in header.items()}
+        if not any(whys.values()) and (why := layout_problem(header, start, size)):
+            out.problems.append(f"{p}: {why}. Re-export it.")
         for k, v in header.items():
-            why = entry_problem(k, v, start, size)
-            if why:
-                out.problems.append(f"{p}: {why}. Re-export it.")
+            if whys[k]:
+                out.problems.append(f"{p}: {whys[k]}. Re-export it.")
                 continue
             if k in out.tensors:
                 out.duplicates.setdefault(k, [out.tensors[k]["file"]]).append(p)

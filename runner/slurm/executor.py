@@ -200,10 +200,12 @@ class SlurmExecutor:
         while len(outcomes) < len(jobs):
             # dependents of a failed job: Slurm keeps them pending forever; cancel and skip them
             for i, j in enumerate(jobs):
-                if i not in outcomes and any(a in failed for a in j.after):
+                up = next((a for a in j.after if a in failed), None)
+                if i not in outcomes and up is not None:
                     scancel([subs[i].job_id])
                     failed.add(i)
-                    outcomes[i] = StageOutcome(j, "skipped", error="upstream stage failed",
+                    outcomes[i] = StageOutcome(j, "skipped",
+                                               error=f"upstream stage {jobs[up].id} failed",
                                                job_id=subs[i].job_id)
                     if on_event:
                         on_event("end", outcomes[i])

@@ -34,11 +34,14 @@ def _scalars(ann: Any) -> tuple[set, set]:
 
 def _coercion_problem(v: Any, kinds: set) -> str | None:
     """Why value `v` would be read wrong by a field of these scalar types, or None: an empty
-    string, a boolean where a number is wanted (YAML 1.1 reads yes/no/on/off as booleans),
-    NaN or infinity, an integer too large for the stores that keep it."""
+    string or one holding a NUL character, a boolean where a number is wanted (YAML 1.1 reads
+    yes/no/on/off as booleans), NaN or infinity, an integer too large for the stores that keep
+    it."""
     numeric = kinds & {int, float}
     if str in kinds and isinstance(v, str) and not v.strip():
         return "empty; give a value, or leave the field out for its default"
+    if str in kinds and isinstance(v, str) and "\0" in v:  # the OS refuses it in every path
+        return "holds a NUL character (\\0), which no path, name or argument can hold; remove it"
     if not numeric:
         return None
     if isinstance(v, bool):

@@ -21,7 +21,9 @@ from eagle3_runner.runner.spec.geometry import draft_geometry
 from eagle3_runner.runner.spec.messages import format_errors
 from eagle3_runner.runner.drafts.families import family_evidence
 from eagle3_runner.runner.spec.schema import PATH_FIELDS, Results, Spec
-from eagle3_runner.runner.target_config import read_chat_template, read_target_config, remote_code_problem
+from eagle3_runner.runner.chat import KNOWN, template_family
+from eagle3_runner.runner.target_config import (chat_template_source, read_chat_template,
+                                                read_target_config, remote_code_problem)
 
 MAX_YAML_NODES = 100_000  # a real spec has a few hundred; aliases count once per use
 
@@ -59,9 +61,14 @@ def _check_yaml_size(node, path: Path) -> None:
     size(node)
 
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 def _strict_loader():
     """yaml.SafeLoader that refuses duplicate mapping keys (PyYAML keeps the last one silently,
-    so a second `drafter:` block would quietly replace the first)."""
+    so a second `drafter:` block would quietly replace the first) and keys that are not scalars
+    (`? [a, b] : c`: a list or mapping as a key names no field). The standard merge key `<<`
+    works as YAML 1.1 defines it: the mapping's own keys override the merged ones."""
 
     class StrictSafeLoader(yaml.SafeLoader):
         pass
@@ -69,6 +76,13 @@ def _strict_loader():
     def mapping(loader, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == MERGE_TAG:  # merged by construct_mapping (flatten_mapping)
+                continue
+            if not isinstance(key_node, yaml.ScalarNode):
+                kind = "list" if isinstance(key_node, yaml.SequenceNode) else "mapping"
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a {kind} used as a mapping key; keys are field names",
+                    key_node.start_mark)
             key = loader.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
@@ -110,8 +124,9 @@ def read_yaml(path: Path) -> dict:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         what = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise SpecError([(str(path), f"not valid YAML for the safe loader (python tags are "
-                                     f"refused): {what}{where}")])
+        if "constructor for the tag" in what:  # !!python/..., !custom: no code runs, say so
+            what += " (only plain YAML values: tags other than the standard ones are refused)"
+        raise SpecError([(str(path), f"not valid YAML for the safe loader: {what}{where}")])
     if data is None:
         raise SpecError([(str(path), "the spec file is empty; start from specs/smollm2-sharegpt."
                                      "yaml (see docs/spec-reference.md)")])
@@ -248,14 +263,28 @@ def _fill_target_geometry(data: dict) -> tuple[list[tuple[str, str]], dict | Non
 def _check_chat_template(data: dict) -> list[tuple[str, str]]:
     """A regenerate stage renders prompts with the target's chat template: one must exist
     (tokenizer_config.json / chat_template.jinja, or the GGUF header's tokenizer.chat_template,
-    read without loading the model). Unknown (no target files) is not an error here."""
+    read without loading the model). A target.chat_template named in runner/chat.py KNOWN must
+    mark assistant turns as the target's own template does (runner/chat.py template_family: the
+    stages would find no assistant turn and stop after loading the target). Unknown (no target
+    files, a template no KNOWN name matches) is not an error here."""
     tgt, stages = data.get("target"), data.get("stages")
-    if not (isinstance(stages, dict) and stages.get("regenerate") is not None
-            and isinstance(tgt, dict) and isinstance(tgt.get("path"), str)):
+    if not (isinstance(tgt, dict) and isinstance(tgt.get("path"), str)):
+        return []
+    try:
+        text, where = chat_template_source(expand_path(tgt["path"]))
+    except (SpecError, EnvVarError, OSError):  # a bad target.path: the path checks report it
+        return []
+    named, found = tgt.get("chat_template"), template_family(text)
+    if isinstance(named, str) and named in KNOWN and found and KNOWN[found] != KNOWN[named]:
+        return [("target.chat_template", f"{named!r} marks assistant turns with "
+                 f"{KNOWN[named][0]!r}, but the target's own template ({where}) uses {found}'s "
+                 f"{KNOWN[found][0]!r}: no assistant turn would be found. Set "
+                 f"target.chat_template: {found} (or auto).")]
+    if not (isinstance(stages, dict) and stages.get("regenerate") is not None):
         return []
     try:
         has = read_chat_template(expand_path(tgt["path"]))
-    except (SpecError, EnvVarError, OSError):  # a bad target.path: the path checks report it
+    except (SpecError, EnvVarError, OSError):
         return []
     if has is False:
         return [("target.chat_template", f"the target at {tgt['path']} has no chat template "

@@ -99,3 +99,22 @@ def host_problem(host: str, field: str = BENCH_FIELD) -> str | None:
     return (f"{field}.host = {host!r}: the servers the runner launches bind loopback only "
             "(127.0.0.1, ::1 or localhost); they have no authentication, so another address "
             "would expose them to the network.")
+
+
+MAX_PORT = 65535
+
+
+def ports_problem(port: int | None, parallel: int = 1) -> str | None:
+    """Why the ports the bench's servers take from stages.bench.sglang.port would run past 65535,
+    or None: each of the `parallel` servers started at once takes two consecutive ports (HTTP,
+    --nccl-port; target/sglang_bench.py), so a wave takes port .. port + 2 x parallel - 1. None
+    (free ports picked per server) takes none."""
+    if port is None:
+        return None
+    last = port + 2 * parallel - 1
+    if last <= MAX_PORT:
+        return None
+    return (f"{BENCH_FIELD}.port = {port}: {BENCH_FIELD}.parallel = {parallel} servers at once "
+            f"take ports {port}..{last} (HTTP and --nccl-port each), past {MAX_PORT}, the last TCP "
+            f"port. Set port to at most {MAX_PORT - 2 * parallel + 1}, lower parallel, or leave "
+            "port out (free ports are picked per server).")
