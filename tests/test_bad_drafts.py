@@ -80,7 +80,7 @@ def test_convert_refuses_cleanly_every_generated_bad_draft(tmp_path, bounded):
 def test_cli_never_prints_a_traceback(tmp_path):
     """One subprocess runs the CLI over a share of the cases: exit codes 0/1, no traceback."""
     cases = [make_case(tmp_path, i) for i in range(0, N, 10)]
-    script = ("import sys, json\nfrom runner.cli import main\nrcs = []\n"
+    script = ("import sys, json\nfrom eagle3_runner.runner.cli import main\nrcs = []\n"
               "for d, t, line, v, out in json.loads(sys.argv[1]):\n"
               "    a = ['inspect', d, '--target', t] + (['--server-args', line] if line else [])\n"
               "    a += ['--sglang-version', v] if v else []\n"
@@ -141,7 +141,7 @@ def _layers0_big(root: Path) -> Path:
 def test_killed_convert_leaves_no_partial_output(tmp_path, sig):
     src = _layers0_big(tmp_path)
     dst = tmp_path / "out"
-    cmd = [sys.executable, "-m", "runner", "convert", str(src), str(dst), "--target",
+    cmd = [sys.executable, "-m", "eagle3_runner.runner", "convert", str(src), str(dst), "--target",
            str(tmp_path / "target"), "--sglang-version", "0.5.23"]
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     tmp = tmp_path / f".tmp-out-{p.pid}"

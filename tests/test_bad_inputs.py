@@ -51,7 +51,7 @@ def test_bad_spec_files_through_the_cli_exit_1_without_a_traceback(tag, tmp_path
     spec = tmp_path / "spec.yaml"
     spec.write_bytes(case.payload if isinstance(case.payload, bytes) else case.payload.encode())
     for cmd in ("validate", "plan"):
-        r = subprocess.run([sys.executable, "-m", "runner", cmd, str(spec)], cwd=ROOT,
+        r = subprocess.run([sys.executable, "-m", "eagle3_runner.runner", cmd, str(spec)], cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
         assert all(line.startswith("error: ") for line in r.stderr.splitlines()), r.stderr

@@ -142,7 +142,7 @@ def test_ctrl_c_while_starting_is_not_a_traceback(monkeypatch, capsys):
 def test_a_reader_that_leaves_gets_no_traceback():
     """`runner plan --json | head -1`: the pipe's reader is gone before the plan is printed;
     the CLI exits quietly (141, as a shell reports SIGPIPE) instead of a BrokenPipeError."""
-    p = subprocess.Popen([sys.executable, "-m", "runner", "plan",
+    p = subprocess.Popen([sys.executable, "-m", "eagle3_runner.runner", "plan",
                           str(ROOT / "specs/smollm2-sharegpt.yaml"), "--json"],
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     p.stdout.close()  # before the child (which needs ~1 s to import) writes anything

@@ -96,7 +96,8 @@ def test_plan_says_when_extract_will_not_fit_and_suggests_online(tmp_path):
     spec_file = tmp_path / "s.yaml"
     spec_file.write_text(json.dumps(spec.model_dump(mode="json", exclude_none=True)))
     def run(*a):
-        return subprocess.run([sys.executable, "-m", "runner", "plan", str(spec_file), *a],
+        return subprocess.run([sys.executable, "-m", "eagle3_runner.runner", "plan",
+                               str(spec_file), *a],
                               capture_output=True, text=True, cwd=ROOT, check=True).stdout
     text = run()
     assert "disk: extract writes ~" in text and "free on" in text

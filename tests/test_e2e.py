@@ -50,8 +50,8 @@ results:
 
 
 def runner(*args, check=True):
-    r = subprocess.run([sys.executable, "-m", "runner", *args], cwd=ROOT, capture_output=True,
-                       text=True)
+    r = subprocess.run([sys.executable, "-m", "eagle3_runner.runner", *args], cwd=ROOT,
+                       capture_output=True, text=True)
     if check and r.returncode:
         raise AssertionError(f"runner {args} exit {r.returncode}\n{r.stdout}\n{r.stderr}")
     return r

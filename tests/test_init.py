@@ -234,6 +234,6 @@ def test_init_help_and_no_torch(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "HEAVY []" in r.stderr and yaml.safe_load(r.stdout)["name"] == "q-eagle3"
-    r = subprocess.run([sys.executable, "-m", "runner", "init", "--help"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "eagle3_runner.runner", "init", "--help"], cwd=ROOT,
                        capture_output=True, text=True)
     assert "examples:" in r.stdout and "--data" in r.stdout

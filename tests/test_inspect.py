@@ -321,7 +321,7 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
 
 def test_inspect_never_imports_torch(tmp_path):
     d = make_draft(tmp_path, TINY)
-    code = ("import sys; from runner.cli import main; rc = main(['inspect', sys.argv[1]]); "
+    code = ("import sys; from eagle3_runner.runner.cli import main; rc = main(['inspect', sys.argv[1]]); "
             "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
     r = subprocess.run([sys.executable, "-c", code, str(d)], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -206,12 +206,14 @@ def test_cli_report_command(tmp_path):
     spec = make_spec(tmp_path)
     data = spec.model_dump(mode="json")
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(data))
-    r = subprocess.run([sys.executable, "-m", "runner", "report", str(tmp_path / "spec.yaml"),
-                        "--out", str(tmp_path / "o")], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run([sys.executable, "-m", "eagle3_runner.runner", "report",
+                        str(tmp_path / "spec.yaml"), "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 1 and "no results file" in r.stderr and "Traceback" not in r.stderr
     fill(tmp_path / "r.duckdb")
-    r = subprocess.run([sys.executable, "-m", "runner", "report", str(tmp_path / "spec.yaml"),
-                        "--out", str(tmp_path / "o")], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run([sys.executable, "-m", "eagle3_runner.runner", "report",
+                        str(tmp_path / "spec.yaml"), "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.split()) == 5
 

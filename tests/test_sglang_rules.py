@@ -524,9 +524,9 @@ def test_cli_reports_the_version_and_reads_installed_metadata(tmp_path):
     (site / "sglang-0.5.14.dist-info").mkdir(parents=True)
     (site / "sglang-0.5.14.dist-info" / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.14\n")
-    code = ("import sys, json; from runner.cli import main; "
+    code = ("import sys, json; from eagle3_runner.runner.cli import main; "
             "sys.exit(main(['inspect', sys.argv[1], '--json'] + sys.argv[2:]))")
-    env = {"PYTHONPATH": f"{ROOT}:{site}", "PATH": "/usr/bin:/bin"}
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
     r = subprocess.run([sys.executable, "-c", code, str(d)], cwd=ROOT, capture_output=True,
                        text=True, env=env)
     out = json.loads(r.stdout)
@@ -536,11 +536,12 @@ def test_cli_reports_the_version_and_reads_installed_metadata(tmp_path):
                        cwd=ROOT, capture_output=True, text=True, env=env)
     out = json.loads(r.stdout)
     assert out["sglang"]["rules"] == ["0.5.6", "0.5.14"] and "between" in out["sglang"]["note"]
-    r = subprocess.run([sys.executable, "-m", "runner", "inspect", str(d), "--sglang-version",
-                        "nope"], cwd=ROOT, capture_output=True, text=True, env=env)
+    r = subprocess.run([sys.executable, "-m", "eagle3_runner.runner", "inspect", str(d),
+                        "--sglang-version", "nope"], cwd=ROOT, capture_output=True, text=True,
+                       env=env)
     assert r.returncode == 1 and "E_SGLANG_VERSION" in r.stdout and "Traceback" not in r.stderr
-    r = subprocess.run([sys.executable, "-m", "runner", "inspect", str(d)], cwd=ROOT,
-                       capture_output=True, text=True, env={**env, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run([sys.executable, "-m", "eagle3_runner.runner", "inspect", str(d)], cwd=ROOT,
+                       capture_output=True, text=True, env={**env, "PYTHONPATH": ""})
     assert "sglang 0.5.23 (newest version the table knows" in r.stdout
 
 

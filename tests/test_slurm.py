@@ -390,7 +390,7 @@ def test_apply_tiny_spec_end_to_end_on_slurm(slurm, tmp_path):
     }
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(spec))
-    r = subprocess.run([sys.executable, "-m", "runner", "apply", str(path)], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "eagle3_runner.runner", "apply", str(path)], cwd=ROOT,
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-4000:]
     assert "Slurm job" in r.stderr
@@ -411,7 +411,7 @@ def test_apply_tiny_spec_end_to_end_on_slurm(slurm, tmp_path):
     assert [s[0] for s in summ] == ["base", "lr2"]
     assert all(t >= 1.0 and lossless for _, t, lossless in summ)
     # status shows the Slurm states next to the stored ones
-    st = subprocess.run([sys.executable, "-m", "runner", "status", str(path), "--json"], cwd=ROOT,
-                        capture_output=True, text=True, timeout=120)
+    st = subprocess.run([sys.executable, "-m", "eagle3_runner.runner", "status", str(path),
+                         "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert st.returncode == 0, st.stderr
     assert "(COMPLETED)" in st.stdout

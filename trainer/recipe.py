@@ -66,7 +66,7 @@ SYNC_EVERY = 32  # optimizer steps between host reads of the step results (modul
 
 
 # ---------------------------------------------------------------------------------------------
-# one optimizer step
+# the run's state: what a step uses, and the run around it
 
 
 @dataclass
@@ -119,117 +119,6 @@ class Learner:
         return torch.autocast("cpu", enabled=False)
 
 
-class StepOut(NamedTuple):
-    """What a step returns, without a host sync: loss and grad norm (before clipping) as device
-    scalars, tokens an int (one rank) or a device scalar (data parallel, all-reduced)."""
-    loss: torch.Tensor
-    gnorm: torch.Tensor
-    tokens: Any
-
-
-def train_step(learner: Learner, samples: list[dict], empty: bool = False,
-               mark: Callable[[str], None] | None = None) -> StepOut:
-    """One optimizer step on `samples` (no LR-scheduler step): batch, target distribution, the
-    aux noise (p.noise_std: training steps only, never `evaluate`), TTT loss, backward, grad
-    clipping (p.grad_clip), AdamW. No host sync on the fast path.
-
-    Data parallel (learner.ddp set): `samples` = this rank's slice of the global batch. The
-    per-step counts are summed over ranks first and the backward loss is scaled by the world
-    size, so DDP's gradient AVERAGE equals the gradient of the global loss. empty = this rank has no
-    sample this step: `samples` is a stand-in whose mask is cleared (it adds exactly 0 but joins
-    the all-reduce). mark (profiles, scripts/bench/profile_train.py): called with the name of
-    each phase as it is enqueued: "prepare", "forward", "backward", "optimizer".
-    Returns StepOut(global loss, grad norm before clipping, global sequence tokens)."""
-    p = learner.p
-    mark = mark or (lambda _name: None)
-    batch, tgt = learner.prepare(samples)
-    if p.noise_std:
-        batch["aux"] = aux_noise(batch["aux"], p.noise_std)
-    mark("prepare")
-    if empty:
-        batch["pmask"].zero_()
-        batch["tokens"] = 0
-    learner.opt.zero_grad(set_to_none=True)
-    if learner.ddp is None:
-        with learner.autocast():
-            loss, _ = learner.objective()(batch, tgt)
-        mark("forward")
-        loss.backward()
-        ntok = batch["tokens"]
-    else:
-        denom = D.all_reduce_sum(learner.counts(batch, tgt))
-        with learner.autocast():
-            loss, _ = learner.ddp(batch, tgt, denom)
-        mark("forward")
-        (loss * learner.world).backward()
-        ntok = torch.tensor(float(batch["tokens"]), device=learner.device, dtype=torch.float64)
-        red = D.all_reduce_sum(torch.stack([loss.detach().double(), ntok]))
-        loss, ntok = red[0], red[1]
-    mark("backward")
-    gnorm = torch.nn.utils.clip_grad_norm_(learner.model.parameters(), p.grad_clip)
-    learner.opt.step()
-    mark("optimizer")
-    return StepOut(loss.detach(), gnorm.detach(), ntok)
-
-
-def evaluate(learner: Learner, source, ids: list[int]) -> dict:
-    """Loss and per-step top-1 accuracy of the drafter on samples `ids` of `source`
-    (trainer/sources.py; no grad). Data parallel: batch k (of p.batch_size samples) runs on rank
-    k % world and the sums are all-reduced, so every rank returns the single-rank numbers."""
-    p, model = learner.p, learner.model
-    model.eval()
-    obj = learner.objective()
-    # [3 x K] sums of step loss, correct, count, then the loss sum and the batch count
-    tot = torch.zeros(3 * p.ttt_steps + 2, dtype=torch.float64, device=learner.device)
-    with torch.no_grad():
-        for k, a in enumerate(range(0, len(ids), p.batch_size)):
-            if k % learner.world != learner.rank:
-                continue
-            batch, tgt = learner.prepare(source.batch(ids[a:a + p.batch_size]))
-            with learner.autocast():
-                loss, st = obj(batch, tgt)
-            tot += torch.cat([torch.stack([st["loss"], st["correct"], st["count"]]).flatten()
-                              .to(tot.device), torch.stack([loss.double(), tot.new_tensor(1.0)])])
-    red = D.all_reduce_sum(tot).cpu()  # the one host sync of an evaluation
-    tot, loss_sum, nb = red[:-2].view(3, -1), float(red[-2]), int(red[-1])
-    model.train()
-    return {"loss": loss_sum / max(nb, 1), "loss_step": (tot[0] / max(nb, 1)).tolist(),
-            "acc_step": (tot[1] / tot[2].clamp_min(1)).tolist()}
-
-
-# ---------------------------------------------------------------------------------------------
-# schedule, RNG state
-
-
-def lr_lambda(step: int, warmup: int, total: int) -> float:
-    """Linear warmup over `warmup` steps, then cosine decay to 0 at `total`."""
-    if step < warmup:
-        return (step + 1) / (warmup + 1)
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
-
-
-def _rng_state() -> dict:
-    import numpy as np
-    st = {"torch": torch.get_rng_state(), "python": random.getstate(),
-          "numpy": np.random.get_state()}
-    if torch.cuda.is_available():
-        st["cuda"] = torch.cuda.get_rng_state_all()
-    return st
-
-
-def _set_rng_state(st: dict) -> None:
-    import numpy as np
-    torch.set_rng_state(st["torch"])
-    random.setstate(st["python"])
-    np.random.set_state(st["numpy"])
-    if "cuda" in st and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(st["cuda"])
-
-
-# ---------------------------------------------------------------------------------------------
-# the recipe
-
-
 @dataclass
 class TrainRun:
     """One run of the train stage: its inputs and settings, the learner, and its progress
@@ -262,6 +151,29 @@ class TrainRun:
         """(samples, name) evaluated: the held-out ones, else the training set."""
         return (self.eval_ids, "eval") if self.eval_ids else (self.train_ids, "trainset")
 
+# ---------------------------------------------------------------------------------------------
+# setup
+
+
+def _device(ctx) -> torch.device:
+    want = ctx.spec.target.device
+    if want == "cuda" and not torch.cuda.is_available():
+        raise StageError("target.device = 'cuda', but no CUDA device is visible to the train job.")
+    if want != "cpu" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())  # the launcher set it per rank
+    return torch.device("cpu")
+
+
+def _completed(out: Path, fp: str) -> dict | None:
+    """The summary of a finished run with this fingerprint in `out`, else None."""
+    try:
+        m = json.loads((out / "train_metrics.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if m.get("fingerprint") != fp or not (out / "draft.safetensors").exists() or (out / CKPT).exists():
+        return None
+    return {k: (v, m.get("summary_units", {}).get(k, "")) for k, v in m["summary"].items()}
+
 
 def target_head_init(head: dict, used: torch.Tensor, device: torch.device
                      ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -275,6 +187,13 @@ def target_head_init(head: dict, used: torch.Tensor, device: torch.device
     W = head["lm_head"]
     rows = W[used.to(W.device)].to(device=device, dtype=torch.float32, copy=True)
     return rows, head["norm"].to(device=device, dtype=torch.float32, copy=True)
+
+
+def lr_lambda(step: int, warmup: int, total: int) -> float:
+    """Linear warmup over `warmup` steps, then cosine decay to 0 at `total`."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
 
 
 def setup(ctx: StageContext, impl: Any = "spec") -> TrainRun:
@@ -345,73 +264,70 @@ def setup(ctx: StageContext, impl: Any = "spec") -> TrainRun:
         learner.ddp = D.ddp(learner.objective(), device)
     return TrainRun(ctx, source, cfg, train_ids, eval_ids, vstats, fp, total, learner, sched)
 
-
-def resume(run: TrainRun) -> None:
-    """Restore model, optimizer, schedule, RNG and progress from ckpt.pt when it was written
-    for these settings (its fingerprint); otherwise start from step 0."""
-    ck = run.out / CKPT
-    if not ck.exists():
-        return
-    st = torch.load(ck, map_location="cpu", weights_only=False)
-    if st.get("fingerprint") != run.fp:
-        print(f"train: ignoring {ck}: written for other settings (fingerprint mismatch)")
-        return
-    run.learner.model.load_state_dict(st["model"])
-    run.learner.opt.load_state_dict(st["opt"])
-    run.sched.load_state_dict(st["sched"])
-    _set_rng_state(st["rng"])
-    run.step, run.tokens, run.train_s, run.history = (st["step"], st["tokens"], st["train_s"],
-                                                      st["history"])
-    run.total, run.budgeted = st.get("total", run.total), st.get("budgeted", False)
+# ---------------------------------------------------------------------------------------------
+# one optimizer step (the objective: trainer/objective.py; the fast step: trainer/fast_step.py)
 
 
-def checkpoint(run: TrainRun) -> None:
-    """Save ckpt.pt atomically (rank 0: the ranks hold identical weights and optimizer state
-    under DDP), with the resolved spec inside; every rank waits for it. Call `drain` first."""
-    if run.learner.rank == 0:
-        with atomic_path(run.out / CKPT) as tmp:
-            torch.save({"model": run.learner.model.state_dict(),
-                        "opt": run.learner.opt.state_dict(), "sched": run.sched.state_dict(),
-                        "rng": _rng_state(), "step": run.step, "tokens": run.tokens,
-                        "train_s": run.train_s, "history": run.history, "fingerprint": run.fp,
-                        "total": run.total, "budgeted": run.budgeted,
-                        "spec": run.ctx.spec.model_dump(mode="json")}, tmp)
-    D.barrier()
+class StepOut(NamedTuple):
+    """What a step returns, without a host sync: loss and grad norm (before clipping) as device
+    scalars, tokens an int (one rank) or a device scalar (data parallel, all-reduced)."""
+    loss: torch.Tensor
+    gnorm: torch.Tensor
+    tokens: Any
 
 
-def record_eval(run: TrainRun) -> None:
-    """Evaluate at the current step; append it to the history and record its metrics."""
-    ids, split = run.eval_split
-    r = evaluate(run.learner, run.source, ids)
-    run.history.append({"step": run.step, "split": split, **r})
-    run.ctx.metric(f"{split}_loss", r["loss"], "nats", step=run.step)
-    for j, (a, lj) in enumerate(zip(r["acc_step"], r["loss_step"])):
-        run.ctx.metric(f"{split}_acc_{j}", a, "fraction", step=run.step)
-        run.ctx.metric(f"{split}_loss_{j}", lj, "nats", step=run.step)
+def train_step(learner: Learner, samples: list[dict], empty: bool = False,
+               mark: Callable[[str], None] | None = None) -> StepOut:
+    """One optimizer step on `samples` (no LR-scheduler step): batch, target distribution, the
+    aux noise (p.noise_std: training steps only, never `evaluate`), TTT loss, backward, grad
+    clipping (p.grad_clip), AdamW. No host sync on the fast path.
+
+    Data parallel (learner.ddp set): `samples` = this rank's slice of the global batch. The
+    per-step counts are summed over ranks first and the backward loss is scaled by the world
+    size, so DDP's gradient AVERAGE equals the gradient of the global loss. empty = this rank has no
+    sample this step: `samples` is a stand-in whose mask is cleared (it adds exactly 0 but joins
+    the all-reduce). mark (profiles, scripts/bench/profile_train.py): called with the name of
+    each phase as it is enqueued: "prepare", "forward", "backward", "optimizer".
+    Returns StepOut(global loss, grad norm before clipping, global sequence tokens)."""
+    p = learner.p
+    mark = mark or (lambda _name: None)
+    batch, tgt = learner.prepare(samples)
+    if p.noise_std:
+        batch["aux"] = aux_noise(batch["aux"], p.noise_std)
+    mark("prepare")
+    if empty:
+        batch["pmask"].zero_()
+        batch["tokens"] = 0
+    learner.opt.zero_grad(set_to_none=True)
+    if learner.ddp is None:
+        with learner.autocast():
+            loss, _ = learner.objective()(batch, tgt)
+        mark("forward")
+        loss.backward()
+        ntok = batch["tokens"]
+    else:
+        denom = D.all_reduce_sum(learner.counts(batch, tgt))
+        with learner.autocast():
+            loss, _ = learner.ddp(batch, tgt, denom)
+        mark("forward")
+        (loss * learner.world).backward()
+        ntok = torch.tensor(float(batch["tokens"]), device=learner.device, dtype=torch.float64)
+        red = D.all_reduce_sum(torch.stack([loss.detach().double(), ntok]))
+        loss, ntok = red[0], red[1]
+    mark("backward")
+    gnorm = torch.nn.utils.clip_grad_norm_(learner.model.parameters(), p.grad_clip)
+    learner.opt.step()
+    mark("optimizer")
+    return StepOut(loss.detach(), gnorm.detach(), ntok)
 
 
-def fit_budget(run: TrainRun, budget_s: float) -> None:
-    """Shrink run.total to the steps that fit `budget_s` seconds of optimizer steps, from the
-    step time measured since the first host read (the first SYNC_EVERY steps hold the compile).
-    Deterministic for a given measured time; decided once (a resumed run keeps the decision)."""
-    first = next((st for st in run.budget_s if st[0] >= SYNC_EVERY), None)
-    if first is None or run.step <= first[0]:
-        return
-    per_step = (run.train_s - first[1]) / (run.step - first[0])
-    fit = run.step + int(max(0.0, budget_s - run.train_s) / max(per_step, 1e-9))
-    run.total, run.budgeted = max(run.step, min(run.total, fit)), True
-    print(f"train: stages.train.max_minutes = {budget_s / 60:g}: {per_step * 1000:.1f} ms per "
-          f"step -> {run.total} steps", flush=True)
-
-
-def steady_rate(run: TrainRun) -> float:
-    """Sequence tokens per second of optimizer steps after the first host read at or past
-    SYNC_EVERY steps (of this process: a resumed run counts from its own), i.e. without the
-    first steps' compilation, which tokens_per_s includes; 0.0 when there is no later read."""
-    first = next((st for st in run.budget_s if st[0] >= SYNC_EVERY), None)
-    if first is None or run.train_s <= first[1]:
-        return 0.0
-    return (run.tokens - first[2]) / (run.train_s - first[1])
+def step_ids(run: TrainRun, step: int) -> tuple[list[int], bool]:
+    """This rank's sample ids of optimizer step `step` (its slice of the global batch, or the
+    batch's first sample as a stand-in when the slice is empty) and whether it is empty."""
+    p, learner = run.ctx.params, run.learner
+    idx = batch_indices(step, len(run.train_ids), p.batch_size, p.seed)
+    mine = idx[learner.rank::learner.world]
+    return [run.train_ids[i] for i in (mine or idx[:1])], not mine
 
 
 def drain(run: TrainRun) -> tuple[float, int]:
@@ -438,14 +354,65 @@ def drain(run: TrainRun) -> tuple[float, int]:
     run.pending.clear()
     return float(vals[:, 0].sum()), n
 
+# ---------------------------------------------------------------------------------------------
+# evaluate
 
-def step_ids(run: TrainRun, step: int) -> tuple[list[int], bool]:
-    """This rank's sample ids of optimizer step `step` (its slice of the global batch, or the
-    batch's first sample as a stand-in when the slice is empty) and whether it is empty."""
-    p, learner = run.ctx.params, run.learner
-    idx = batch_indices(step, len(run.train_ids), p.batch_size, p.seed)
-    mine = idx[learner.rank::learner.world]
-    return [run.train_ids[i] for i in (mine or idx[:1])], not mine
+
+def evaluate(learner: Learner, source, ids: list[int]) -> dict:
+    """Loss and per-step top-1 accuracy of the drafter on samples `ids` of `source`
+    (trainer/sources.py; no grad). Data parallel: batch k (of p.batch_size samples) runs on rank
+    k % world and the sums are all-reduced, so every rank returns the single-rank numbers."""
+    p, model = learner.p, learner.model
+    model.eval()
+    obj = learner.objective()
+    # [3 x K] sums of step loss, correct, count, then the loss sum and the batch count
+    tot = torch.zeros(3 * p.ttt_steps + 2, dtype=torch.float64, device=learner.device)
+    with torch.no_grad():
+        for k, a in enumerate(range(0, len(ids), p.batch_size)):
+            if k % learner.world != learner.rank:
+                continue
+            batch, tgt = learner.prepare(source.batch(ids[a:a + p.batch_size]))
+            with learner.autocast():
+                loss, st = obj(batch, tgt)
+            tot += torch.cat([torch.stack([st["loss"], st["correct"], st["count"]]).flatten()
+                              .to(tot.device), torch.stack([loss.double(), tot.new_tensor(1.0)])])
+    red = D.all_reduce_sum(tot).cpu()  # the one host sync of an evaluation
+    tot, loss_sum, nb = red[:-2].view(3, -1), float(red[-2]), int(red[-1])
+    model.train()
+    return {"loss": loss_sum / max(nb, 1), "loss_step": (tot[0] / max(nb, 1)).tolist(),
+            "acc_step": (tot[1] / tot[2].clamp_min(1)).tolist()}
+
+
+def record_eval(run: TrainRun) -> None:
+    """Evaluate at the current step; append it to the history and record its metrics."""
+    ids, split = run.eval_split
+    r = evaluate(run.learner, run.source, ids)
+    run.history.append({"step": run.step, "split": split, **r})
+    run.ctx.metric(f"{split}_loss", r["loss"], "nats", step=run.step)
+    for j, (a, lj) in enumerate(zip(r["acc_step"], r["loss_step"])):
+        run.ctx.metric(f"{split}_acc_{j}", a, "fraction", step=run.step)
+        run.ctx.metric(f"{split}_loss_{j}", lj, "nats", step=run.step)
+
+# ---------------------------------------------------------------------------------------------
+# checkpoint
+
+
+def _rng_state() -> dict:
+    import numpy as np
+    st = {"torch": torch.get_rng_state(), "python": random.getstate(),
+          "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def _set_rng_state(st: dict) -> None:
+    import numpy as np
+    torch.set_rng_state(st["torch"])
+    random.setstate(st["python"])
+    np.random.set_state(st["numpy"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
 
 
 def checkpoint_due(run: TrainRun, since: float, at_sync: bool) -> bool:
@@ -463,6 +430,66 @@ def checkpoint_due(run: TrainRun, since: float, at_sync: bool) -> bool:
         return False
     flag = torch.tensor([float(late)], device=run.learner.device)
     return bool(D.all_reduce_sum(flag).item() > 0)
+
+
+def checkpoint(run: TrainRun) -> None:
+    """Save ckpt.pt atomically (rank 0: the ranks hold identical weights and optimizer state
+    under DDP), with the resolved spec inside; every rank waits for it. Call `drain` first."""
+    if run.learner.rank == 0:
+        with atomic_path(run.out / CKPT) as tmp:
+            torch.save({"model": run.learner.model.state_dict(),
+                        "opt": run.learner.opt.state_dict(), "sched": run.sched.state_dict(),
+                        "rng": _rng_state(), "step": run.step, "tokens": run.tokens,
+                        "train_s": run.train_s, "history": run.history, "fingerprint": run.fp,
+                        "total": run.total, "budgeted": run.budgeted,
+                        "spec": run.ctx.spec.model_dump(mode="json")}, tmp)
+    D.barrier()
+
+
+def resume(run: TrainRun) -> None:
+    """Restore model, optimizer, schedule, RNG and progress from ckpt.pt when it was written
+    for these settings (its fingerprint); otherwise start from step 0."""
+    ck = run.out / CKPT
+    if not ck.exists():
+        return
+    st = torch.load(ck, map_location="cpu", weights_only=False)
+    if st.get("fingerprint") != run.fp:
+        print(f"train: ignoring {ck}: written for other settings (fingerprint mismatch)")
+        return
+    run.learner.model.load_state_dict(st["model"])
+    run.learner.opt.load_state_dict(st["opt"])
+    run.sched.load_state_dict(st["sched"])
+    _set_rng_state(st["rng"])
+    run.step, run.tokens, run.train_s, run.history = (st["step"], st["tokens"], st["train_s"],
+                                                      st["history"])
+    run.total, run.budgeted = st.get("total", run.total), st.get("budgeted", False)
+
+# ---------------------------------------------------------------------------------------------
+# the loop
+
+
+def fit_budget(run: TrainRun, budget_s: float) -> None:
+    """Shrink run.total to the steps that fit `budget_s` seconds of optimizer steps, from the
+    step time measured since the first host read (the first SYNC_EVERY steps hold the compile).
+    Deterministic for a given measured time; decided once (a resumed run keeps the decision)."""
+    first = next((st for st in run.budget_s if st[0] >= SYNC_EVERY), None)
+    if first is None or run.step <= first[0]:
+        return
+    per_step = (run.train_s - first[1]) / (run.step - first[0])
+    fit = run.step + int(max(0.0, budget_s - run.train_s) / max(per_step, 1e-9))
+    run.total, run.budgeted = max(run.step, min(run.total, fit)), True
+    print(f"train: stages.train.max_minutes = {budget_s / 60:g}: {per_step * 1000:.1f} ms per "
+          f"step -> {run.total} steps", flush=True)
+
+
+def steady_rate(run: TrainRun) -> float:
+    """Sequence tokens per second of optimizer steps after the first host read at or past
+    SYNC_EVERY steps (of this process: a resumed run counts from its own), i.e. without the
+    first steps' compilation, which tokens_per_s includes; 0.0 when there is no later read."""
+    first = next((st for st in run.budget_s if st[0] >= SYNC_EVERY), None)
+    if first is None or run.train_s <= first[1]:
+        return 0.0
+    return (run.tokens - first[2]) / (run.train_s - first[1])
 
 
 def train(ctx: StageContext, stop_at: int | None = None, impl: Any = "spec") -> dict:
@@ -534,6 +561,15 @@ def train(ctx: StageContext, stop_at: int | None = None, impl: Any = "spec") -> 
         record_eval(run)
     return finish(run)
 
+# ---------------------------------------------------------------------------------------------
+# finish
+
+
+def _peak_mem_mib(device: torch.device) -> tuple[float, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20, "cuda_max_allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu_process_max_rss"
+
 
 def finish(run: TrainRun) -> dict:
     """The run's summary {name: (value, unit)}; rank 0 writes draft.safetensors,
@@ -570,33 +606,3 @@ def finish(run: TrainRun) -> dict:
     (out / CKPT).unlink(missing_ok=True)  # complete: the artifact is the drafter, not the optimizer
     D.barrier()
     return summary
-
-
-# ---------------------------------------------------------------------------------------------
-# helpers
-
-
-def _peak_mem_mib(device: torch.device) -> tuple[float, str]:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20, "cuda_max_allocated"
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu_process_max_rss"
-
-
-def _device(ctx) -> torch.device:
-    want = ctx.spec.target.device
-    if want == "cuda" and not torch.cuda.is_available():
-        raise StageError("target.device = 'cuda', but no CUDA device is visible to the train job.")
-    if want != "cpu" and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())  # the launcher set it per rank
-    return torch.device("cpu")
-
-
-def _completed(out: Path, fp: str) -> dict | None:
-    """The summary of a finished run with this fingerprint in `out`, else None."""
-    try:
-        m = json.loads((out / "train_metrics.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    if m.get("fingerprint") != fp or not (out / "draft.safetensors").exists() or (out / CKPT).exists():
-        return None
-    return {k: (v, m.get("summary_units", {}).get(k, "")) for k, v in m["summary"].items()}
