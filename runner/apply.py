@@ -52,7 +52,7 @@ def apply(spec: Spec, plan: Plan, quiet: bool = False) -> tuple[str, list[StageO
     store = Store(plan.results)
     started = now()
     run_row = dict(run_id=run_id, spec_name=spec.name, spec_hash=_spec_hash(spec),
-                   code_version=_code_version(), host=host(), executor=plan.executor,
+                   code_version=code_version(), host=host(), executor=plan.executor,
                    started_at=started, spec_json=spec.model_dump_json(), pid=os.getpid())
     store.emit("runs", {**run_row, "status": "running"})
     for p in plan.stages:
@@ -109,7 +109,7 @@ def _spec_hash(spec: Spec) -> str:
     return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:16]
 
 
-def _code_version() -> str:
+def code_version() -> str:
     """git SHA (+dirty) of the project checkout, or 'unknown' outside git."""
     import subprocess
     root = Path(__file__).resolve().parent.parent

@@ -54,6 +54,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from eagle3_runner.runner.apply import code_version
+
 
 GEOMETRIES = {
     "smollm2": dict(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
@@ -331,12 +333,6 @@ def markdown(rows: list[dict], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, cwd=Path(__file__).parent).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def main(argv=None) -> None:
@@ -394,7 +390,7 @@ def main(argv=None) -> None:
         rows.append(_run(cfg, min(left, a.row_timeout or float("inf"))))
     _ratios(rows)
     meta = {"suite": a.suite, "device": a.device, "device_name": dev_name,
-            "warmup": a.warmup, "iters": a.iters, "commit": _commit(),
+            "warmup": a.warmup, "iters": a.iters, "commit": code_version(),
             "precision": "bf16 autocast" if a.device == "cuda" else "float32",
             "torch": torch.__version__}
     out = Path(a.out)

@@ -269,7 +269,7 @@ def hf_row(hf, prompt_len: int, new: int) -> dict:
     import importlib.util
 
     import torch
-    spec = importlib.util.spec_from_file_location("bench_engine", ROOT / "scripts" / "bench_engine.py")
+    spec = importlib.util.spec_from_file_location("bench_engine", ROOT / "scripts" / "bench" / "bench_engine.py")
     be = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(be)
     dev = next(hf.parameters()).device
@@ -354,7 +354,7 @@ def main(argv=None):
         hf, _, _ = load_target(a.target, device="cuda", dtype="bfloat16")
     else:
         spec = __import__("importlib.util").util.spec_from_file_location(
-            "bench_engine", ROOT / "scripts" / "bench_engine.py")
+            "bench_engine", ROOT / "scripts" / "bench" / "bench_engine.py")
         be = __import__("importlib.util").util.module_from_spec(spec)
         spec.loader.exec_module(be)
         hf, _ = be.random_smollm2("cuda", "bfloat16")

@@ -56,6 +56,8 @@ import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
+from eagle3_runner.runner.apply import code_version
+
 PHASES = ("target_forward", "gather", "pack", "target_head", "draft_forward", "loss", "backward",
           "optimizer", "host")
 OWN = {"batch": "gather", "prepare": "pack", "forward": "loss"}  # a range's own (exclusive) time
@@ -386,13 +388,6 @@ def markdown(rows: list[dict], meta: dict) -> str:
     return "\n".join(md) + "\n"
 
 
-def _commit() -> str:
-    import subprocess
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, cwd=Path(__file__).parent).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def main(argv=None) -> int:
@@ -453,7 +448,7 @@ def main(argv=None) -> int:
                 else set(a.profile_cases.split(",")))
     meta = {"what": what, "k": a.k if a.random else run.ctx.params.ttt_steps, "warm": a.warm,
             "steps": a.steps, "profile_steps": a.profile_steps, "torch": torch.__version__,
-            "commit": _commit(), "device_name": (torch.cuda.get_device_name(device)
+            "commit": code_version(), "device_name": (torch.cuda.get_device_name(device)
                                                 if device.type == "cuda" else "CPU")}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
