@@ -88,7 +88,7 @@ def test_plan_drafter_v2_here_without_weights():
 
 
 NO_TORCH = """
-import sys, runner.cli as c
+import sys, eagle3_runner.runner.cli as c
 rc = c.main(sys.argv[1:])
 heavy = sorted(m for m in ('torch', 'transformers', 'safetensors', 'gguf', 'numpy')
                if m in sys.modules)
@@ -116,8 +116,18 @@ def test_validate_and_plan_do_not_import_torch(cmd, spec, tmp_path):
         if not sglang_available(os.path.expandvars(bench.get("sglang", {}).get(
                 "python", "python3")))[0]:  # no SGLang here: refused, said so (test_plan.py)
             args += ["-o", "stages.bench.backend=embedded"]
+    env = dict(os.environ)
+    if any("stages.bench.drafter" in (v.get("overrides") or {}) for v in raw.get("variants") or []):
+        # a drafter a GPU run makes first (the SpecForge peer's): the plan checks it exists
+        from eagle3_runner.runner.files import cache_dir
+        cache = tmp_path / "cache"
+        cache.mkdir()
+        for entry in cache_dir().iterdir():
+            (cache / entry.name).symlink_to(entry)
+        (cache / "peer" / "specforge").mkdir(parents=True)
+        env["EAGLE3_CACHE"] = str(cache)
     r = subprocess.run([sys.executable, "-c", NO_TORCH, *args], cwd=ROOT, capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=120, env=env)
     assert "HEAVY [] RC 0" in r.stderr, r.stderr
 
 
