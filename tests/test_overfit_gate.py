@@ -45,7 +45,7 @@ def test_overfit_gate(tmp_path):
     torch.set_num_threads(2)
     from eagle3_runner.jobs import export as export_stage
     from eagle3_runner.jobs import extract as extract_stage
-    from eagle3_runner.trainer import recipe as train_stage
+    from eagle3_runner.jobs import train as train_stage
     from eagle3_runner.models.draft_model import load_exported
     from eagle3_runner.engine.speculative import Engine
     from eagle3_runner.models.llama import from_hf_model
