@@ -1,4 +1,4 @@
-# Sourced by kernels.sh and train.sh on the device machine: R=$OUT/r, the small wheels of
+# Sourced by train.sh, split.sh and sglang_target.sh on the device machine: R=$OUT/r, the small wheels of
 # .stage/w in /tmp/site (unless setup.sh installed them), PYTHONPATH, and the machine's GPU,
 # driver, torch/triton versions and commit in $R/machine.txt.
 R=${OUT:-/tmp/out}/r; mkdir -p "$R"
