@@ -219,7 +219,7 @@ def test_train_stage_outputs(extract_dir, tmp_path):
     assert not (out / "ckpt.pt").exists()
     assert summary["train_steps"][0] == 4 and len([k for k in summary if k.startswith("acc_")]) == 3
     assert summary["tokens_per_s"][0] > 0 and summary["peak_mem_mib"][0] > 0
-    assert summary["steady_tokens_per_s"] == (0.0, "tok/s")  # no host read past SYNC_EVERY
+    assert "steady_tokens_per_s" not in summary  # no host read past SYNC_EVERY: absent, not 0
     # per-step eval metrics reach DuckDB
     cols, rows = ctx.store.query("SELECT name, step FROM metrics WHERE name LIKE 'eval_acc_%' "
                                  "ORDER BY step, name")

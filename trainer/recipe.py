@@ -581,10 +581,11 @@ def finish(run: TrainRun) -> dict:
                "train_samples": (min(len(run.train_ids), run.step * run.ctx.params.batch_size),
                                  "samples"),  # the samples trained on (< all: max_steps/budget)
                "tokens_per_s": (run.tokens / run.train_s if run.train_s else 0.0, "tok/s"),
-               "steady_tokens_per_s": (steady_rate(run), "tok/s"),
                "peak_mem_mib": (peak, "MiB"),
                "draft_vocab_coverage": (run.vstats["coverage"], "fraction"),
                "draft_vocab_padded": (run.vstats["padded"], "tokens")}
+    if steady := steady_rate(run):  # absent, not 0, when no host read came after SYNC_EVERY
+        summary["steady_tokens_per_s"] = (steady, "tok/s")
     for j, a in enumerate(last["acc_step"]):
         summary[f"acc_{j}"] = (a, "fraction")
     if learner.rank != 0:
