@@ -107,8 +107,11 @@ def _ours_logits(m: Eagle3Draft, aux, ids):
     return out
 
 
-def _specforge_logits(sf, aux, ids):
-    """SpecForge's own TTT recipe (OnlineEagle3Model.forward, sdpa backend), step by step."""
+def _specforge_logits(sf, aux, ids, recycle_norm=False):
+    """SpecForge's own TTT recipe (OnlineEagle3Model.forward, sdpa backend), step by step.
+    recycle_norm: SGLang 0.5.14's norm_output rule instead, the recycled hidden is norm(out)
+    (llama_eagle3.py returns hidden_states_to_logits as the aux output), logits =
+    lm_head(norm(out)); SpecForge 0.2.0's own loop recycles the pre-norm out whatever the flag."""
     _, prepare_decoder_attention_mask, _ = _specforge()
     B, T, _ = aux.shape
     h = sf.project_hidden_states(aux)
@@ -120,6 +123,7 @@ def _specforge_logits(sf, aux, ids):
         h = sf.backbone(input_embeds=emb, hidden_states=h, cache_hidden=cache_hidden,
                         attention_mask=mask, position_ids=pos)
         out.append(sf.compute_logits(h))
+        h = sf.norm(h) if recycle_norm else h
     return out
 
 
@@ -198,25 +202,6 @@ def test_rope_tables_match_specforge(tmp_path, scaling):
 # the training options (docs/training-options.md)
 
 
-def _specforge_logits_sglang_recycle(sf, aux, ids):
-    """SpecForge's pieces with SGLang 0.5.14's norm_output rule: the recycled hidden is
-    norm(out) (llama_eagle3.py returns hidden_states_to_logits as the aux output), logits =
-    lm_head(norm(out)). SpecForge 0.2.0's own loop recycles the pre-norm out whatever the flag."""
-    _, prepare_decoder_attention_mask, _ = _specforge()
-    B, T, _ = aux.shape
-    h = sf.project_hidden_states(aux)
-    mask = prepare_decoder_attention_mask(torch.ones(B, T, dtype=torch.bool), (B, T), h, 0)
-    pos = torch.arange(T)[None].expand(B, T)
-    cache_hidden, out = [[], []], []
-    for j in range(STEPS):
-        emb = sf.embed_input_ids(ids[:, j:j + T])
-        h = sf.backbone(input_embeds=emb, hidden_states=h, cache_hidden=cache_hidden,
-                        attention_mask=mask, position_ids=pos)
-        out.append(sf.compute_logits(h))
-        h = sf.norm(h)
-    return out
-
-
 def test_fc_norm_matches_specforge(tmp_path):
     """drafter.fc_norm: our exported fc_norm.{i}.weight and config key load into SpecForge
     0.2.0's fc_norm (3 RMSNorms over the aux chunks before fc) and give its logits."""
@@ -250,7 +235,7 @@ def test_norm_output_recycles_the_normed_hidden_as_sglang_does(tmp_path):
     aux, ids = _inputs(c)
     with torch.no_grad():
         a = _ours_logits(ours, aux, ids)
-        b = _specforge_logits_sglang_recycle(sf, aux, ids)
+        b = _specforge_logits(sf, aux, ids, recycle_norm=True)
         own = _specforge_logits(sf, aux, ids)
     for j in range(STEPS):
         assert (a[j] - b[j]).abs().max() < TOL, j
