@@ -7,11 +7,10 @@ Exit codes: 0 ok, 1 invalid input or a failed stage, 2 usage error. Errors go to
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-from eagle3_runner.runner.errors import RunnerError, SpecError
+from eagle3_runner.runner.errors import SpecError, exit_code
 
 EXAMPLES = {
     "init": "examples:\n  runner init --target ~/models/Llama-3.1-8B-Instruct --out llama.yaml\n"
@@ -271,24 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C while starting up
         _err("interrupted")
         return 130
-    try:
-        return args.fn(args)
-    except SpecError as e:
-        for path, msg in e.problems:
-            _err(f"error: {path}: {msg}" if not msg.startswith(path) else f"error: {msg}")
-        return 1
-    except RunnerError as e:  # every known error type prints cleanly (runner/errors.py)
-        _err(f"error: {e}")
-        return 1
-    except KeyboardInterrupt:
-        _err("interrupted")
-        return 130
-    except BrokenPipeError:  # `runner plan --json | head -1`: the reader left; nothing to say
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except OSError:
-            pass
-        return 141
+    return exit_code(args.fn, args)
 
 
 if __name__ == "__main__":

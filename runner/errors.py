@@ -2,11 +2,16 @@
 
 A `RunnerError` carries a message that names the field or file and the fix; the CLI prints it as
 `error: <message>` (a SpecError as one `error: <field>: <message>` line per problem) and exits 1,
-without a traceback. Anything else is a bug and keeps its traceback. This module imports nothing,
-so any module may raise these.
+without a traceback. Anything else is a bug and keeps its traceback. This module imports only
+the standard library, so any module may raise these; `exit_code` is how every command of ours
+(the CLI, the scripts under scripts/) ends.
 """
 
 from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
 
 
 class RunnerError(Exception):
@@ -83,3 +88,31 @@ class EnvVarError(RunnerError):
 
 class InitError(RunnerError):
     """`runner init` cannot write a spec (unreadable target or data, an existing output)."""
+
+
+def exit_code(fn: Callable[..., object], *args) -> int:
+    """Run fn(*args) as a command's body and return the process exit status: fn's own when it
+    returns an int, else 0; 1 after a RunnerError, printed as `error: <message>` on stderr (a
+    SpecError as one `error: <field>: <message>` line per problem), no traceback; 130 on Ctrl-C
+    ("interrupted"); 141 when the reader of stdout went away (`runner plan --json | head -1`).
+    Any other exception is a bug and propagates with its traceback."""
+    try:
+        rc = fn(*args)
+        return rc if isinstance(rc, int) else 0
+    except SpecError as e:
+        for path, msg in e.problems:
+            print(f"error: {path}: {msg}" if not msg.startswith(path) else f"error: {msg}",
+                  file=sys.stderr)
+        return 1
+    except RunnerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader left; nothing to say
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return 141

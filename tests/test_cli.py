@@ -159,3 +159,20 @@ def test_a_reader_that_leaves_gets_no_traceback():
     err = p.stderr.read().decode()
     assert p.wait(timeout=60) == 141, err
     assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+def test_exit_code_is_how_every_command_ends(capsys):
+    """runner/errors.py exit_code: the CLI's and the scripts' one way to end."""
+    from eagle3_runner.runner.errors import SpecError, StageError, exit_code
+
+    def fail(exc):
+        raise exc
+    assert exit_code(lambda: 3) == 3 and exit_code(lambda: {"a": 1}) == 0
+    assert exit_code(fail, StageError("stage train: do X")) == 1
+    assert exit_code(fail, SpecError([("a.b", "must be > 0"), ("c", "c is missing")])) == 1
+    assert exit_code(fail, KeyboardInterrupt()) == 130
+    assert capsys.readouterr().err.splitlines() == [
+        "error: stage train: do X", "error: a.b: must be > 0", "error: c is missing",
+        "interrupted"]
+    with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
+        exit_code(lambda: 1 / 0)

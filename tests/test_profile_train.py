@@ -36,3 +36,17 @@ def test_phases_of_each_mode_and_the_same_first_step(tmp_path):
              "--cases", "b1/64/before", "--budget", "0", "--out", str(tmp_path)])
     [row] = json.loads((tmp_path / "profile_train.json").read_text())["rows"]
     assert row["error"] == "skipped: --budget spent"
+
+
+def test_a_spec_without_features_is_one_error_line(tmp_path, smollm2_path):
+    """A spec whose train stage has no features to read (no extract artifact here) ends in one
+    `error:` line and exit 1, not a traceback (runner/errors.py exit_code, as the CLI)."""
+    import subprocess
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, str(root / "scripts/bench/profile_train.py"),
+                        str(root / "specs/smollm2-sharegpt.yaml"), "-o", f"work_dir={tmp_path}",
+                        "--steps", "1", "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith("error: stage train needs the extract stage's artifact"), r.stderr
+    assert "Traceback" not in r.stderr

@@ -401,4 +401,5 @@ def markdown(res: dict, repeats: int) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    from eagle3_runner.runner.errors import exit_code
+    sys.exit(exit_code(main))

@@ -345,4 +345,5 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from eagle3_runner.runner.errors import exit_code
+    sys.exit(exit_code(main))

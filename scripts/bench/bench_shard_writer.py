@@ -59,4 +59,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    from eagle3_runner.runner.errors import exit_code
+    sys.exit(exit_code(main))

@@ -439,4 +439,5 @@ def _run(cfg: dict, timeout: float = float("inf")) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from eagle3_runner.runner.errors import exit_code
+    sys.exit(exit_code(main))

@@ -139,4 +139,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    from eagle3_runner.runner.errors import exit_code
+    sys.exit(exit_code(main))

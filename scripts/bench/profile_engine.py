@@ -29,6 +29,7 @@ import argparse
 import json
 import re
 import statistics
+import sys
 import time
 import traceback
 from dataclasses import replace
@@ -406,4 +407,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    from eagle3_runner.runner.errors import exit_code
+    sys.exit(exit_code(main))

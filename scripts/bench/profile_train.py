@@ -476,4 +476,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from eagle3_runner.runner.errors import exit_code
+    sys.exit(exit_code(main))

@@ -412,4 +412,5 @@ def _versions() -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from eagle3_runner.runner.errors import exit_code
+    sys.exit(exit_code(main))
