@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job on a fresh machine: set up, then run the demo spec end to end on real data
-# (SmolLM2-135M-Instruct + ShareGPT, 4-7 min on 2 idle CPU cores), then query its rows.
+# (SmolLM2-135M-Instruct + ShareGPT, 5-16 min on 2 idle CPU cores), then query its rows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
