@@ -124,7 +124,7 @@ def cmd_apply(args) -> int:
     print(_render_plan(plan), file=sys.stderr)
     run_id, outcomes = apply(spec, plan)
     from eagle3_runner.runner.results import print_results
-    print_results(Path(plan.results), run_id=run_id)
+    print_results(Path(plan.results), run_id=run_id, spec_name=spec.name)
     failed = [o for o in outcomes if o.status != "done"]
     for o in failed:
         _err(outcome_line(o))

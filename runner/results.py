@@ -60,11 +60,30 @@ BENCH_SUMMARY = (
     "ORDER BY run_id DESC, 1, 2, 3, 4, 5")
 
 
-def print_results(db: Path, run_id: str | None = None, as_json: bool = False) -> None:
-    """The latest summary metric of each (run, variant, stage, name), and bench summaries."""
+def latest_run_with_results(store: Store, spec_name: str) -> str | None:
+    """run_id of the newest run of spec_name that stored a summary metric (a rerun whose stages
+    were all up to date stores none), or None."""
+    name = spec_name.replace("'", "''")
+    _, rows = store.query(
+        f"SELECT r.run_id FROM runs r WHERE r.spec_name = '{name}' AND EXISTS (SELECT 1 FROM "
+        "metrics m WHERE m.run_id = r.run_id AND m.step IS NULL) ORDER BY r.started_at DESC "
+        "LIMIT 1")
+    return rows[0][0] if rows else None
+
+
+def print_results(db: Path, run_id: str | None = None, as_json: bool = False,
+                  spec_name: str | None = None) -> None:
+    """The latest summary metric of each (run, variant, stage, name), and bench summaries: of
+    run_id, or of every run. With spec_name, a run_id that computed nothing (every stage up to
+    date, or none finished) shows the newest run of that spec that stored some, said on stderr."""
     if not Path(db).exists():
         raise StoreError(f"no results at {db}; run `runner apply SPEC` first or pass --results")
     store = Store(db)
+    newest = latest_run_with_results(store, spec_name) if run_id and spec_name else None
+    if newest not in (run_id, None):
+        print(f"{run_id} stored no results (its stages were up to date, or none finished): the "
+              f"results of {newest}, the newest run that stored some", file=sys.stderr)
+        run_id = newest
     where = f"AND l.run_id = '{run_id}'" if run_id else ""
     cols, rows = store.query(LATEST_METRICS.format(where=where))
     bcols, brows = store.query(BENCH_SUMMARY.format(

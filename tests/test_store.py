@@ -313,3 +313,25 @@ def test_status_asks_slurm_only_about_slurm_jobs(tmp_path, monkeypatch, capsys):
     assert status(db) == 0
     assert asked == [["17"]]
     assert "done (COMPLETED)" in capsys.readouterr().out
+
+
+def test_a_rerun_that_stored_nothing_shows_the_run_that_did(tmp_path, capsys):
+    """`runner apply` of a spec whose stages are all up to date makes a run with no rows: its
+    results table is the newest run of that spec that stored some (it printed empty tables)."""
+    from eagle3_runner.runner.results import print_results
+    db = tmp_path / "r.duckdb"
+    store = Store(db)
+    for rid, t in (("old", "2026-01-01 00:00:00"), ("new", "2026-01-02 00:00:00")):
+        store.emit("runs", dict(run_id=rid, spec_name="s", started_at=t, status="done"))
+    store.emit("runs", dict(run_id="other", spec_name="t", started_at="2026-01-03 00:00:00",
+                            status="done"))
+    store.metric("old", "base", "train", "final_loss", 2.5, "nats")
+    store.metric("other", "base", "train", "final_loss", 9.0, "nats")
+    store.ingest()
+    print_results(db, run_id="new", spec_name="s")
+    out, err = capsys.readouterr()
+    assert "final_loss" in out and "2.5" in out and "9" not in out.split("final_loss")[1]
+    assert "new stored no results" in err and "the results of old" in err
+    print_results(db, run_id="old", spec_name="s")  # a run with rows: itself, nothing said
+    out, err = capsys.readouterr()
+    assert "old" in out and err == ""
