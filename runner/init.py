@@ -26,7 +26,9 @@ What it decides, and from what:
   engine runs it: runner/engines.py llama_target) and sglang with a warning otherwise;
   num_prompts all 80 of MT-bench when this machine shows a GPU (runner/placement.py
   gpu_visible), else 8 prompts of 64 tokens (a CPU decodes a 135M target at a few tokens per
-  second per configuration).
+  second per configuration); likewise data.max_samples CPU_MAX_SAMPLES without a GPU (2 CPU
+  cores train ~100-150 tokens/s: 64 ShareGPT conversations ~90k tokens, ~15 min an epoch), all
+  with a GPU.
 - chat template: which `target.chat_template` value its template source names
   (runner/chat.py `template_family`); the stages render the template and check it.
 - the offline feature size: runner/disk.py `estimate`, the one `runner plan` prints (the data
@@ -62,6 +64,7 @@ LARGE_FEATURES = 200e9  # bytes of offline features above which the spec trains 
 SHARD_BYTES = 2**30  # aim for ~1 GiB shards (stages.extract.shard_samples)
 DEFAULT_BAD = 0.01  # data.max_bad_fraction's default (runner/spec/schema.py)
 MAX_BAD_RAISE = 0.10  # init raises max_bad_fraction to the data's own rate up to this
+CPU_MAX_SAMPLES = 64  # data.max_samples init writes on a machine without a GPU (docstring)
 
 def draft_vocab_size_for(vocab: int, hidden: int) -> int:
     """The draft vocab size `runner init` proposes (module docstring: the rule and why)."""
@@ -124,7 +127,8 @@ def build(target: str, data: str | None = None, name: str | None = None) -> tupl
     probe = _load({"name": name, "target": {"path": str(tpath), "num_hidden_layers": L,
                                             "hidden_size": H, "vocab_size": V},
                    "drafter": {"aux_layer_ids": aux, "draft_vocab_size": vd},
-                   "data": {**data_block, "max_length": max_length},
+                   "data": {**data_block, "max_length": max_length,
+                            "max_samples": None if gpu else CPU_MAX_SAMPLES},
                    "stages": {"extract": {}, "bench": {"backend": "sglang"}}},
                   check_target=False)
     est = disk.estimate(probe)  # the plan's estimate (runner/disk.py)
@@ -189,7 +193,9 @@ def build(target: str, data: str | None = None, name: str | None = None) -> tupl
                   "+ path: FILE"]
     lines += [
         f"  max_length: {max_length}           # tokens per sample (longer ones are cut)",
-        "  # max_samples: 10000        # conversations to train on (null = all)",
+        "  # max_samples: 10000        # conversations to train on (null = all)" if gpu
+        else f"  max_samples: {CPU_MAX_SAMPLES:<14}# no GPU here: a CPU trains ~100-150 tokens/s "
+        "(ShareGPT whole: days); null = all",
         "  holdout: 0                 # > 0: held out for the `sharegpt` bench prompt set",
         f"  max_bad_fraction: {limit:<9g}# {_bad_reason(seen, limit)}",
         *_data_comments(seen),

@@ -46,8 +46,11 @@ def test_init_writes_a_spec_that_validates_and_plans(tmp_path, monkeypatch, caps
     raw = yaml.safe_load(text)
     assert raw["target"]["chat_template"] == want["tmpl"]
     assert raw["drafter"]["aux_layer_ids"] == want["aux"]
+    from eagle3_runner.runner.init import CPU_MAX_SAMPLES
+    from eagle3_runner.runner.placement import gpu_visible
+    cap = {} if gpu_visible() else {"max_samples": CPU_MAX_SAMPLES}  # a CPU trains ~100 tok/s
     assert raw["data"] == {"source": "jsonl", "path": str(data), "max_length": 2048,
-                           "holdout": 0, "max_bad_fraction": 0.01}
+                           "holdout": 0, "max_bad_fraction": 0.01, **cap}
     # 20 short answers hold far fewer distinct assistant tokens than the vocabulary rule's
     # 32000: the head is sized to them, and the comment says so
     vd = raw["drafter"]["draft_vocab_size"]
@@ -160,9 +163,11 @@ def test_draft_vocab_rule_and_families():
     assert auto_speculative_params({"architectures": ["Qwen2ForCausalLM"]}) == (5, 4, 8)
 
 
-def test_large_estimate_trains_online(tmp_path):
+def test_large_estimate_trains_online(tmp_path, monkeypatch):
     """Features above 200 GB (or the free space): the spec trains online, has no extract, keeps
-    the offline lines as a comment, and validates and plans."""
+    the offline lines as a comment, and validates and plans. On a machine with a GPU (without
+    one init caps data.max_samples, and the estimate with it)."""
+    monkeypatch.setattr("eagle3_runner.runner.init.gpu_visible", lambda: True)
     big = tmp_path / "big.jsonl"
     chats(big, 60_000)  # ~4 MiB of real records at the head (the estimate reads those) ...
     with open(big, "r+b") as f:  # ... then a sparse 64 GiB: ~10^9 records x 32 KiB
