@@ -105,7 +105,8 @@ class TrainStage(Strict):
     grad_clip: float = Field(0.5, gt=0, description="Max global grad norm.")
     eval_every: int = Field(50, ge=1, description="Steps between evaluations (logged to DuckDB).")
     eval_samples: int = Field(8, ge=0, description="Held-out extracted samples for evaluation.")
-    checkpoint_every: int = Field(100, ge=1, description="Steps between checkpoints.")
+    checkpoint_every: int = Field(100, ge=1, description="Steps between checkpoints. Not part "
+                                  "of the cache key: changing it keeps the partial run.")
     checkpoint_minutes: Optional[float] = Field(10.0, gt=0, description=(
         "Minutes of training between checkpoints, as well as every checkpoint_every steps: an "
         "interrupted run (Ctrl-C, a killed job) loses at most this much; null = steps only. "
@@ -307,9 +308,15 @@ def _online(spec) -> bool:
     return spec.stages.train is not None and spec.stages.train.features == "online"
 
 
+# stages.train fields that say only when checkpoints are written: the weights and every output
+# are the same whatever they are, so they stay out of the cache key and the run's fingerprint
+# (trainer/recipe.py): changing one keeps the finished or partial run
+CHECKPOINT_FIELDS = frozenset({"checkpoint_every", "checkpoint_minutes"})
+
+
 def _train_key(spec, d: dict) -> dict:
     drafter = {k: v for k, v in d["drafter"].items() if k != "sglang_version"}  # serving only
-    train = {k: v for k, v in d["stages"]["train"].items() if k != "checkpoint_minutes"}
+    train = {k: v for k, v in d["stages"]["train"].items() if k not in CHECKPOINT_FIELDS}
     key = {"target": _target(d), "drafter": drafter, "aux_layer_ids": spec.aux_ids,
            "train": train}
     return {**key, "data": _data(d)} if _online(spec) else key

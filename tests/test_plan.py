@@ -142,6 +142,10 @@ def test_spec_change_names_the_field_and_cascades(tmp_path, fake_stages):
     assert {r[s][0] for s in ("extract", "train", "export")} == {"skip"}
     r = reasons(build_plan(make_spec(tmp_path, ["drafter.aux_layer_ids=[2, 15, 27]"])))
     assert r["extract"] == ("run", "spec changed: aux_layer_ids")
+    # when checkpoints are written changes no weight: the trained drafter stays (it retrained)
+    r = reasons(build_plan(make_spec(tmp_path, ["stages.train.checkpoint_every=7",
+                                                "stages.train.checkpoint_minutes=1"])))
+    assert {r[s][0] for s in r} == {"skip"}, r
 
 
 def test_input_file_change(tmp_path, fake_stages):

@@ -59,7 +59,7 @@ from eagle3_runner.trainer.objective import (Loss, TTTObjective, aux_noise, loss
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.files import atomic_path, atomic_write
 from eagle3_runner.runner.stage import StageContext
-from eagle3_runner.runner.stages import stage_kind
+from eagle3_runner.runner.stages import CHECKPOINT_FIELDS, stage_kind
 
 CKPT = stage_kind("train").resume_file  # ckpt.pt; the plan looks for it (runner/stages.py)
 SYNC_EVERY = 32  # optimizer steps between host reads of the step results (module docstring)
@@ -254,7 +254,7 @@ def setup(ctx: StageContext, impl: Any = "spec") -> TrainRun:
     total = max(1, math.ceil(p.epochs * spe))
     total = min(total, p.max_steps) if p.max_steps else total
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, p.warmup_steps, total))
-    fp = hashlib.sha256(json.dumps({"train": p.model_dump(exclude={"checkpoint_minutes"}),
+    fp = hashlib.sha256(json.dumps({"train": p.model_dump(exclude=set(CHECKPOINT_FIELDS)),
                                     "draft": cfg.as_dict(), "vocab": key,
                                     "device": device.type, "impl": impl}, sort_keys=True,
                                    default=str).encode()).hexdigest()[:16]
