@@ -279,6 +279,11 @@ def test_truncated_file_and_missing_dir(tmp_path):
     p.write_bytes(p.read_bytes()[:-100])
     assert "E_TRUNCATED" in errors(run(d))
     assert errors(inspect_draft(tmp_path / "nope")) == ["E_NO_DRAFT_DIR"]
+    p.write_bytes(p.read_bytes()[:len(p.read_bytes()) // 2])  # one cut, many tensors past it
+    f = run(d)
+    assert errors(f) == ["E_TRUNCATED"], errors(f)  # one line for the one cause
+    assert "the file is truncated:" in msg(f, "E_TRUNCATED") and " tensors end past the end" \
+        in msg(f, "E_TRUNCATED")
 
 
 def test_the_export_stage_folder_points_to_its_drafts(tmp_path):
