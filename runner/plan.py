@@ -379,7 +379,7 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
                 else:
                     raise PlanError(f"{p.id}: {problem}")
     return Plan(spec.name, str(work), str(results), ex, tuple(planned),
-                tuple(dict.fromkeys(warnings)), disk.report(extracts, online, work),
+                tuple(dict.fromkeys(warnings + spec_warnings(spec))), disk.report(extracts, online, work),
                 placement.report(holds), tuple(chosen))
 
 
@@ -486,9 +486,19 @@ def _sort_problems(spec: Spec, problems: list[str]) -> tuple[list[str], list[str
     return errors, warnings
 
 
+def spec_warnings(spec: Spec) -> list[str]:
+    """What is valid but likely a mistake, said by validate and plan alike: aux ids that are
+    SGLang's default plus one (runner/drafts/rules.py aux_shift_note)."""
+    from eagle3_runner.runner.drafts.rules import aux_shift_note
+    note = aux_shift_note(spec.drafter.aux_layer_ids, spec.num_layers,
+                          spec.target.family or "standard")
+    return [note] if note else []
+
+
 def input_problems(spec: Spec) -> tuple[list[str], list[str]]:
     """`runner validate`'s look at the machine: stage_problems of every enabled stage of the
-    spec and of each variant, as (errors, warnings) (_sort_problems), each once."""
+    spec and of each variant, as (errors, warnings) (_sort_problems), each once, then
+    spec_warnings."""
     found = []
     for vname, vspec in [("base", spec)] + [(v.name, variant_spec(spec, v.name))
                                             for v in spec.variants]:
@@ -496,7 +506,7 @@ def input_problems(spec: Spec) -> tuple[list[str], list[str]]:
             found += stage_problems(vspec, stage, None,
                                     stage if vname == "base" else f"{stage}@{vname}")
     errors, warnings = _sort_problems(spec, found)
-    return list(dict.fromkeys(errors)), list(dict.fromkeys(warnings))
+    return list(dict.fromkeys(errors)), list(dict.fromkeys(warnings + spec_warnings(spec)))
 
 
 def _check_results_file(path: Path) -> None:

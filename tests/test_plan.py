@@ -534,3 +534,15 @@ def test_a_cuda_target_on_a_machine_without_a_gpu_is_said_before_any_compute(tmp
     (tmp_path / "gpus" / "0000:01:00.0").mkdir()
     monkeypatch.setattr(placement, "GPU_SIGNS", (str(tmp_path / "gpus"),))
     assert not input_problems(spec)[0]
+
+
+def test_aux_ids_of_sglangs_default_plus_one_are_a_warning(tmp_path):
+    """[2, 15, 27] on a 30-layer target: valid ids, but SGLang's default [1, 14, 26] + 1, the
+    HF hidden_states indices people write by mistake: validate and plan warn, naming the fix."""
+    from eagle3_runner.runner.plan import input_problems
+    spec = make_spec(tmp_path, ["drafter.aux_layer_ids=[2, 15, 27]"])
+    errors, warnings = input_problems(spec)
+    assert not errors and len(warnings) == 1 and "write [1, 14, 26]" in warnings[0]
+    assert warnings[0] in build_plan(spec).warnings
+    for ok in ([1, 14, 26], [3, 16, 28], [2, 15, 26]):  # the default, a shift of 2, not all +1
+        assert input_problems(make_spec(tmp_path, [f"drafter.aux_layer_ids={ok}"]))[1] == []

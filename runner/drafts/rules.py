@@ -268,6 +268,20 @@ def default_aux_ids(target, family: str | None = None, rules: RuleSet | None = N
     return [c - 1 for c in row.default_capture(family, L)]
 
 
+def aux_shift_note(ids, num_layers: int, family: str = STANDARD) -> str | None:
+    """A warning when drafter.aux_layer_ids is SGLang's default for the target plus one each
+    ([2, 15, 27] for a 30-layer Llama): HF hidden_states indices written where eagle_config ids
+    belong (HF index k + 1 = the output of layer k = eagle_config id k). Valid ids, so not an
+    error: a drafter may mean them; None otherwise."""
+    d = default_aux_ids(num_layers, family)
+    if ids is None or list(ids) != [i + 1 for i in d]:
+        return None
+    return (f"drafter.aux_layer_ids = {list(ids)} is SGLang's default {d} for this "
+            f"{num_layers}-layer target plus one each: HF hidden_states indices? The ids are "
+            "SGLang eagle_config ids (id k = the output of layer k = HF hidden_states[k + 1]); "
+            f"write {d} (or leave the field out) for SGLang's default layers.")
+
+
 @dataclass(frozen=True)
 class AuxIdCheck:
     """The facts about SGLang aux ids for a target of `num_layers` layers, over the rows of a
