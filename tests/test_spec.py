@@ -202,6 +202,14 @@ def test_draft_context_shorter_than_serving_context():
     assert load_spec(data=d)
 
 
+def test_samples_longer_than_the_targets_context():
+    """data.max_length past target.max_position_embeddings (100000 against 8192) is refused."""
+    msg = one("data.max_length", problems(spec_dict(data={"source": "sharegpt",
+                                                          "max_length": 100000})))
+    assert "100000" in msg and "at most 8192" in msg
+    assert load_spec(data=spec_dict(data={"source": "sharegpt", "max_length": 8192}))
+
+
 # -- unknown keys -----------------------------------------------------------------------------
 
 

@@ -574,6 +574,13 @@ class Spec(Strict):
                 "0.5.6-0.5.23 refuse to start with that context (ValueError) unless "
                 "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1, which stretches the draft silently. "
                 "Set it to at least the serving context.")
+        if (t.max_position_embeddings and "max_length" in self.data.model_fields_set
+                and self.data.max_length > t.max_position_embeddings):  # declared, not the default
+            problems.append(
+                f"data.max_length = {self.data.max_length}: longer than the target's context of "
+                f"{t.max_position_embeddings} tokens (target.max_position_embeddings): the "
+                "target cannot run such samples, so their features would be wrong. Set "
+                f"data.max_length to at most {t.max_position_embeddings}.")
         for stage in STAGE_ORDER:  # what the declared target.engine cannot run, before any plan
             if getattr(self.stages, stage) is not None:
                 try:
