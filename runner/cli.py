@@ -185,6 +185,25 @@ def cmd_cancel(args) -> int:
     return cancel_cli(_load(args))
 
 
+class _Version(argparse.Action):
+    """--version, computed only when asked (it runs git): no cost on every other command."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"runner {_version()}")
+        parser.exit()
+
+
+def _version() -> str:
+    """The installed eagle3-runner's version, with the checkout's commit when there is one."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        v = version("eagle3-runner")
+    except PackageNotFoundError:
+        v = "(not installed)"
+    from eagle3_runner.runner.apply import code_version
+    return f"{v} ({code_version()})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="runner", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -193,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n  runner fetch all\n  runner validate specs/smollm2-sharegpt.yaml\n"
                "  runner apply specs/smollm2-sharegpt.yaml\n  runner query \"SELECT * FROM "
                "bench_summary\"")
+    ap.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     def add(name, fn, help_, spec=True, spec_optional=False):

@@ -176,3 +176,9 @@ def test_exit_code_is_how_every_command_ends(capsys):
         "interrupted"]
     with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
         exit_code(lambda: 1 / 0)
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("runner 0.")
