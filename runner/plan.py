@@ -244,7 +244,10 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
     which still run under the variant that computes them first. Raises PlanError."""
     for s in (*force, *only):
         if s.split("@")[0] not in STAGE_ORDER:
-            raise PlanError(f"--force/--only {s!r}: unknown stage; stages are "
+            import difflib
+            close = difflib.get_close_matches(s.split("@")[0], STAGE_ORDER, n=1, cutoff=0.5)
+            raise PlanError(f"--force/--only {s!r}: unknown stage"
+                            f"{f' (did you mean {close[0]!r}?)' if close else ''}; stages are "
                             f"{', '.join(STAGE_ORDER)}")
     names = ["base"] + [v.name for v in spec.variants]
     for v in variants:

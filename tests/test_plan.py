@@ -227,7 +227,7 @@ def test_force_and_only(tmp_path, fake_stages):
     r = reasons(build_plan(make_spec(tmp_path, ["stages.train.lr=5e-4"]), only=("train",)))
     assert r["train"][0] == "run"
     assert r["export"] == ("skip", "not selected (--only)")
-    with pytest.raises(PlanError, match="unknown stage"):
+    with pytest.raises(PlanError, match="unknown stage \\(did you mean 'train'\\?\\)"):
         build_plan(spec, force=("trian",))
     with pytest.raises(PlanError, match="no such stage"):  # a variant that does not exist
         build_plan(spec, only=("train@nope",))
