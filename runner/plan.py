@@ -382,8 +382,8 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
                 else:
                     raise PlanError(f"{p.id}: {problem}")
     return Plan(spec.name, str(work), str(results), ex, tuple(planned),
-                tuple(dict.fromkeys(warnings + spec_warnings(spec))), disk.report(extracts, online, work),
-                placement.report(holds), tuple(chosen))
+                tuple(dict.fromkeys(warnings + spec_warnings(spec))),
+                disk.report(extracts, online, work), placement.report(holds), tuple(chosen))
 
 
 def _incomplete(stage: str, partial: Path) -> str:

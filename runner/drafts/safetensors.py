@@ -157,15 +157,16 @@ def scan_draft(draft_dir: Path) -> DraftScan:
         whys = {k: entry_problem(k, v, start, size) for k, v in header.items()}
         if not any(whys.values()) and (why := layout_problem(header, start, size)):
             out.problems.append(f"{p}: {why}. Re-export it.")
-        cut = [k for k, w in whys.items() if w and w.endswith("the file is truncated")]
-        if len(cut) > 1:  # one cause, one line: the tensors past the end are counted in it
+        cut = [k for k, v in header.items() if start + v["data_offsets"][1] > size]
+        grouped = set(cut) if len(cut) > 1 else set()  # one cause, one line, counting them
+        if grouped:
             end = max(start + header[k]["data_offsets"][1] for k in cut)
             out.problems.append(f"{p}: the file is truncated: {len(cut)} of {len(header)} "
-                                f"tensors end past the end of its {size} bytes (the last at byte {end}; "
-                                f"first {cut[0]!r}). Re-export it.")
+                                f"tensors end past the end of its {size} bytes (the last at "
+                                f"byte {end}; first {cut[0]!r}). Re-export it.")
         for k, v in header.items():
             if whys[k]:
-                if len(cut) <= 1 or k not in cut:
+                if k not in grouped:
                     out.problems.append(f"{p}: {whys[k]}. Re-export it.")
                 continue
             if k in out.tensors:
