@@ -14,6 +14,7 @@ import pytest
 from eagle3_runner.runner.drafts.rules import default_aux_ids
 from eagle3_runner.runner.errors import SpecError
 from eagle3_runner.runner.spec.load import load_spec
+from eagle3_runner.runner.spec.schema import Spec
 from eagle3_runner.runner.stages import STAGE_ORDER
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -208,6 +209,19 @@ def test_samples_longer_than_the_targets_context():
                                                           "max_length": 100000})))
     assert "100000" in msg and "at most 8192" in msg
     assert load_spec(data=spec_dict(data={"source": "sharegpt", "max_length": 8192}))
+
+
+def test_max_length_left_out_fits_a_short_target_and_survives_the_round_trip():
+    """A 512-token target with data.max_length left out trains on 512-token samples (not the
+    2048 default, refused), and the spec re-validates from its JSON as runner/job.py does (CI of
+    2026-12-04: every train stage of a 512-token test target failed there)."""
+    short = spec_dict(target={"max_position_embeddings": 512}, data={"source": "sharegpt"})
+    s = load_spec(data=short)
+    assert s.data.max_length == 512
+    assert Spec.model_validate_json(s.model_dump_json()).data.max_length == 512
+    msg = one("data.max_length", problems({**short, "data": {"source": "sharegpt",
+                                                            "max_length": 2048}}))
+    assert "at most 512" in msg
 
 
 # -- unknown keys -----------------------------------------------------------------------------

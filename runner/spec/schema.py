@@ -475,6 +475,23 @@ class Spec(Strict):
                            f"{len(long[0].encode())} bytes; a file name has at most 255")
         return out
 
+    @model_validator(mode="before")
+    @classmethod
+    def _max_length_within_context(cls, raw):
+        """data.max_length left out takes the smaller of 2048 and target.max_position_embeddings
+        (a 512-token target trains on 512-token samples); the value is written into the spec,
+        so it survives the JSON round trip of runner/job.py. A declared value is kept (and
+        checked in _cross_checks)."""
+        if not isinstance(raw, dict):
+            return raw
+        target, data = raw.get("target"), raw.get("data", {})
+        ctx = target.get("max_position_embeddings") if isinstance(target, dict) else None
+        default = Data.model_fields["max_length"].default
+        if (isinstance(data, dict) and "max_length" not in data and isinstance(ctx, int)
+                and not isinstance(ctx, bool) and 16 <= ctx < default):
+            raw = {**raw, "data": {**data, "max_length": ctx}}
+        return raw
+
     @model_validator(mode="after")
     def _cross_checks(self):
         t, d = self.target, self.drafter
@@ -574,9 +591,8 @@ class Spec(Strict):
                 "0.5.6-0.5.23 refuse to start with that context (ValueError) unless "
                 "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1, which stretches the draft silently. "
                 "Set it to at least the serving context.")
-        if (t.max_position_embeddings and "max_length" in self.data.model_fields_set
-                and self.data.max_length > t.max_position_embeddings):  # declared, not the default
-            problems.append(
+        if t.max_position_embeddings and self.data.max_length > t.max_position_embeddings:
+            problems.append(  # the default is already within it (_max_length_within_context)
                 f"data.max_length = {self.data.max_length}: longer than the target's context of "
                 f"{t.max_position_embeddings} tokens (target.max_position_embeddings): the "
                 "target cannot run such samples, so their features would be wrong. Set "
