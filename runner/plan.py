@@ -259,15 +259,9 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
         if variants and v is not None and v not in picked:
             raise PlanError(f"--force/--only {s!r}: variant {v!r} is not selected by --variant "
                             f"{' '.join(variants)}; add --variant {v} or drop {s!r}")
-    work = spec.resolved_work_dir()
-    results = expand_path(spec.results.path)
-    _check_dir("work_dir", work, spec.work_dir)  # before any path below it is looked at
-    _check_length("results.path", Path(os.path.abspath(results)), spec.results.path)
-    if results.is_dir():
-        raise PlanError(f"results.path: {results} is a folder; set it to a .duckdb file, e.g. "
-                        f"{results / 'results.duckdb'}")
-    _check_dir("results.path", results.parent, spec.results.path)
-    _check_results_file(results)
+    work, results = spec.resolved_work_dir(), expand_path(spec.results.path)
+    if problems := output_problems(spec):  # before any path below work_dir is looked at
+        raise PlanError(problems[0])
     vspecs = [("base", spec)] + [(v.name, variant_spec(spec, v.name)) for v in spec.variants]
     planned: list[PlannedStage] = []
     by_key: dict[tuple[str, str], PlannedStage] = {}
@@ -489,13 +483,37 @@ def _sort_problems(spec: Spec, problems: list[str]) -> tuple[list[str], list[str
     return errors, warnings
 
 
+def prompt_count_notes(spec: Spec, where: str = "stages.bench") -> list[str]:
+    """stages.bench.num_prompts above the size of a chosen prompt set (MT-bench has 80,
+    HumanEval 164, sharegpt data.holdout): the bench takes the whole set, fewer than asked."""
+    bench = spec.stages.bench
+    if bench is None or bench.num_prompts is None:
+        return []
+    from eagle3_runner.runner.stages import PROMPT_SET_SIZES
+    sizes = {**PROMPT_SET_SIZES, "sharegpt": spec.data.holdout}
+    return [f"{where}.num_prompts = {bench.num_prompts}: {name} has {sizes[name]} prompts"
+            f"{' (data.holdout)' if name == 'sharegpt' else ''}; the bench takes those "
+            f"{sizes[name]}. Lower num_prompts (null = the whole set) to say what runs."
+            for name in bench.prompt_sets if bench.num_prompts > sizes[name]]
+
+
 def spec_warnings(spec: Spec) -> list[str]:
     """What is valid but likely a mistake, said by validate and plan alike: aux ids that are
-    SGLang's default plus one (runner/drafts/rules.py aux_shift_note)."""
+    SGLang's default plus one (runner/drafts/rules.py aux_shift_note); a bench num_prompts
+    above a prompt set's size, per variant (prompt_count_notes)."""
     from eagle3_runner.runner.drafts.rules import aux_shift_note
     note = aux_shift_note(spec.drafter.aux_layer_ids, spec.num_layers,
                           spec.target.family or "standard")
-    return [note] if note else []
+    notes = [note] if note else []
+    notes += prompt_count_notes(spec)
+    def bench_of(s):
+        b = s.stages.bench
+        return b and (b.num_prompts, tuple(b.prompt_sets), s.data.holdout)
+    for v in spec.variants:  # a variant that changes the bench's prompts says so itself
+        vspec = variant_spec(spec, v.name)
+        if bench_of(vspec) != bench_of(spec):
+            notes += prompt_count_notes(vspec, f"variants[{v.name}].stages.bench")
+    return list(dict.fromkeys(notes))
 
 
 def input_problems(spec: Spec) -> tuple[list[str], list[str]]:
@@ -509,7 +527,25 @@ def input_problems(spec: Spec) -> tuple[list[str], list[str]]:
             found += stage_problems(vspec, stage, None,
                                     stage if vname == "base" else f"{stage}@{vname}")
     errors, warnings = _sort_problems(spec, found)
+    errors += output_problems(spec)
     return list(dict.fromkeys(errors)), list(dict.fromkeys(warnings + spec_warnings(spec)))
+
+
+def output_problems(spec: Spec) -> list[str]:
+    """Where the run writes: work_dir and results.path's folder must be writable folders and an
+    existing results file a DuckDB file (the checks build_plan makes first), as messages."""
+    results = expand_path(spec.results.path)
+    try:
+        _check_dir("work_dir", spec.resolved_work_dir(), spec.work_dir)
+        _check_length("results.path", Path(os.path.abspath(results)), spec.results.path)
+        if results.is_dir():
+            raise PlanError(f"results.path: {results} is a folder; set it to a .duckdb file, "
+                            f"e.g. {results / 'results.duckdb'}")
+        _check_dir("results.path", results.parent, spec.results.path)
+        _check_results_file(results)
+    except PlanError as e:
+        return [str(e)]
+    return []
 
 
 def _check_results_file(path: Path) -> None:
@@ -547,7 +583,8 @@ def _check_length(field: str, path: Path, declared: str) -> None:
 
 def _check_dir(field: str, path: Path, declared: str) -> None:
     """Raise PlanError unless `path` is (or can be created as) a writable folder: its nearest
-    existing ancestor must be a folder we may write to. Nothing is created here."""
+    existing ancestor must be a folder where a file can be made, tried with a nameless
+    temporary file (permission bits alone pass root under /proc or on a read-only mount)."""
     p = Path(os.path.abspath(path))
     _check_length(field, p, declared)
     while not p.exists() and p != p.parent:
@@ -555,9 +592,13 @@ def _check_dir(field: str, path: Path, declared: str) -> None:
     if not p.is_dir():
         raise PlanError(f"{field} = {declared!r}: {p} is a file, not a folder. Point {field} "
                         "somewhere else or move the file away.")
-    if not os.access(p, os.W_OK | os.X_OK):
-        raise PlanError(f"{field} = {declared!r}: {p} is not writable. Point {field} at a "
-                        "folder you can write to.")
+    import tempfile
+    try:
+        with tempfile.TemporaryFile(dir=p):
+            pass
+    except OSError as e:
+        raise PlanError(f"{field} = {declared!r}: {p} is not writable ({e.strerror}). Point "
+                        f"{field} at a folder you can write to.") from None
 
 
 def _read_state(work: Path, variant: str, stage: str) -> dict | None:

@@ -225,6 +225,10 @@ class SglangOptions(Strict):
         return self
 
 
+# prompts in each fixed bench set (data/prompts.py reads them; sharegpt has data.holdout)
+PROMPT_SET_SIZES = {"mtbench": 80, "humaneval": 164}
+
+
 class BenchStage(Strict):
     """Measure tau and tok/s against a no-speculation baseline in the same run."""
 

@@ -546,3 +546,38 @@ def test_aux_ids_of_sglangs_default_plus_one_are_a_warning(tmp_path):
     assert warnings[0] in build_plan(spec).warnings
     for ok in ([1, 14, 26], [3, 16, 28], [2, 15, 26]):  # the default, a shift of 2, not all +1
         assert input_problems(make_spec(tmp_path, [f"drafter.aux_layer_ids={ok}"]))[1] == []
+
+
+def test_num_prompts_above_a_prompt_sets_size_is_a_warning(tmp_path):
+    """num_prompts 4000 with MT-bench (80 prompts) passed silently (first-hour trial of
+    2026-12-04): validate and plan say the bench takes 80; a variant that changes it says so."""
+    from eagle3_runner.runner.plan import input_problems
+    spec = make_spec(tmp_path, ["stages.bench.num_prompts=4000"])
+    errors, warnings = input_problems(spec)
+    assert not errors and len(warnings) == 1
+    assert "num_prompts = 4000: mtbench has 80 prompts" in warnings[0]
+    assert warnings[0] in build_plan(spec).warnings
+    both = make_spec(tmp_path, ["stages.bench.num_prompts=100",
+                                "stages.bench.prompt_sets=[mtbench, humaneval]"])
+    assert [w.split(";")[0] for w in input_problems(both)[1]] == [
+        "stages.bench.num_prompts = 100: mtbench has 80 prompts"]
+    assert input_problems(make_spec(tmp_path, ["stages.bench.num_prompts=80"]))[1] == []
+    var = make_spec(tmp_path, ["stages.bench.num_prompts=8"],
+                    variants=[{"name": "all", "overrides": {"stages.bench.num_prompts": 500}}])
+    assert [w.split(":")[0] for w in input_problems(var)[1]] == [
+        "variants[all].stages.bench.num_prompts = 500"]
+
+
+def test_outputs_under_proc_are_refused_by_validate_and_plan(tmp_path):
+    """results.path or work_dir under /proc passed validate and plan as root (the permission
+    bits say writable) and failed at apply (first-hour trial of 2026-12-04): both now try to
+    make a file there and name the field."""
+    from eagle3_runner.runner.plan import input_problems
+    for field in ("results.path=/proc/r.duckdb", "work_dir=/proc/eagle3-work"):
+        spec = make_spec(tmp_path, [field])
+        errors = input_problems(spec)[0]
+        assert len(errors) == 1 and errors[0].startswith(field.split("=")[0] + " = "), errors
+        assert "/proc is not writable" in errors[0]
+        with pytest.raises(PlanError, match="not writable"):
+            build_plan(spec)
+    assert input_problems(make_spec(tmp_path))[0] == []
