@@ -179,10 +179,17 @@ def _stage_gpus(spec, stage: str) -> int | None:
 # memory
 
 
+def on_cpu(spec) -> bool:
+    """Whether the target runs on the CPU: target.device cpu, or auto under the local executor
+    on a machine that shows no GPU (gpu_visible). A Slurm job's node is not this machine."""
+    d = spec.target.device
+    return d == "cpu" or (d == "auto" and spec.executor.kind == "local" and not gpu_visible())
+
+
 def _dtype_bits(spec) -> int:
     dt = spec.target.dtype
-    if dt == "auto":
-        dt = "float32" if spec.target.device == "cpu" else "bfloat16"
+    if dt == "auto":  # float32 on CPU, bfloat16 on CUDA (target/load.py)
+        dt = "float32" if on_cpu(spec) else "bfloat16"
     return DTYPE_BITS[dt]
 
 
@@ -260,8 +267,9 @@ def stage_memory(spec, stage: str, cfg: dict | None) -> dict:
     ranks = stage_nproc(spec, stage)
     split = splits(spec, stage, cfg)
     out: dict[str, Any] = {"stage": stage, "replicas": ranks, "fits": None}
-    if t.device == "cpu":
-        return {**out, "layout": f"{ranks} replica(s) on the CPU (target.device cpu)",
+    if on_cpu(spec):
+        why = "cpu" if t.device == "cpu" else "auto, and this machine shows no GPU"
+        return {**out, "layout": f"{ranks} replica(s) on the CPU (target.device {why})",
                 "why": "runs on the CPU: GPU memory not checked"}
     G = _stage_gpus(spec, stage)
     if G is not None and G > 0 and (problem := layout_problem(G, ranks, split, stage)):

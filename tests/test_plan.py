@@ -581,3 +581,18 @@ def test_outputs_under_proc_are_refused_by_validate_and_plan(tmp_path):
         with pytest.raises(PlanError, match="not writable"):
             build_plan(spec)
     assert input_problems(make_spec(tmp_path))[0] == []
+
+
+def test_auto_device_without_a_gpu_plans_the_cpu(tmp_path, monkeypatch):
+    """target.device auto under the local executor on a machine without a GPU runs on the CPU
+    in float32: the plan said "1 GPU" and "16-bit weights" there (first-hour trial of
+    2026-12-04). With a GPU, or under Slurm (another machine), it plans the GPU."""
+    from eagle3_runner.runner import placement
+    monkeypatch.setattr(placement, "GPU_SIGNS", (str(tmp_path / "gpus"),))
+    spec = make_spec(tmp_path)
+    assert placement.on_cpu(spec) and placement._dtype_bits(spec) == 32
+    m = placement.stage_memory(spec, "extract", None)
+    assert "on the CPU (target.device auto, and this machine shows no GPU)" in m["layout"]
+    (tmp_path / "gpus" / "0000:01:00.0").mkdir(parents=True)
+    assert not placement.on_cpu(spec) and placement._dtype_bits(spec) == 16
+    assert "x 1 GPU" in placement.stage_memory(spec, "extract", None)["layout"]
