@@ -36,7 +36,8 @@ EXAMPLES = {
                "  runner inspect DRAFT --target model.gguf --server-args \"--speculative-algorithm "
                "EAGLE3 --speculative-num-steps 3\" --json",
     "convert": "examples:\n  runner convert old_draft/ new_draft/ --to sglang --target config.json",
-    "report": "examples:\n  runner report specs/smollm2-sharegpt.yaml --out reports/",
+    "report": "examples:\n  runner report specs/smollm2-sharegpt.yaml          # into runs/<name>/reports\n"
+              "  runner report specs/smollm2-sharegpt.yaml --out /tmp/plots",
     "cancel": "examples:\n  runner cancel specs/drafter-v2.yaml",
 }
 
@@ -279,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default as for inspect)")
     p = add("report", cmd_report, "write PNG plots (tau vs samples, per-position acceptance, "
             "tok/s vs num_steps)")
-    p.add_argument("--out", default="reports", help="output folder")
+    p.add_argument("--out", help="output folder (default: the spec's work_dir/reports)")
     add("cancel", cmd_cancel, "cancel the Slurm jobs of a spec's running stages")
     return ap
 

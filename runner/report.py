@@ -404,9 +404,11 @@ def write_report(spec: Spec, out_dir) -> tuple[list[Path], list[str]]:
     return written, notes
 
 
-def report_cli(spec: Spec, out_dir="reports") -> int:
-    """`runner report`: write the PNGs, print their paths; exit 0. Exit 1 with `error: ...` on
-    stderr when there is nothing to plot."""
+def report_cli(spec: Spec, out_dir=None) -> int:
+    """`runner report`: write the PNGs into out_dir (default: the spec's work_dir/reports, next
+    to its artifacts, not the current folder), print their paths; exit 0. Exit 1 with
+    `error: ...` on stderr when there is nothing to plot."""
+    out_dir = out_dir or spec.resolved_work_dir() / "reports"
     try:
         written, notes = write_report(spec, out_dir)
     except ReportError as e:

@@ -261,3 +261,17 @@ def test_variants_plot_of_a_recipe_sweep(tmp_path, monkeypatch):
     assert labels == sorted(taus, key=taus.get)  # highest tau on top
     notes = [t.get_text() for t in axes[0].texts]
     assert "1.700 (+0.080)" in notes and "1.620" in notes and "1.550 (-0.070)" in notes
+
+
+def test_report_goes_to_the_work_dir_by_default(tmp_path, monkeypatch, capsys):
+    """Without --out the plots go to the spec's work_dir/reports, not into the folder the user
+    stands in (the repository, in the first-hour trial of 2026-12-04)."""
+    spec = make_spec(tmp_path)
+    fill(tmp_path / "r.duckdb")
+    here = tmp_path / "cwd"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert report_cli(spec) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed and all(Path(p).parent == spec.resolved_work_dir() / "reports" for p in printed)
+    assert not list(here.iterdir())
