@@ -275,3 +275,26 @@ def test_report_goes_to_the_work_dir_by_default(tmp_path, monkeypatch, capsys):
     printed = capsys.readouterr().out.split()
     assert printed and all(Path(p).parent == spec.resolved_work_dir() / "reports" for p in printed)
     assert not list(here.iterdir())
+
+
+def test_no_text_runs_off_a_plot(tmp_path, monkeypatch):
+    """Every title, label and note of the five plots lies inside its PNG (the configs plot's
+    right-hand title was clipped in the first-hour trial of 2026-12-04)."""
+    from eagle3_runner.runner import report
+    figs, save = [], report._save
+    monkeypatch.setattr(report, "_save", lambda fig, path: figs.append(fig) or save(fig, path))
+    fill(tmp_path / "r.duckdb")
+    report.write_report(make_spec(tmp_path), tmp_path / "out")
+    assert len(figs) == 5
+    for fig in figs:
+        r = fig.canvas.get_renderer()
+        box = fig.bbox
+        texts = list(fig.texts) + ([fig._suptitle] if fig._suptitle else [])
+        for ax in fig.axes:  # titles, axis labels, notes (tick labels are matplotlib's to place)
+            texts += [ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label,
+                      *ax.texts]
+        for t in texts:
+            if t.get_visible() and t.get_text().strip():
+                e = t.get_window_extent(r)
+                assert box.x0 - 1 <= e.x0 and e.x1 <= box.x1 + 1 and e.y1 <= box.y1 + 1, \
+                    (t.get_text()[:60], e, box)
