@@ -74,11 +74,24 @@ def draft_vocab_size_for(vocab: int, hidden: int) -> int:
     return min(size, vocab)
 
 
-def spec_name(target: Path) -> str:
-    """<folder or file stem>-eagle3, reduced to the spec's name alphabet."""
-    stem = target.stem if target.suffix == ".gguf" else target.name
-    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip(".-")[:48] or "target"
-    return f"{stem.lower()}-eagle3"
+def _stem(path: Path, cut: int) -> str:
+    """A file's stem without its data suffixes (.jsonl.gz, .gguf), or a folder's name, reduced
+    to the spec's name alphabet and `cut` characters ('' when nothing is left)."""
+    stem = path.name
+    while Path(stem).suffix in (".gz", ".jsonl", ".json", ".gguf", ".yaml", ".yml"):
+        stem = Path(stem).stem
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip(".-")[:cut].strip(".-").lower()
+
+
+def spec_name(target: Path, data: Path | None = None, out: Path | None = None) -> str:
+    """The spec's default name, which names its work_dir (runs/<name>) and its runs in the
+    results: --out's file stem (as specs/<name>.yaml in this repository), else
+    <target>-<data>-eagle3 (two specs for one target on different data never share runs/),
+    reduced to the spec's name alphabet."""
+    if out is not None and (stem := _stem(out, 60)):
+        return stem
+    parts = [_stem(target, 48) or "target"] + ([_stem(data, 24)] if data else [])
+    return "-".join(p for p in parts if p) + "-eagle3"
 
 
 def _q(s: str) -> str:
@@ -86,7 +99,8 @@ def _q(s: str) -> str:
     return json.dumps(s)
 
 
-def build(target: str, data: str | None = None, name: str | None = None) -> tuple[str, dict]:
+def build(target: str, data: str | None = None, name: str | None = None,
+          out: str | None = None) -> tuple[str, dict]:
     """(spec YAML text with comments, facts {name, family, aux_layer_ids, draft_vocab_size,
     chat_template, template_source, bench, estimate}). Raises InitError for an unreadable
     target, or a data file that is missing or holds no usable conversation."""
@@ -122,7 +136,8 @@ def build(target: str, data: str | None = None, name: str | None = None) -> tupl
                         "; point it at a JSONL or JSON file (plain, .gz or .zst).")
     max_length = min(2048, ctx or 2048)
     gpu = gpu_visible()
-    name = name or spec_name(tpath)
+    name = name or spec_name(tpath, expand_path(data) if data else None,
+                             expand_path(out) if out else None)
     data_block = {"source": "jsonl", "path": str(dpath)} if dpath else {"source": "sharegpt"}
     probe = _load({"name": name, "target": {"path": str(tpath), "num_hidden_layers": L,
                                             "hidden_size": H, "vocab_size": V},
@@ -446,7 +461,7 @@ def init_cli(target: str, data: str | None, out: str | None, name: str | None,
     if o is not None and o.exists() and not force:
         raise InitError(f"--out {out}: exists; pass --force to overwrite it, or choose "
                         "another name.")
-    text, facts = build(target, data, name)
+    text, facts = build(target, data, name, out)
     _check(text)
     if o is not None:
         try:

@@ -44,6 +44,7 @@ def test_init_writes_a_spec_that_validates_and_plans(tmp_path, monkeypatch, caps
     assert "# " in text and "Offline features: (3 aux + 1 last) x 4096 x 2 bytes + 9 (id, " \
         "mask) = 32,777 B per token" in text  # runner/disk.py's figure, as plan prints it
     raw = yaml.safe_load(text)
+    assert raw["name"] == "s"  # --out's stem: the spec's runs/ and results are its own
     assert raw["target"]["chat_template"] == want["tmpl"]
     assert raw["drafter"]["aux_layer_ids"] == want["aux"]
     from eagle3_runner.runner.init import CPU_MAX_SAMPLES
@@ -146,6 +147,19 @@ def test_deepseek_family_without_tokenizer(tmp_path, capsys):
     raw = yaml.safe_load(facts["spec_text"])
     assert len(raw["stages"]["bench"]["configs"]) == 1
     load_spec(data=raw)
+
+
+def test_two_specs_for_one_target_get_their_own_names():
+    """Two init specs for one target both got '<target>-eagle3' and so shared runs/<name> and
+    the run history (first-hour trial of 2026-12-04): the name comes from --out's stem, else
+    from the target and the data."""
+    from eagle3_runner.runner.init import spec_name
+    t = Path("/m/SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert spec_name(t) == "smollm2-135m-instruct.q4_1-eagle3"
+    assert spec_name(Path("/m/Qwen3-8B"), Path("/d/my chats.jsonl.gz")) == "qwen3-8b-my-chats-eagle3"
+    assert spec_name(t, Path("a.jsonl")) != spec_name(t, Path("b.jsonl"))
+    assert spec_name(t, Path("a.jsonl"), Path("specs/support-bot.yaml")) == "support-bot"
+    assert spec_name(t, None, Path("specs/...yaml")) == "smollm2-135m-instruct.q4_1-eagle3"
 
 
 def test_draft_vocab_rule_and_families():
