@@ -288,6 +288,10 @@ class StageKind:
     files: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = ()
     data_parallel: bool = False  # runs executor.nproc_per_node ranks (one per GPU)
     checkpointable: bool = False  # a Slurm timeout/preemption requeues it; it resumes
+    # whether a rerun continues what an interrupted run left in its partial dir (regenerate and
+    # extract after their last complete shard, train from its checkpoint); export and bench
+    # start over, and the plan says which
+    resumes: bool = False
     # the file in its partial dir that a resumed run starts from (train: the checkpoint); the
     # plan says when there is none yet, so "resuming" never hides a restart from step 0
     resume_file: Optional[str] = None
@@ -368,16 +372,17 @@ REGISTRY: tuple[StageKind, ...] = (
               "(optional).", needs=lambda spec: (),
               key=lambda spec, d: {"target": _target(d), "data": _data(d),
                                    "regenerate": d["stages"]["regenerate"]},
-              files=("target", "data")),
+              files=("target", "data"), resumes=True),
     StageKind("extract", ExtractStage, "Capture the target's aux hidden states for training.",
               needs=lambda spec: ("regenerate",),
               key=lambda spec, d: {"target": _target(d), "data": _data(d),
                                    "aux_layer_ids": spec.aux_ids, "extract": d["stages"]["extract"]},
-              files=("target", "data"), data_parallel=True),
+              files=("target", "data"), data_parallel=True, resumes=True),
     StageKind("train", TrainStage, "Train the drafter with TTT.",
               needs=lambda spec: ("regenerate",) if _online(spec) else ("extract",),
               key=_train_key, files=lambda spec: ("target", "data") if _online(spec) else (),
-              data_parallel=True, checkpointable=True, resume_file="ckpt.pt", check=_train_check),
+              data_parallel=True, checkpointable=True, resumes=True, resume_file="ckpt.pt",
+              check=_train_check),
     StageKind("export", ExportStage, "Write the SGLang draft directory.",
               needs=lambda spec: ("train", "extract"), requires=lambda spec: ("train",),
               key=lambda spec, d: {"drafter": d["drafter"], "export": d["stages"]["export"]}),

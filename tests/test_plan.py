@@ -596,3 +596,20 @@ def test_auto_device_without_a_gpu_plans_the_cpu(tmp_path, monkeypatch):
     (tmp_path / "gpus" / "0000:01:00.0").mkdir(parents=True)
     assert not placement.on_cpu(spec) and placement._dtype_bits(spec) == 16
     assert "x 1 GPU" in placement.stage_memory(spec, "extract", None)["layout"]
+
+
+def test_an_interrupted_bench_is_planned_as_starting_over(tmp_path, fake_stages):
+    """After Ctrl-C in bench the plan said "resuming partial output" (first-hour trial of
+    2026-12-04), though export and bench never resume: it now says the stage starts over, as
+    the interrupted stage's own message does."""
+    fake_stages.setenv("FAIL_STAGE", "bench")
+    spec = make_spec(tmp_path)
+    plan = build_plan(spec)
+    apply(spec, plan, quiet=True)
+    bench = next(p for p in plan.stages if p.stage == "bench")
+    assert Path(bench.partial).exists()
+    r = reasons(build_plan(make_spec(tmp_path)))
+    assert r["bench"] == ("run", "incomplete: an earlier run stopped; it runs again from the "
+                                 "beginning")
+    from eagle3_runner.runner.stages import REGISTRY
+    assert [k.name for k in REGISTRY if k.resumes] == ["regenerate", "extract", "train"]
