@@ -225,6 +225,7 @@ def test_prefill_enqueues_without_a_stream_sync():
         pytest.skip("needs CUDA")
     target = from_hf_model(tiny_hf_llama(vocab=64, layers=2)).cuda()
     gen = Generator(target, rows=4, max_seq=128, max_new=40, kv_bucket=16)
+    gen.temperature.fill_(0.0)  # greedy, as run(temperature=0) sets it (the default is 1.0)
     entries = [(row, Request(row, p, 8, seed=row)) for row, p in enumerate(PROMPTS[:4])]
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")

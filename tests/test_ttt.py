@@ -236,8 +236,10 @@ def test_gpu_fast_loss_matches_ttt_loss(attn, option):
     g = torch.autograd.grad(loss, list(m.parameters()))
     assert fb["pos"].shape[0] == 2  # 512 positions fill a row; 299 + 119 + 89 share the other
     assert float(loss.detach()) == pytest.approx(float(ref.detach()), rel=1e-3)
-    assert torch.allclose(fs["count"], st["count"])
-    assert (fs["correct"] - st["correct"]).abs().max() <= 2  # tf32 near-ties
+    # ttt_loss brings its stats to the host (one sync per call); the fast step leaves them on
+    # the GPU (the recipe syncs once per log interval)
+    assert torch.allclose(fs["count"].cpu(), st["count"])
+    assert (fs["correct"].cpu() - st["correct"]).abs().max() <= 2  # tf32 near-ties
     for (n, _), a, c in zip(m.named_parameters(), g_ref, g):
         assert (a - c).abs().max() <= 1e-2 * a.abs().max(), n
 
