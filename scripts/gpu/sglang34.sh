@@ -9,6 +9,8 @@
 #   bash scripts/gpu/sglang34.sh bench SECONDS  # the bench stage, backend both: embedded and SGLang
 #                                               # on the same prompts (parity, speeds, the profile)
 #   bash scripts/gpu/sglang34.sh lab SECONDS    # the conformance lab on the exported drafter
+# EXTRA_O="-o stages.bench.backend=sglang -o stages.bench.num_prompts=8": overrides for apply
+# (SGLang alone, no embedded engines to compile: the short bench when time is short)
 # $OUT/r gets: results-sglang.duckdb, state-<phase>.tgz (spool, logs, bench.json, the SGLang
 # recordings sglang/<server>/ and sglang_profile.json, train metrics, export config and
 # inspect), <phase>.txt (the phase's tables), versions.txt and smoke.log (train), lab.json,
@@ -43,8 +45,9 @@ bring_back() {
 }
 trap bring_back EXIT
 left() { echo $((LIMIT - (SECONDS - T0))); }
-apply() {  # runner apply within the phase's time; progress bars dropped
-  timeout --signal=INT "$(left)" python3 -m eagle3_runner.runner apply "$SPEC" "$@" 2>&1 \
+apply() {  # runner apply within the phase's time (EXTRA_O: more -o overrides); progress bars
+  # dropped
+  timeout --signal=INT "$(left)" python3 -m eagle3_runner.runner apply "$SPEC" "$@" ${EXTRA_O:-} 2>&1 \
     | tr '\r' '\n' | grep -v "it/s\]$\|tok/s\]$\|prompt/s\]$\|s/it\]$" | tail -40
 }
 case $phase in
