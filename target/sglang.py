@@ -43,6 +43,7 @@ from pathlib import Path
 from eagle3_runner.runner.drafts.layout import ALGORITHM
 from eagle3_runner.runner.errors import ServerError
 from eagle3_runner.runner.files import expand_path
+from eagle3_runner.runner.spec.server import MAX_HTTP_PORT
 
 READY_LINE = "The server is fired up and ready to roll!"
 ACCEPT_LEN_RE = re.compile(r"accept len:\s*([0-9]+(?:\.[0-9]+)?)")
@@ -76,17 +77,24 @@ def sglang_available(python: str = "python3") -> tuple[bool, str]:
     return r.returncode == 0, (r.stderr.decode(errors="replace").strip().splitlines() or ["?"])[-1]
 
 
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """n distinct free TCP ports on `host`: n sockets bound to port 0 AT ONCE (so the kernel hands
-    out n different ports), read, then closed. Another process could still take one before the
-    server binds it; a server that then fails to bind says so in its log (ServerError)."""
-    socks = []
+def free_ports(n: int, host: str = "127.0.0.1", highest: int = MAX_HTTP_PORT) -> list[int]:
+    """n distinct free TCP ports on `host`, each at most `highest` (default MAX_HTTP_PORT, 55535:
+    SGLang 0.5.14 refuses an HTTP port whose + 10000 is past 65535, and the kernel hands out
+    ports up to 60999): sockets bound to port 0 and held open together (so the kernel hands out
+    different ports) until n are low enough, read, then closed. Another process could still
+    take one before the server binds it; a server that then fails to bind says so in its log
+    (ServerError). Raises RuntimeError when 64 x n tries find fewer than n."""
+    socks, ports = [], []
     try:
-        for _ in range(n):
+        for _ in range(64 * n):
             s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
             socks.append(s)
             s.bind((host, 0))
-        return [s.getsockname()[1] for s in socks]
+            if s.getsockname()[1] <= highest:
+                ports.append(s.getsockname()[1])
+                if len(ports) == n:
+                    return ports
+        raise RuntimeError(f"found {len(ports)} of {n} free TCP ports at most {highest} on {host}")
     finally:
         for s in socks:
             s.close()

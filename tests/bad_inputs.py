@@ -402,6 +402,9 @@ def stage_cases(base: dict) -> list[Case]:
         Case("stages", "sglang_port_past_65535", "data", _set(_set(
             base, "stages.bench.sglang.port", 65000), "stages.bench.sglang.parallel", 300),
              "stages.bench.sglang.port"),
+        # SGLang 0.5.14 takes --port + 10000 as its gRPC port and refuses one past 65535
+        Case("stages", "sglang_port_whose_grpc_port_is_past_65535", "data", _set(
+            base, "stages.bench.sglang.port", 60000), "stages.bench.sglang.port"),
         Case("stages", "sglang_not_importable", "data", _set(_set(
             base, "stages.bench.backend", "sglang"), "stages.bench.sglang.python",
             "/nonexistent/python3"), "stages.bench.backend"),

@@ -63,6 +63,27 @@ def test_free_ports_are_distinct_and_bindable():
             s.bind(("127.0.0.1", p))
 
 
+def test_free_ports_leave_room_for_sglangs_grpc_port(monkeypatch):
+    """SGLang 0.5.14 refuses to start when --port + 10000 is past 65535 (the H200 smoke server of
+    2026-12-05 got 57059 from the kernel and stopped: 'SGLANG_GRPC_PORT (67059) must be between
+    1 and 65535'): every port picked is at most 55535, however high the kernel's picks run."""
+    from eagle3_runner.runner.spec.server import MAX_HTTP_PORT
+    assert MAX_HTTP_PORT == 55535
+    picks = iter([60999, 57059, 40000, 58000, 41000, 42000])
+    real = socket.socket
+
+    class Fake(real):  # the kernel's picks, scripted: high ones first
+        def bind(self, addr):
+            self._port = next(picks)
+
+        def getsockname(self):
+            return ("127.0.0.1", self._port)
+    monkeypatch.setattr(socket, "socket", Fake)
+    assert free_ports(3) == [40000, 41000, 42000]
+    monkeypatch.setattr(socket, "socket", real)
+    assert all(p <= MAX_HTTP_PORT for p in free_ports(40))
+
+
 def test_decode_log_accept_len_both_formats():
     assert parse_accept_lens((HAND / "s3-k1-n4-cg1" / "server.log").read_text()) == \
         [2.45, 2.10, 1.00]

@@ -102,19 +102,27 @@ def host_problem(host: str, field: str = BENCH_FIELD) -> str | None:
 
 
 MAX_PORT = 65535
+# SGLang 0.5.14 server_args.py (_handle_deprecated_args): grpc_port = $SGLANG_GRPC_PORT or
+# --port + 10000, and a value past 65535 stops the server at start ("SGLANG_GRPC_PORT (67059)
+# must be between 1 and 65535"), gRPC enabled or not: an HTTP port above 55535 never starts
+# (seen on the H200, 2026-12-05, with a port the kernel picked)
+GRPC_PORT_OFFSET = 10000
+MAX_HTTP_PORT = MAX_PORT - GRPC_PORT_OFFSET
 
 
 def ports_problem(port: int | None, parallel: int = 1) -> str | None:
-    """Why the ports the bench's servers take from stages.bench.sglang.port would run past 65535,
-    or None: each of the `parallel` servers started at once takes two consecutive ports (HTTP,
-    --nccl-port; target/sglang_bench.py), so a wave takes port .. port + 2 x parallel - 1. None
-    (free ports picked per server) takes none."""
+    """Why the ports the bench's servers take from stages.bench.sglang.port would not work, or
+    None: each of the `parallel` servers started at once takes two consecutive ports (HTTP,
+    --nccl-port; target/sglang_bench.py), so a wave takes port .. port + 2 x parallel - 1, and
+    its last HTTP port, port + 2 x (parallel - 1), must be at most MAX_HTTP_PORT (55535: SGLang
+    adds 10000 for its gRPC port). None (free ports picked per server) takes none."""
     if port is None:
         return None
-    last = port + 2 * parallel - 1
-    if last <= MAX_PORT:
+    last_http = port + 2 * (parallel - 1)
+    if last_http <= MAX_HTTP_PORT:
         return None
     return (f"{BENCH_FIELD}.port = {port}: {BENCH_FIELD}.parallel = {parallel} servers at once "
-            f"take ports {port}..{last} (HTTP and --nccl-port each), past {MAX_PORT}, the last TCP "
-            f"port. Set port to at most {MAX_PORT - 2 * parallel + 1}, lower parallel, or leave "
-            "port out (free ports are picked per server).")
+            f"take HTTP ports up to {last_http}, and SGLang 0.5.14 refuses to start when the HTTP "
+            f"port + {GRPC_PORT_OFFSET} (its gRPC port) is past {MAX_PORT}. Set port to at most "
+            f"{MAX_HTTP_PORT - 2 * (parallel - 1)}, lower parallel, or leave port out (free "
+            f"ports at most {MAX_HTTP_PORT} are picked per server).")
