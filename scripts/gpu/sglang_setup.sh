@@ -5,7 +5,7 @@
 # its dependencies into their OWN folder /tmp/sgl (the runner keeps the device's transformers 5.17
 # and its pydantic 2.14; SGLang gets transformers 5.8.1 and pydantic 2.13), relax transformers
 # 5.8.1's import-time pin tokenizers<=0.23.0 (the device has 0.23.2, which works), write the
-# interpreter wrapper ~/sglang-python (stages.bench.sglang.python), put the MT-bench questions and
+# interpreter wrapper ~/sglang-python (stages.bench.sglang.python), put the MT-bench questions, HumanEval and
 # the ShareGPT subset where the spec reads them, and check that SGLang imports. Source it; like
 # setup.sh it does nothing twice and leaves the caller's shell options alone.
 S=~/stage
@@ -42,8 +42,11 @@ export PYTHONPATH=/tmp/sgl${PYTHONPATH:+:$PYTHONPATH}
 exec python3 "$@"
 WRAP
 chmod +x ~/sglang-python
-mkdir -p "$EAGLE3_CACHE/mtbench" "$EAGLE3_CACHE/sharegpt"
+mkdir -p "$EAGLE3_CACHE/mtbench" "$EAGLE3_CACHE/sharegpt" "$EAGLE3_CACHE/humaneval"
 cp -f $S/question.jsonl "$EAGLE3_CACHE/mtbench/" 2>/dev/null
+# the extract stage's contamination guard reads HumanEval too (without it extract stopped at once
+# on 2026-12-05: "HumanEval ... not found")
+cp -f $S/HumanEval.jsonl.gz "$EAGLE3_CACHE/humaneval/" 2>/dev/null
 cp -f $S/sharegpt-*.jsonl.gz "$EAGLE3_CACHE/sharegpt/" 2>/dev/null
 ~/sglang-python -c "import sglang, transformers, sgl_kernel, flashinfer.sampling; print('sglang', \
 sglang.__version__, 'transformers', transformers.__version__)" 2>&1 | grep -v "Ignore import" | tail -3

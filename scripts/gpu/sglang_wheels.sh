@@ -29,13 +29,16 @@ KERNEL=$(ls "$W"/sglang_kernel-0.4.4-*.whl)
 [ -f "$D/sharegpt-$N_CONV.jsonl.gz" ] || \
   "$PY" scripts/gpu/sharegpt_subset.py "$D/sharegpt-$N_CONV.jsonl.gz" --n "$N_CONV"
 CACHE=${EAGLE3_CACHE:-$HOME/.cache/eagle3-runner}
-cp -f "$CACHE/mtbench/question.jsonl" "$D/"
+cp -f "$CACHE/mtbench/question.jsonl" "$CACHE/humaneval/HumanEval.jsonl.gz" "$D/"  # the extract
+# stage's contamination guard reads every bench set (data/contamination.py), HumanEval included
 args=()
 for f in "$W"/*.whl; do  # the original kernel stays here; its repacked copy travels
   [ "$f" = "$KERNEL" ] || args+=("sgl=$f")
 done
 args+=("sgl=$W/repacked/$(basename "$KERNEL")")
-for f in "$R"/*.whl "$D/sharegpt-$N_CONV.jsonl.gz" "$D/question.jsonl"; do args+=(".=$f"); done
+for f in "$R"/*.whl "$D/sharegpt-$N_CONV.jsonl.gz" "$D/question.jsonl" "$D/HumanEval.jsonl.gz"; do
+  args+=(".=$f")
+done
 "$PY" scripts/gpu/pack_stage.py --out .stage/sgl --max-mb "$MAX_MB" \
   --split ".=$CACHE/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" "${args[@]}"
 n_sgl=$(section sgl | wc -l); n_run=$(section runner | wc -l)
