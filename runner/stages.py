@@ -195,8 +195,10 @@ class SglangOptions(Strict):
     host: str = Field("127.0.0.1", description="Bind address: loopback only (127.0.0.1, ::1, "
                       "localhost).")
     port: Optional[int] = Field(None, ge=1024, le=65000, description="First port: each server "
-                                "takes two consecutive ones (HTTP, --nccl-port) from it; null = "
-                                "free ports picked per server.")
+                                "takes two consecutive ones (HTTP, --nccl-port) from it, every "
+                                "HTTP port at most 55535 (SGLang 0.5.14 takes HTTP + 10000 as "
+                                "its gRPC port and refuses one past 65535); null = free ports "
+                                "picked per server, at most 55535.")
     tp: int = Field(1, ge=1, description="--tp-size.")
     parallel: int = Field(1, ge=1, description="Servers started at once on the GPU(s) (the plain "
                           "one and the configurations); each decodes alone, one after another. "
