@@ -328,7 +328,8 @@ def plot_configs(rows: list[dict], spec_name: str, path: Path) -> Path | None:
         a2.hlines([b for _, b in base], [i - 0.45 for i, _ in base], [i + 0.45 for i, _ in base],
                   colors="black", linestyles="--", lw=1)
         a2.set_title("dashed: each bar's same-run baseline (target only)\nabove a bar: its "
-                     "speedup, and the tau at which\nit would match the baseline", fontsize=8)
+                     "speedup and break-even tau\n(the tau at which it would match the baseline)",
+                     fontsize=8)
     for ax in (a1, a2):
         ax.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=7)
         ax.grid(True, axis="y", alpha=0.3)
