@@ -234,7 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="training conversations: JSONL or JSON array (plain, .gz, "
                    ".zst), ShareGPT or OpenAI messages (default: the fetched ShareGPT)")
     p.add_argument("--out", help="write the spec here (default: print it)")
-    p.add_argument("--name", help="spec name (default: <target folder>-eagle3)")
+    p.add_argument("--name", help="spec name (default: --out's file stem, else "
+                   "<target>-<data>-eagle3)")
     p.add_argument("--force", action="store_true", help="overwrite --out")
     p.add_argument("--json", action="store_true", help="the facts (and spec) as JSON")
     add("validate", cmd_validate, "check a spec and what it reads on this machine (target and "

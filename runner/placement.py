@@ -179,11 +179,25 @@ def _stage_gpus(spec, stage: str) -> int | None:
 # memory
 
 
-def on_cpu(spec) -> bool:
-    """Whether the target runs on the CPU: target.device cpu, or auto under the local executor
-    on a machine that shows no GPU (gpu_visible). A Slurm job's node is not this machine."""
+def cpu_reason(spec, stage: str = "") -> str | None:
+    """Why the target of `stage` runs on the CPU, or None: target.device cpu; or auto under the
+    local executor on a machine that shows no GPU (gpu_visible); or auto in a Slurm job given
+    no GPU (executor.gpus_per_node 0, or the stage's own). A Slurm job's node is not this
+    machine."""
     d = spec.target.device
-    return d == "cpu" or (d == "auto" and spec.executor.kind == "local" and not gpu_visible())
+    if d == "cpu":
+        return "target.device cpu"
+    if d != "auto":
+        return None
+    if spec.executor.kind == "local":
+        return None if gpu_visible() else "target.device auto, and this machine shows no GPU"
+    return "target.device auto, and the job gets no GPU (executor.gpus_per_node 0)" \
+        if _stage_gpus(spec, stage) == 0 else None
+
+
+def on_cpu(spec, stage: str = "") -> bool:
+    """Whether the target of `stage` runs on the CPU (cpu_reason)."""
+    return cpu_reason(spec, stage) is not None
 
 
 def _dtype_bits(spec) -> int:
@@ -267,9 +281,8 @@ def stage_memory(spec, stage: str, cfg: dict | None) -> dict:
     ranks = stage_nproc(spec, stage)
     split = splits(spec, stage, cfg)
     out: dict[str, Any] = {"stage": stage, "replicas": ranks, "fits": None}
-    if on_cpu(spec):
-        why = "cpu" if t.device == "cpu" else "auto, and this machine shows no GPU"
-        return {**out, "layout": f"{ranks} replica(s) on the CPU (target.device {why})",
+    if (why := cpu_reason(spec, stage)) is not None:
+        return {**out, "layout": f"{ranks} replica(s) on the CPU ({why})",
                 "why": "runs on the CPU: GPU memory not checked"}
     G = _stage_gpus(spec, stage)
     if G is not None and G > 0 and (problem := layout_problem(G, ranks, split, stage)):

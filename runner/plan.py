@@ -382,14 +382,20 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
 
 def _incomplete(stage: str, partial: Path) -> str:
     """The reason of a stage whose partial dir exists: it resumes, unless it never resumes
-    (export, bench: the registry's `resumes`) or resumes from a file (the registry's
-    resume_file: train's checkpoint) that is not there yet."""
+    (export, bench: the registry's `resumes`), resumes from a file (the registry's
+    resume_file: train's checkpoint) that is not there yet, or kept nothing."""
     kind = stage_kind(stage)
     if not kind.resumes:
         return "incomplete: an earlier run stopped; it runs again from the beginning"
     f = kind.resume_file
     if f is not None and not (partial / f).is_file():
         return f"incomplete: no {f} yet, restarts from the beginning"
+    try:
+        kept = any(partial.iterdir())
+    except OSError:
+        kept = False
+    if not kept:  # stopped before writing anything (a failed data check, say)
+        return "incomplete: nothing kept, runs again from the beginning"
     return "incomplete: resuming partial output"
 
 

@@ -613,3 +613,28 @@ def test_an_interrupted_bench_is_planned_as_starting_over(tmp_path, fake_stages)
                                  "beginning")
     from eagle3_runner.runner.stages import REGISTRY
     assert [k.name for k in REGISTRY if k.resumes] == ["regenerate", "extract", "train"]
+
+
+def test_a_slurm_job_without_gpus_plans_the_cpu(tmp_path):
+    """target.device auto in a Slurm job with executor.gpus_per_node 0 (the default) runs on the
+    node's CPU in float32: the plan said "1 GPU" and "16-bit weights" (newcomer trial of
+    2026-12-05). A stage given GPUs plans them."""
+    from eagle3_runner.runner import placement
+    spec = make_spec(tmp_path, ["executor.kind=slurm"])
+    assert placement.on_cpu(spec, "extract") and placement._dtype_bits(spec) == 32
+    assert "executor.gpus_per_node 0" in placement.stage_memory(spec, "extract", None)["layout"]
+    gpu = make_spec(tmp_path, ["executor.kind=slurm", "executor.gpus_per_node=1"])
+    assert not placement.on_cpu(gpu, "extract") and placement._dtype_bits(gpu) == 16
+
+
+def test_an_empty_partial_dir_is_not_planned_as_resuming(tmp_path):
+    """An extract that stopped before writing anything (a failed data check) left an empty
+    partial dir, and the plan said "resuming partial output" (newcomer trial of 2026-12-05)."""
+    spec = make_spec(tmp_path)
+    extract = build_plan(spec).stages[0]
+    Path(extract.partial).mkdir(parents=True)
+    r = reasons(build_plan(make_spec(tmp_path)))
+    assert r["extract"] == ("run", "incomplete: nothing kept, runs again from the beginning")
+    (Path(extract.partial) / "shard-00000.safetensors").write_bytes(b"")
+    assert reasons(build_plan(make_spec(tmp_path)))["extract"] == (
+        "run", "incomplete: resuming partial output")
