@@ -219,7 +219,7 @@ def conversations_from_records(records: list[Any], info: dict) -> tuple[list[lis
     compression, ...} plus, from data/records.py read_records, "lines" (where each record
     starts), "unusable" and "examples" (the records it could not parse). Returns
     conversations_from_file's (conversations, report). The regenerate artifact's records
-    (target/capture.py) go through here too."""
+    (targets/capture.py) go through here too."""
     info = dict(info)
     name = Path(info["path"]).name
     lines = info.pop("lines", None)
@@ -316,7 +316,7 @@ def load_conversations(data) -> tuple[list[list[dict]], list[list[dict]], dict]:
 
 def show_data_report(ctx, report: dict, tokenize_report: dict | None = None) -> None:
     """Print the drop summary (stderr) and record one metric row `dropped/<reason>` per reason
-    (reader, cleaning, the bench-prompt guard (`contaminated`, target/capture.py) and, when given,
+    (reader, cleaning, the bench-prompt guard (`contaminated`, targets/capture.py) and, when given,
     tokenising: template_error, mask_all_zero) plus `bad_fraction`, through ctx.metric. Rank 0
     only."""
     if getattr(ctx, "rank", 0) != 0:

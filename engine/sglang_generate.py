@@ -3,7 +3,7 @@ embedded Generator's contract (engine/generate.py `Generator.run`: Requests in, 
 on_done in groups, follow-up turns back; the same stats), so jobs/regenerate.py's synthesis and
 answering, shards, resume and counters run unchanged on either.
 
-Requests go out as batched, streamed /generate calls of token ids (target/sglang_target.py
+Requests go out as batched, streamed /generate calls of token ids (targets/sglang_target.py
 stream_call: our chat template renders them, the server's answers come back as output_ids, each
 request as soon as it finishes), at most `rows` requests in flight over concurrent calls of up to
 `per_call` prompts. A call leaves as soon as that many slots are free (or, at the end of the
@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Optional
 
 from eagle3_runner.engine.generate import Request, Result
 from eagle3_runner.runner.errors import StageError
-from eagle3_runner.target.sglang_target import TargetServer, sampling, stream_call
+from eagle3_runner.targets.sglang_target import TargetServer, sampling, stream_call
 
 # seconds a group of results may wait for more before on_done: requests finish one by one, and
 # on_done's batched decode and render cost ~ms per call (the embedded Generator calls it once per
@@ -31,7 +31,7 @@ GATHER_S = 0.02
 
 
 class SglangGenerator:
-    """Generator.run() over the SGLang server `srv` (target/sglang_target.py TargetServer).
+    """Generator.run() over the SGLang server `srv` (targets/sglang_target.py TargetServer).
 
     rows: requests in flight (stages.regenerate.batch_size); max_new: the widest request;
     per_call: prompts per /generate call (default srv.per_call). R and M as the Generator's.

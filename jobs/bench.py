@@ -22,7 +22,7 @@ The drafter: the export stage's artifact, or stages.bench.drafter (`drafter_dir`
 backend: embedded = engine/speculative.py (chains and trees: every configuration of
 stages.bench.configs, each engine verifying its num_draft_tokens; stages.bench.kernels, resolved
 once for all engines by engine_kernels, recorded in every row); sglang = real SGLang servers
-(target/sglang_bench.py; this process imports no torch); both = the two on the same prompts in
+(targets/sglang_bench.py; this process imports no torch); both = the two on the same prompts in
 one stage: the servers start while the engines compile, decode while this process idles, and are
 stopped before the engines decode; then SGLang's outputs are compared with the embedded engine's
 greedy baseline, with margins from the target's own forward (divergence), and the embedded
@@ -53,7 +53,7 @@ def check_backend(spec) -> None:
     b = spec.stages.bench
     if b is None or b.backend == "embedded":
         return
-    from eagle3_runner.target.sglang import sglang_available
+    from eagle3_runner.targets.sglang import sglang_available
     ok, why = sglang_available(b.sglang.python)
     if not ok:
         raise StageError(f"stages.bench.backend = {b.backend}: sglang is not importable by "
@@ -130,7 +130,7 @@ def load_engine_parts(spec, export_dir: Path):
     """(our Llama target, drafter loaded FROM the exported dir, tokenizer, device)."""
     from eagle3_runner.models.draft_model import load_exported
     from eagle3_runner.models.llama import from_hf_model
-    from eagle3_runner.target.load import load_target
+    from eagle3_runner.targets.load import load_target
     hf, tok, _ = load_target(spec)
     p = next(hf.parameters())
     target = from_hf_model(hf, spec.aux_ids)
@@ -165,13 +165,13 @@ def drafter_dir(ctx: StageContext) -> Path:
 
 
 def sglang_part(ctx, export_dir: Path, sets: dict, stop_ids, dtype: str | None):
-    """The sglang backend's SglangBench for this stage (target/sglang_bench.py). sets:
+    """The sglang backend's SglangBench for this stage (targets/sglang_bench.py). sets:
     {prompt_set: [(prompt_id, input ids list)]}. Raises StageError when the environment fakes
     SGLang's acceptance (SGLANG_SIMULATE_ACC_LEN: the servers inherit it)."""
     import os
     from eagle3_runner.runner.drafts.server import simulate_acc_len_problem
-    from eagle3_runner.target.load import hf_folder
-    from eagle3_runner.target.sglang_bench import SglangBench
+    from eagle3_runner.targets.load import hf_folder
+    from eagle3_runner.targets.sglang_bench import SglangBench
     simulated = simulate_acc_len_problem(os.environ)
     if simulated:
         raise StageError(f"bench: {simulated}")
@@ -189,8 +189,8 @@ def finish(ctx, export_dir: Path, rows: list[dict], summaries: list[dict], measu
     p = ctx.params
     profile, source = None, None
     if measured is not None:
-        from eagle3_runner.target.load import hf_folder
-        from eagle3_runner.target.sglang_bench import rows_and_summaries
+        from eagle3_runner.targets.load import hf_folder
+        from eagle3_runner.targets.sglang_bench import rows_and_summaries
         srows, ssums = rows_and_summaries(measured, p, sets, train_samples(export_dir), compare)
         version = next((s.get("server_version") for s in ssums if s.get("server_version")), None)
         profile = speed_profile(ssums, version, str(hf_folder(ctx.spec)))
@@ -226,7 +226,7 @@ def finish(ctx, export_dir: Path, rows: list[dict], summaries: list[dict], measu
 def run_sglang_only(ctx: StageContext, export_dir: Path) -> dict:
     """backend sglang: no torch in this process, only the servers (no divergence margins)."""
     from eagle3_runner.data.prompts import load_prompt_set, render
-    from eagle3_runner.target.load import load_tokenizer
+    from eagle3_runner.targets.load import load_tokenizer
     p, spec = ctx.params, ctx.spec
     tok = load_tokenizer(spec)
     sets = {s: [(q["id"], render(tok, q["messages"]))
@@ -271,7 +271,7 @@ def run(ctx: StageContext) -> dict:
             sgl.close()
     compare = None
     if measured is not None:
-        from eagle3_runner.target.sglang_bench import Compare
+        from eagle3_runner.targets.sglang_bench import Compare
         by_id = {s: dict(v) for s, v in sets.items()}
         compare = Compare(ours, lambda s, pid, a, b: divergence(target, by_id[s][pid], a, b))
     return finish(ctx, export_dir, rows, summaries, measured, sgl_sets, compare)

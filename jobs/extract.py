@@ -1,13 +1,13 @@
 """The extract stage: run the target over the training conversations and store what the drafter
-trains on, in the format documented in target/features.py.
+trains on, in the format documented in targets/features.py.
 
-What is captured, and the capture itself: target/capture.py (shared with the online train stage).
-Per token on disk: (3+1)*H*bytes + 9 B (target/features.py); input_ids int64 and loss_mask uint8
+What is captured, and the capture itself: targets/capture.py (shared with the online train stage).
+Per token on disk: (3+1)*H*bytes + 9 B (targets/features.py); input_ids int64 and loss_mask uint8
 (1 = assistant token, data/conversations.py) are stored next to the hidden states.
 
 Shards and batching: the samples are sorted by length, longest first (ties by index), and cut
 into shards of params.shard_samples in that order; each shard records its samples' dataset
-indices (sample_ids), so target/features.py still serves sample i as the i-th tokenised sample.
+indices (sample_ids), so targets/features.py still serves sample i as the i-th tokenised sample.
 Within a shard, samples are packed so that batch_size * longest <= params.batch_tokens (right
 padding; causal attention keeps the padding invisible to real tokens). Length-sorted shards
 waste little compute on padding, and each shard is complete (and written) as soon as it is
@@ -15,7 +15,7 @@ computed, so the disk works alongside the GPU; the shortest samples come last, s
 left after the last forward is the smallest shard (BENCHMARKS.md, extraction, varlen). Features
 are stored in the compute dtype (float32 on CPU).
 
-Atomicity, durability and resume of the shard files: target/shards.py.
+Atomicity, durability and resume of the shard files: targets/shards.py.
 
 Data parallel (ctx.world_size > 1, launched by runner/launch.py): every rank tokenises the same
 samples and cuts the same shards; shard s goes to one rank (assign_shards: balanced by tokens,
@@ -35,10 +35,10 @@ from pathlib import Path
 import torch
 
 from eagle3_runner.runner import dist as D
-from eagle3_runner.target.capture import (as_target, capture, capture_engine, capture_manifest,
+from eagle3_runner.targets.capture import (as_target, capture, capture_engine, capture_manifest,
                                           load_target_data, write_json)
-from eagle3_runner.target.features import FORMAT, MANIFEST
-from eagle3_runner.target.shards import (drop_shard, reusable_sha, sha_record, shard_index, sync_shards,
+from eagle3_runner.targets.features import FORMAT, MANIFEST
+from eagle3_runner.targets.shards import (drop_shard, reusable_sha, sha_record, shard_index, sync_shards,
                          write_atomic, write_shard)
 from eagle3_runner.runner.files import sha256_file
 from eagle3_runner.runner.stage import StageContext
@@ -131,7 +131,7 @@ def extract_samples(target, samples: list[tuple[list[int], list[int]]], aux_ids:
                     progress: bool = True, writers: int | None = None, rank: int = 0,
                     world: int = 1, length_sorted: bool = True) -> dict:
     """Write shards for `samples` into out_dir, resuming after complete shards. target: the
-    loaded model, or a TargetData (target/capture.py: the model or the SGLang capture server).
+    loaded model, or a TargetData (targets/capture.py: the model or the SGLang capture server).
 
     Shard s holds the samples at positions s*shard_samples... of the length-sorted order
     (module docstring); length_sorted=False keeps the dataset order instead (the benchmark's

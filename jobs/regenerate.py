@@ -6,7 +6,7 @@ one trained on another model's answers. Generation runs on the stage's engine (r
 choose_engine, as `runner plan` prints it): the embedded engine (engine/generate.py: our Llama,
 static KV cache, continuous batching, a CUDA-graphed decode step) or an SGLang server
 (engine/sglang_generate.py: the same contract over the server's native /generate with our
-rendered token ids; target/sglang_target.py launches it with target.sglang's tp/ep/dp, or
+rendered token ids; targets/sglang_target.py launches it with target.sglang's tp/ep/dp, or
 connects to target.sglang.server). Everything below is the same on both.
 
 Real conversations (jobs.data's training split; the holdout is never touched): every assistant
@@ -504,7 +504,7 @@ def run(ctx: StageContext) -> dict:
 def _regenerate_embedded(ctx: StageContext, train: list, guard) -> dict:
     """regenerate() on the embedded Generator: the target loaded as our Llama."""
     from eagle3_runner.models.llama import from_hf_model
-    from eagle3_runner.target.load import load_target
+    from eagle3_runner.targets.load import load_target
     hf, tok, _cfg = load_target(ctx.spec)
     target = from_hf_model(hf)
     del hf
@@ -513,12 +513,12 @@ def _regenerate_embedded(ctx: StageContext, train: list, guard) -> dict:
 
 
 def _regenerate_sglang(ctx: StageContext, train: list, guard) -> tuple[dict, dict]:
-    """regenerate() through the stage's SGLang server (target/sglang_target.py stage_server, its
+    """regenerate() through the stage's SGLang server (targets/sglang_target.py stage_server, its
     log in out_dir/logs). Returns (metrics, {sglang_version, url})."""
     from eagle3_runner.engine.sglang_generate import SglangGenerator
     from eagle3_runner.runner.engines import GENERATE
-    from eagle3_runner.target.load import load_tokenizer, target_config
-    from eagle3_runner.target.sglang_target import stage_server
+    from eagle3_runner.targets.load import load_tokenizer, target_config
+    from eagle3_runner.targets.sglang_target import stage_server
     spec, p = ctx.spec, ctx.params
     tok = load_tokenizer(spec)
     width = max(p.max_new_tokens, p.synthetic_max_tokens if p.synthetic_prompts else 1)

@@ -4,7 +4,7 @@ checkpoint, finish) reads top to bottom in trainer/recipe.py; its outputs are li
 from __future__ import annotations
 
 from eagle3_runner.runner.stage import StageContext
-from eagle3_runner.target.capture import capture_engine
+from eagle3_runner.targets.capture import capture_engine
 from eagle3_runner.trainer.recipe import train
 
 

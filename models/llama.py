@@ -78,7 +78,7 @@ class Attention(nn.Module):
         follows the live lengths, not S). attn(q [B, nh, T, hd], k [B, nkv, S', hd], v, mask)
         -> [B, nh, T, hd] replaces SDPA (a decode kernel). rows [B] int64: the cache batch rows
         these inputs use (default 0..B-1; batched prefill into freed rows).
-        Without a cache (setup_cache never called: target/capture_embedded.py) the T new keys
+        Without a cache (setup_cache never called: targets/capture_embedded.py) the T new keys
         and values are all there is: attn(q, k, v, mask) (or SDPA with mask) over them, slots,
         kv_len and rows unused. -> [B, T, H]"""
         B, T, _ = x.shape

@@ -1,4 +1,4 @@
-"""What the bench stage records, for every backend (jobs/bench.py embedded, target/sglang.py):
+"""What the bench stage records, for every backend (jobs/bench.py embedded, targets/sglang.py):
 the `bench` row per (configuration, prompt), the `bench_summary` row per configuration, the speed
 model behind the summaries, and `train_samples`. Columns: runner/store.py SCHEMA. No torch.
 
@@ -15,7 +15,7 @@ provenance.json (the train stage's summary), the same for every backend, so data
 (runner/report.py) never mix definitions.
 Backend sglang adds server_accept_length (SGLang's own spec_accept_length, the prefill's token
 counted) and, when the embedded engine ran in the same stage, ref_* = SGLang's plain greedy decode
-against the embedded engine's (target/sglang_bench.py). Speed model calibrated to SGLang: a
+against the embedded engine's (targets/sglang_bench.py). Speed model calibrated to SGLang: a
 round-cost profile measured by the sglang backend (speed_profile, written as
 sglang_profile.json; stages.bench.speed_profile reads one) gives the embedded rows the speedup and
 break-even tau SGLang would give (predicted_speedup, predicted_break_even_tau).

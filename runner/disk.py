@@ -2,7 +2,7 @@
 tokenizer, next to the free space of the work_dir's filesystem.
 
 Bytes per token = (len(aux ids) + 1 last) x target hidden x dtype bytes + 9 (int64 id + uint8
-mask; target/features.py): 4,617 B for SmolLM2 in bf16. Tokens are ESTIMATED from the head of
+mask; targets/features.py): 4,617 B for SmolLM2 in bf16. Tokens are ESTIMATED from the head of
 the data file (the first READ_BYTES): each record's turn texts at CHARS_PER_TOKEN characters
 per token plus TURN_TOKENS chat-template tokens per turn, capped at data.max_length; with
 stages.regenerate, only the first max_turns exchanges and at most max_new_tokens per answer.

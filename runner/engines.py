@@ -4,7 +4,7 @@ inputs (the spec and the target's config), so a stage runs what the plan printed
 
 Roles (`stage_role`): regenerate GENERATEs (the embedded engine, engine/generate.py, or an SGLang
 server's /generate); extract and the online train stage CAPTURE (transformers with forward hooks,
-target/capture.py, or an SGLang capture server, target/sglang_target.py). Engines:
+targets/capture.py, or an SGLang capture server, targets/sglang_target.py). Engines:
 - embedded: generate on our Llama (Llama targets only); capture through transformers (extract
   has no embedded capture; online training's is chosen by stages.train.online_capture, which
   applies to either local engine and never beside SGLang).

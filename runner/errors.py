@@ -36,7 +36,7 @@ class StageError(RunnerError):
 
 
 class ServerError(StageError):
-    """An SGLang server did not become ready, or died or failed a request (target/sglang.py);
+    """An SGLang server did not become ready, or died or failed a request (targets/sglang.py);
     the message names the server and ends with its log tail, `log_tail` holds the tail alone."""
 
     def __init__(self, message: str, log_tail: str = ""):

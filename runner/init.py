@@ -15,7 +15,7 @@ What it decides, and from what:
   and cost per draft step); the whole vocabulary when it is at most 16000. With --data, never
   more than the distinct supervised (assistant) tokens the data holds: a larger head is padded
   with ids no sample ever targets (trainer/vocab.py).
-- the data (--data): target/survey.py, run as a child process (it loads the target's tokenizer
+- the data (--data): targets/survey.py, run as a child process (it loads the target's tokenizer
   with transformers; this module stays torch-free), reads the file with the stages' own reader
   and cleaner and counts what they would drop, then tokenizes it with the target's chat
   template and loss mask. Its unusable records (malformed, truncated, ...) are reported, and
@@ -283,11 +283,11 @@ def build(target: str, data: str | None = None, name: str | None = None,
 
 
 def _survey(tpath: Path, dpath: Path, data: str, template: str, max_length: int) -> dict:
-    """target/survey.py's report of the data file (module docstring), run as a child process
+    """targets/survey.py's report of the data file (module docstring), run as a child process
     (it imports transformers; this module stays torch-free). Raises InitError for data that
     cannot be read or holds no usable conversation."""
     import subprocess
-    r = subprocess.run([sys.executable, "-m", "eagle3_runner.target.survey", "--target",
+    r = subprocess.run([sys.executable, "-m", "eagle3_runner.targets.survey", "--target",
                         str(tpath), "--data", str(dpath), "--template", template,
                         "--max-length", str(max_length)], capture_output=True, text=True)
     try:

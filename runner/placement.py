@@ -1,5 +1,5 @@
 """Where the target lives: the ranks' GPU groups, and whether the target fits them (`runner plan`
-section `memory`, and the loader's max_memory in target/load.py). No torch.
+section `memory`, and the loader's max_memory in targets/load.py). No torch.
 
 Layout. A stage that runs the target (extract; train with features: online; regenerate, one GPU
 always) gets `ranks` = its nproc_per_node processes on a node of G GPUs:
@@ -202,7 +202,7 @@ def on_cpu(spec, stage: str = "") -> bool:
 
 def _dtype_bits(spec) -> int:
     dt = spec.target.dtype
-    if dt == "auto":  # float32 on CPU, bfloat16 on CUDA (target/load.py)
+    if dt == "auto":  # float32 on CPU, bfloat16 on CUDA (targets/load.py)
         dt = "float32" if on_cpu(spec) else "bfloat16"
     return DTYPE_BITS[dt]
 

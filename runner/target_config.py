@@ -35,7 +35,7 @@ def read_target_config(path: Path) -> dict:
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
             return read_gguf_config(ggufs[0])
-        if ggufs:  # the stages refuse it too (target/load.py): never pick one silently
+        if ggufs:  # the stages refuse it too (targets/load.py): never pick one silently
             names = ", ".join(g.name for g in ggufs[:3]) + (", ..." if len(ggufs) > 3 else "")
             raise TargetConfigError(f"{path} holds {len(ggufs)} .gguf files ({names}) and no "
                                     "config.json; point target.path at the one .gguf file to "

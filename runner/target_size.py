@@ -1,7 +1,7 @@
 """How big a target is in memory, from its config alone: parameters per group, the bits each
 group is held in (dtype or quantization_config), and the activation working set of one forward
 of `batch_tokens` tokens. No torch, no weights: `runner plan` calls it (runner/placement.py) and
-so does the loader (target/load.py sizes accelerate's max_memory with `activation_bytes`).
+so does the loader (targets/load.py sizes accelerate's max_memory with `activation_bytes`).
 
 Parameters (HF names; a nested `text_config`, e.g. Kimi-K2.5, is read as runner/target_config.py
 flattens it), per decoder layer unless said:

@@ -22,7 +22,7 @@ _interpret_triton_without_cuda()
 os.environ.setdefault("USER", __import__("getpass").getuser())
 
 
-# ---- target model (target/load.py) -------------------------------------------------------------
+# ---- target model (targets/load.py) -------------------------------------------------------------
 
 
 def _asset_or_skip(name: str):
@@ -51,12 +51,12 @@ def smollm2(smollm2_path):
     """(model float32 on CPU, eval, no grad; tokenizer; config dict) through the cached loader
     jobs.target.load_target (the GGUF is converted once to cache_dir()/converted/)."""
     import torch
-    from eagle3_runner.target.load import load_target
+    from eagle3_runner.targets.load import load_target
     torch.set_num_threads(min(2, torch.get_num_threads()))
     return load_target(smollm2_path, device="cpu", dtype="float32")
 
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer(smollm2_path):
-    from eagle3_runner.target.load import load_tokenizer
+    from eagle3_runner.targets.load import load_tokenizer
     return load_tokenizer(smollm2_path)

@@ -43,7 +43,7 @@ def run(out: Path, kill_after: int | None = None, clock=None, **kw) -> dict:
     from eagle3_runner.models.llama import from_hf_model
     from eagle3_runner.data.regen_store import ShardWriter
     from eagle3_runner.jobs.regenerate import regenerate
-    from eagle3_runner.target.load import load_tokenizer
+    from eagle3_runner.targets.load import load_tokenizer
     from eagle3_runner.runner.assets import asset_path
     threads, degenerate = torch.get_num_threads(), syn.degenerate
     torch.set_num_threads(1)

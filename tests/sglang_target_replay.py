@@ -1,6 +1,6 @@
 """A replay of recorded SGLang responses over real HTTP, for the CPU tests of the SGLang target
-(tests/test_sglang_target.py): the client code (target/sglang_target.py,
-engine/sglang_generate.py, target/capture.py capture_sglang) talks to it exactly as to a server.
+(tests/test_sglang_target.py): the client code (targets/sglang_target.py,
+engine/sglang_generate.py, targets/capture.py capture_sglang) talks to it exactly as to a server.
 
 Fixtures: tests/data/sglang_target/*.json, written by scripts/bench/sglang_record.py `convert`
 from what scripts/gpu/sglang_target.sh recorded on the H200 through its recording proxy (or, with

@@ -156,7 +156,7 @@ def _tiny_target(folder: Path, smollm2_path) -> Path:
     """An HF folder: a random 4-layer Llama with SmolLM2's vocabulary and tokenizer."""
     import shutil
     from engine_helpers import tiny_hf_llama
-    from eagle3_runner.target.load import hf_folder
+    from eagle3_runner.targets.load import hf_folder
     tiny_hf_llama(vocab=49152, hidden=32, layers=4, heads=4, kv=2).save_pretrained(str(folder))
     for f in hf_folder(smollm2_path).iterdir():
         if f.name.startswith(("tokenizer", "chat_template")):

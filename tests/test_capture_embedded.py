@@ -1,5 +1,5 @@
-"""target/capture_embedded.py (stages.train.online_capture: embedded): the batch packed into one
-row on our own Llama gives target/capture.py `capture`'s features per sample; one compiled graph
+"""targets/capture_embedded.py (stages.train.online_capture: embedded): the batch packed into one
+row on our own Llama gives targets/capture.py `capture`'s features per sample; one compiled graph
 serves every layer and every batch length; targets it cannot run are refused with the field's
 name. The `gpu` tests repeat it compiled on CUDA in bf16 and check that the online step, capture
 included, makes no host sync."""
@@ -19,8 +19,8 @@ from engine_helpers import tiny_hf_llama  # noqa: E402
 from kernel_helpers import gpu_test as gpu  # noqa: E402
 
 from eagle3_runner.runner.errors import StageError  # noqa: E402
-from eagle3_runner.target.capture import capture  # noqa: E402
-from eagle3_runner.target.capture_embedded import EmbeddedCapture  # noqa: E402
+from eagle3_runner.targets.capture import capture  # noqa: E402
+from eagle3_runner.targets.capture_embedded import EmbeddedCapture  # noqa: E402
 
 AUX = [0, 1, 2]
 BATCH = [[1, 2, 3, 4, 5, 6, 7], [9, 8, 7], [5] * 12, [3]]
@@ -102,7 +102,7 @@ def test_gpu_online_step_makes_no_host_sync():
     """After a warm-up, the online step (embedded capture, prefetch, pinned copies, the fast
     step) runs with torch.cuda.set_sync_debug_mode("error"): no call in it waits for the GPU."""
     import bench_train as bt
-    from eagle3_runner.target.capture import TargetData
+    from eagle3_runner.targets.capture import TargetData
     from eagle3_runner.trainer.recipe import train_step
     from eagle3_runner.trainer.sources import Online, Prefetch
     from transformers import LlamaConfig, LlamaForCausalLM

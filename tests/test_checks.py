@@ -255,8 +255,8 @@ def test_relative_paths_resolve_against_the_spec_file_from_any_cwd(tmp_path):
 
 
 def test_every_flag_the_runner_gives_sglang_is_guarded():
-    """runner/spec/server.py GUARDED_FLAGS must list what target/sglang.py server_argv sets."""
-    from eagle3_runner.target.sglang import server_argv
+    """runner/spec/server.py GUARDED_FLAGS must list what targets/sglang.py server_argv sets."""
+    from eagle3_runner.targets.sglang import server_argv
     from eagle3_runner.runner.spec.server import GUARDED_FLAGS
     argv = server_argv("python3", "/m", 30000, "127.0.0.1", 1, "/d", 3, 1, 4, True, 8, 4096,
                        dtype="bfloat16", mem_fraction_static=0.1, nccl_port=30001)

@@ -112,7 +112,7 @@ def test_validate_and_plan_do_not_import_torch(cmd, spec, tmp_path):
     bench = (raw.get("stages") or {}).get("bench") or {}
     if bench.get("backend", "embedded") != "embedded" and raw.get("executor", {}).get(
             "kind", "local") == "local":
-        from eagle3_runner.target.sglang import sglang_available
+        from eagle3_runner.targets.sglang import sglang_available
         if not sglang_available(os.path.expandvars(bench.get("sglang", {}).get(
                 "python", "python3")))[0]:  # no SGLang here: refused, said so (test_plan.py)
             args += ["-o", "stages.bench.backend=embedded"]

@@ -45,7 +45,7 @@ def _write(path, answers_chars):
 def test_estimate_counts_tokens_records_and_caps(tmp_path):
     _write(tmp_path / "d.jsonl", [80, 400])  # 10+5 + 20+5 = 40; 10+5 + 100+5 -> 64 (max_length)
     spec = _spec(tmp_path, tmp_path / "d.jsonl")
-    assert disk.bytes_per_token(spec) == 4617  # SmolLM2 in bf16, as target/features.py states
+    assert disk.bytes_per_token(spec) == 4617  # SmolLM2 in bf16, as targets/features.py states
     e = disk.estimate(spec)
     assert (e["samples"], e["tokens"], e["bytes"]) == (2, 40 + 64, 104 * 4617)
     assert "estimate: 2 of 2 records read, 4 characters per token" == e["method"]

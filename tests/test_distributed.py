@@ -249,12 +249,12 @@ def test_sharded_extraction_equals_one_rank_and_resumes(smollm2, smollm2_path, t
     except FetchError as e:
         pytest.skip(str(e))
     import eagle3_runner.jobs.extract as ex
-    import eagle3_runner.target.shards as shards
-    from eagle3_runner.target.features import open_features
+    import eagle3_runner.targets.shards as shards
+    from eagle3_runner.targets.features import open_features
     spec = _extract_spec(smollm2_path, tmp_path)
     one = tmp_path / "one"
     one.mkdir()
-    monkeypatch.setattr("eagle3_runner.target.load.load_target", lambda *a, **k: smollm2)
+    monkeypatch.setattr("eagle3_runner.targets.load.load_target", lambda *a, **k: smollm2)
     ex.run(StageContext(spec=spec, stage="extract", variant="base", run_id="t", inputs={},
                         out_dir=one, db_path=tmp_path / "r.duckdb"))
     monkeypatch.undo()

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import eagle3_runner.jobs.extract as ex
-from eagle3_runner.target.capture import check_aux_ids
-import eagle3_runner.target.shards as shards
-from eagle3_runner.target.features import MANIFEST, open_features
+from eagle3_runner.targets.capture import check_aux_ids
+import eagle3_runner.targets.shards as shards
+from eagle3_runner.targets.features import MANIFEST, open_features
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.stage import StageContext
 
@@ -34,7 +34,7 @@ def run_extract(spec, out, model=None):
     (the loader itself is exercised by the smollm2 fixture) to keep the suite fast on 2 cores."""
     if model is not None:
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr("eagle3_runner.target.load.load_target", lambda *a, **k: model)
+            mp.setattr("eagle3_runner.targets.load.load_target", lambda *a, **k: model)
             return run_extract(spec, out)
     ctx = StageContext(spec=spec, stage="extract", variant="base", run_id="test", inputs={},
                        out_dir=out, db_path=out.parent / "r.duckdb")
@@ -242,7 +242,7 @@ def test_shards_are_length_sorted_and_samples_keep_dataset_order(tiny, tmp_path)
     dataset indices; Features serves sample i = the i-th input sample, for the new format and
     for format 1 (no sample_ids, dataset order); a manifest whose ids are not a permutation is
     refused."""
-    from eagle3_runner.target.features import Features, sample_index
+    from eagle3_runner.targets.features import Features, sample_index
     model, samples = tiny
     out = tmp_path / "sorted"
     res = tiny_extract(tiny, out)
@@ -359,7 +359,7 @@ def test_shards_are_fsynced_once_at_the_end(tiny, tmp_path, monkeypatch):
 
 
 def test_target_loader_caches_gguf_as_hf_folder(smollm2, smollm2_path, tmp_path):
-    from eagle3_runner.target.load import converted_dir, load_tokenizer, resolve_dtype, target_config
+    from eagle3_runner.targets.load import converted_dir, load_tokenizer, resolve_dtype, target_config
     from eagle3_runner.runner.spec.schema import Target
     folder = converted_dir(smollm2_path)
     cfg = json.loads((folder / "config.json").read_text())
@@ -401,7 +401,7 @@ def test_regenerate_then_extract_reads_it(smollm2, tmp_path):
     ctx = StageContext(spec=spec, stage="regenerate", variant="base", run_id="t", inputs={},
                        out_dir=rdir, db_path=tmp_path / "r.duckdb")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("eagle3_runner.target.load.load_target", lambda *a, **k: smollm2)
+        mp.setattr("eagle3_runner.targets.load.load_target", lambda *a, **k: smollm2)
         m = regen_run(ctx)
     got = [r["messages"] for r in read_records(rdir)]
     assert m["conversations"] == 2 and m["turns"] == 3 and m["conversations_real"] == 2
@@ -422,7 +422,7 @@ def test_regenerate_then_extract_reads_it(smollm2, tmp_path):
                         db_path=tmp_path / "r.duckdb")
     ectx.out_dir.mkdir()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("eagle3_runner.target.load.load_target", lambda *a, **k: smollm2)
+        mp.setattr("eagle3_runner.targets.load.load_target", lambda *a, **k: smollm2)
         em = ex.run(ectx)
     assert em["samples"] == 2
     # the drop report of both stages lands in the metrics (dropped/<reason>, bad_fraction)

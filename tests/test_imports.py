@@ -17,7 +17,7 @@ PKG = plan_mod.PACKAGE
 # its own folder and the folders below it, never one above. runner/ is the torch-free ground (its
 # CLI reaches the stages only through the registry); the models sit below the kernels that fuse
 # them; the stage modules (jobs/) stand on top.
-FLOORS = ("runner", "data", "models", "kernels", "target", "engine", "trainer", "jobs")
+FLOORS = ("runner", "data", "models", "kernels", "targets", "engine", "trainer", "jobs")
 
 
 def project_modules(root: Path = ROOT) -> dict[str, Path]:

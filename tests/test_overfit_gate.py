@@ -49,7 +49,7 @@ def test_overfit_gate(tmp_path):
     from eagle3_runner.models.draft_model import load_exported
     from eagle3_runner.engine.speculative import Engine
     from eagle3_runner.models.llama import from_hf_model
-    from eagle3_runner.target.load import load_target
+    from eagle3_runner.targets.load import load_target
     from eagle3_runner.runner.inspect import inspect_draft
     from eagle3_runner.runner.spec.load import load_spec
 

@@ -191,7 +191,7 @@ UP, CODE = ("skip", "up to date"), ("run", "code changed")
 @pytest.mark.parametrize("edited, expect", [
     # (the bench inspects an external stages.bench.drafter itself: its code too)
     ("runner/inspect.py", {"extract": UP, "train": UP, "export": CODE, "bench": CODE}),
-    # the SGLang rules: extract and online train (target/capture.py) check the aux ids against
+    # the SGLang rules: extract and online train (targets/capture.py) check the aux ids against
     # the loaded target, export inspects, the sglang bench backend checks its environment
     # (runner/drafts/server.py)
     ("runner/drafts/rules.py", {"extract": CODE, "train": CODE, "export": CODE, "bench": CODE}),

@@ -1,5 +1,5 @@
-"""The SGLang serving engine from outside (target/sglang.py) and the sglang bench backend
-(target/sglang_bench.py), on recorded servers (tests/data/sglang/<set>/, replayed by
+"""The SGLang serving engine from outside (targets/sglang.py) and the sglang bench backend
+(targets/sglang_bench.py), on recorded servers (tests/data/sglang/<set>/, replayed by
 tests/sglang_replay.py): argv building, the log and meta_info parsers against what servers said,
 the server lifecycle (ready line, free ports, several servers at once, clean stop, a refusal and a
 hang reported with the log), and the rows computed from recorded responses."""
@@ -19,7 +19,7 @@ from sglang_replay import HAND, fake_sglang, load_generate, recording_sets  # no
 from sglang_replay import spec_servers as _spec_servers  # noqa: E402
 
 from eagle3_runner.runner.errors import ServerError, StageError  # noqa: E402
-from eagle3_runner.target.sglang import (error_line, free_ports, generate, launch,  # noqa: E402
+from eagle3_runner.targets.sglang import (error_line, free_ports, generate, launch,  # noqa: E402
                                          parse_accept_lens, server, server_accept_length,
                                          server_argv, server_info, sglang_available, stop_all,
                                          tau_from_meta, wait_ready)
@@ -211,7 +211,7 @@ def _measured(rec: Path):
     """The recorded servers of a set as the backend's Measured, plus the bench settings they
     answer (their configurations, prompts and max_new_tokens)."""
     from eagle3_runner.runner.stages import SpecParams
-    from eagle3_runner.target.sglang_bench import Measured, Planned
+    from eagle3_runner.targets.sglang_bench import Measured, Planned
     plain = load_generate(rec / "plain-cg1")
     sets = {}
     for r in plain:
@@ -239,7 +239,7 @@ def test_rows_of_recorded_servers(rec):
     prompts, tok/s are completion tokens per server e2e second, the break-even tau is the round
     (e2e / verify passes) in plain tokens, lossless compares output_ids with the plain server's;
     a failed plain server turns every configuration into a failed row."""
-    from eagle3_runner.target.sglang_bench import rows_and_summaries
+    from eagle3_runner.targets.sglang_bench import rows_and_summaries
     measured, p, sets = _measured(rec)
     rows, sums = rows_and_summaries(measured, p, sets, 123)
     assert sums and all(s["backend"] == "sglang" and s["train_samples"] == 123 for s in sums)

@@ -1,4 +1,4 @@
-"""The conformance lab (runner/drafts/lab.py cases, target/sglang_lab.py): every claim of the
+"""The conformance lab (runner/drafts/lab.py cases, targets/sglang_lab.py): every claim of the
 rules table has a row (or says why none), every broken variant is written as described and our
 checks before any server say what the lab expects of SGLang (an error for every harmful case,
 none for a harmless one), outcomes and verdicts in numbers, and a small lab served by replayed
@@ -21,7 +21,7 @@ from eagle3_runner.runner.drafts.lab import (BY_NAME, CASES, CLAIMS, NO_ROW, OUT
                                              RULE_FIELDS, claims_map, outcome, verdict)
 from eagle3_runner.runner.drafts.rules import default_aux_ids  # noqa: E402
 from eagle3_runner.runner.drafts.safetensors import draft_tensors, tensor_values  # noqa: E402
-from eagle3_runner.target.sglang_lab import LabSettings, judge, markdown, prepare, serve  # noqa: E402
+from eagle3_runner.targets.sglang_lab import LabSettings, judge, markdown, prepare, serve  # noqa: E402
 
 G = {**TINY, "ids": default_aux_ids(TINY["L"])}  # SGLang's default ids: no_eagle_config = same
 
@@ -150,5 +150,5 @@ def test_recorded_lab_rows_agree_with_our_checks(rec, good, tmp_path):
                                     "inflated") or bool(case.harm)
         assert ours[r["case"]]["we_said_error"] is harmful, (r["case"], r["observed"])
         if r["observed"] == "refuses":
-            from eagle3_runner.target.sglang import error_line
+            from eagle3_runner.targets.sglang import error_line
             assert error_line((rec / "lab" / r["case"] / "server.log").read_text()), r["case"]

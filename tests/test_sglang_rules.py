@@ -586,7 +586,7 @@ def test_drafter_v2_spec_and_export_like_kimi_drafter_pass_every_version(tmp_pat
     0.5.14 and 0.5.23 against a Kimi-K2.5 target config."""
     from eagle3_runner.models.draft_model import DraftConfig
     from eagle3_runner.jobs.export import sglang_config
-    from eagle3_runner.target.sglang import server_argv
+    from eagle3_runner.targets.sglang import server_argv
     from eagle3_runner.runner.spec.load import load_spec
     spec = load_spec(ROOT / "specs/drafter-v2.yaml")
     assert spec.target.family == DEEPSEEK and spec.aux_ids == [1, 29, 57]

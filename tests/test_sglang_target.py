@@ -175,7 +175,7 @@ def _capture_spec(tmp_path, fx: dict, transport: str, **sglang):
 
 
 def _server(replay, spec, cfg, transport):
-    from eagle3_runner.target.sglang_target import TargetServer, capture_width, check_server
+    from eagle3_runner.targets.sglang_target import TargetServer, capture_width, check_server
     srv = TargetServer(replay.url, CAPTURE, transport, replay.sink, capture_width(spec, cfg),
                        timeout=5.0, per_call=2, launched=True)
     srv.info = check_server(srv, spec)
@@ -185,7 +185,7 @@ def _server(replay, spec, cfg, transport):
 @pytest.mark.parametrize("replay", fixtures("capture"), indirect=True, ids=lambda p: p.name)
 @pytest.mark.parametrize("transport", ["json", "file"])
 def test_capture_rows_come_back_as_recorded_by_either_transport(replay, transport, tmp_path):
-    from eagle3_runner.target.capture import capture_sglang
+    from eagle3_runner.targets.capture import capture_sglang
     fx = replay.fx
     if transport == "json":  # a json-transport server writes no files (no sink folder)
         replay.sink = None
@@ -208,7 +208,7 @@ def test_capture_rows_come_back_as_recorded_by_either_transport(replay, transpor
 
 @pytest.mark.parametrize("replay", fixtures("capture"), indirect=True, ids=lambda p: p.name)
 def test_a_server_without_the_capture_model_or_with_a_radix_cache_is_refused(replay, tmp_path):
-    from eagle3_runner.target.sglang_target import TargetServer, check_server
+    from eagle3_runner.targets.sglang_target import TargetServer, check_server
     spec, cfg = _capture_spec(tmp_path, replay.fx, "json")
     wide = TargetServer(replay.url, CAPTURE, "json", None, 7, timeout=5.0, launched=True)
     with pytest.raises(StageError, match="does not run the capture model"):
@@ -228,8 +228,8 @@ def test_extract_shards_from_the_server_hold_its_rows(replay, tmp_path):
     """extract_samples on a TargetData whose target is the (replayed) server: the shards hold
     the recorded rows, split into aux and last, in the features format."""
     from eagle3_runner.jobs.extract import extract_samples
-    from eagle3_runner.target.capture import TargetData
-    from eagle3_runner.target.features import open_features  # noqa: F401 - the format's reader
+    from eagle3_runner.targets.capture import TargetData
+    from eagle3_runner.targets.features import open_features  # noqa: F401 - the format's reader
     from safetensors.torch import load_file
     spec, cfg = _capture_spec(tmp_path, replay.fx, "file")
     srv = _server(replay, spec, cfg, "file")
@@ -259,8 +259,8 @@ def test_a_stage_launches_its_capture_server_with_the_runner_flags_and_stops_it(
     import socket
     import stat
     import sys
-    from eagle3_runner.target.capture import capture_sglang
-    from eagle3_runner.target.sglang_target import stage_server
+    from eagle3_runner.targets.capture import capture_sglang
+    from eagle3_runner.targets.sglang_target import stage_server
     fx_path = fixtures("capture")[0]
     fx = json.loads(fx_path.read_text())
     with socket.socket() as so:  # a free port
@@ -292,7 +292,7 @@ def test_a_stage_launches_its_capture_server_with_the_runner_flags_and_stops_it(
     assert argv[argv.index("--max-prefill-tokens") + 1] == "4096"
     assert ("--enable-return-hidden-states" in argv) == (transport == "json")
     env = seen["env"]
-    assert env["SGLANG_EXTERNAL_MODEL_PACKAGE"] == "eagle3_runner.target.sglang_models"
+    assert env["SGLANG_EXTERNAL_MODEL_PACKAGE"] == "eagle3_runner.targets.sglang_models"
     assert env["EAGLE3_CAPTURE_LAYERS"] == ",".join(map(str, spec.aux_ids))
     assert env["EAGLE3_CAPTURE_ARCHS"] == "LlamaForCausalLM"
     assert ("EAGLE3_CAPTURE_SINK" in env) == (transport == "file")
@@ -307,7 +307,7 @@ def test_the_generator_contract_over_a_server(replay):
     calls of up to per_call prompts; follow-ups returned by on_done run too."""
     from eagle3_runner.engine.generate import Request
     from eagle3_runner.engine.sglang_generate import SglangGenerator
-    from eagle3_runner.target.sglang_target import TargetServer
+    from eagle3_runner.targets.sglang_target import TargetServer
     recs = replay.fx["generate"]
     srv = TargetServer(replay.url, GENERATE, timeout=10.0, per_call=2)
     gen = SglangGenerator(srv, rows=3, max_new=max(r["sampling_params"]["max_new_tokens"]
@@ -347,8 +347,8 @@ def test_regenerate_through_a_server_writes_the_same_shards_and_resumes(replay, 
     from eagle3_runner.jobs.regenerate import regenerate
     from eagle3_runner.runner.assets import asset_path
     from eagle3_runner.runner.stages import RegenerateStage
-    from eagle3_runner.target.load import load_tokenizer
-    from eagle3_runner.target.sglang_target import TargetServer
+    from eagle3_runner.targets.load import load_tokenizer
+    from eagle3_runner.targets.sglang_target import TargetServer
     meta = replay.fx["meta"]
     tok = load_tokenizer(asset_path("smollm2"))
     p = RegenerateStage(**meta["params"])
@@ -423,7 +423,7 @@ class _Model(torch.nn.Module):
 
 def test_the_hooks_append_the_pre_norm_last_hidden_and_write_prefill_rows(tmp_path):
     from types import SimpleNamespace
-    from eagle3_runner.target.sglang_hooks import Sink, install_capture
+    from eagle3_runner.targets.sglang_hooks import Sink, install_capture
     m = _Model()
     sink = Sink(tmp_path)
     install_capture(m, [0, 1], sink)
@@ -450,7 +450,7 @@ def test_the_hooks_append_the_pre_norm_last_hidden_and_write_prefill_rows(tmp_pa
 
 
 def test_file_rows_wait_for_the_file_and_report_the_server_refusal(tmp_path):
-    from eagle3_runner.target.sglang_target import bf16_to_float32, file_rows
+    from eagle3_runner.targets.sglang_target import bf16_to_float32, file_rows
     rows = torch.randn(3, 4).to(torch.bfloat16)
     (tmp_path / "r1.bin").write_bytes(rows.view(torch.int16).numpy().tobytes())
     got = file_rows(tmp_path, "r1", 3, 4, 1.0)
@@ -473,8 +473,8 @@ def test_head_and_config_without_the_model_equal_the_loaded_ones():
     """load_head (the checkpoint's tensors) and hf_config (AutoConfig) give what load_target's
     model gives: the same target_head.safetensors and the same manifest config hash."""
     from eagle3_runner.runner.assets import asset_path
-    from eagle3_runner.target.capture import target_head
-    from eagle3_runner.target.load import config_sha256, hf_config, load_head, load_target
+    from eagle3_runner.targets.capture import target_head
+    from eagle3_runner.targets.load import config_sha256, hf_config, load_head, load_target
     path = asset_path("smollm2")
     model, _tok, cfg = load_target(path, device="cpu", dtype="float32")
     want = target_head(model)

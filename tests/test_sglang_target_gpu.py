@@ -1,6 +1,6 @@
 """On the H200: features captured by a real SGLang server (the runner's own capture server:
-target/sglang_target.py stage_server, target/sglang_models/capture.py inside it) equal the
-transformers path's (target/capture.py capture) within bf16 tolerance, by both transports, and the
+targets/sglang_target.py stage_server, targets/sglang_models/capture.py inside it) equal the
+transformers path's (targets/capture.py capture) within bf16 tolerance, by both transports, and the
 capture manifest is the same. The server runs under EAGLE3_SGLANG_PYTHON (default
 ~/sglang-python; scripts/gpu/sglang_target.sh); skipped without CUDA, without an interpreter that
 has sglang, or without the fetched SmolLM2.
@@ -66,10 +66,10 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
 @pytest.mark.parametrize("transport", ["file", "json"])
 def test_sglang_features_equal_the_hf_path_and_the_manifest_too(transport, tmp_path, smollm2_path):
     from eagle3_runner.runner.engines import CAPTURE
-    from eagle3_runner.target.capture import TargetData, capture, capture_manifest, target_head
+    from eagle3_runner.targets.capture import TargetData, capture, capture_manifest, target_head
     from eagle3_runner.data.conversations import load_conversations, tokenize_dataset
-    from eagle3_runner.target.load import hf_config, load_head, load_target, target_config
-    from eagle3_runner.target.sglang_target import stage_server
+    from eagle3_runner.targets.load import hf_config, load_head, load_target, target_config
+    from eagle3_runner.targets.sglang_target import stage_server
     _skip_unless_ready(smollm2_path)
     spec = _spec(tmp_path, smollm2_path, transport)
     aux = list(spec.aux_ids)

@@ -226,7 +226,7 @@ def target(folder, **kw):
 
 
 def load(folder, device_map=None):
-    from eagle3_runner.target.load import load_target, split_plan
+    from eagle3_runner.targets.load import load_target, split_plan
     t = target(folder, device_map=device_map)
     return load_target(t, split=split_plan(t, []) if device_map else None)[0]
 
@@ -238,7 +238,7 @@ BATCH = [[5, 9, 17, 3, 44, 2, 8], [7, 1, 90, 33], [12, 60, 4, 4, 4, 71, 19, 23, 
 def test_split_target_captures_what_one_device_does(folder, device_map):
     if device_map == "auto" and "deepseek" in folder.name:
         pytest.skip("auto on a CPU machine maps everything to the CPU: the Llama case says it")
-    from eagle3_runner.target.capture import capture, target_head
+    from eagle3_runner.targets.capture import capture, target_head
     one = load(folder)
     split = load(folder, device_map)
     if device_map != "auto":  # layers 2-3 and the head live on disk, run on the CPU
@@ -257,7 +257,7 @@ def test_split_target_captures_what_one_device_does(folder, device_map):
 def test_capture_gathers_on_the_consumer_device(folder):
     """The hooks copy each captured layer output to `device` as it is produced (here the meta
     device stands in for another GPU: the CPU machine has no second device)."""
-    from eagle3_runner.target.capture import capture
+    from eagle3_runner.targets.capture import capture
     aux, last = capture(load(folder, {"0-1": "cpu", "2-3": "disk"}), BATCH, [0, 1, 2],
                         device="meta")
     assert aux.device.type == last.device.type == "meta" and aux.shape == (3, 9, 96)
@@ -268,8 +268,8 @@ def test_native_kimi_k25_wrapper_loads_splits_and_captures(tmp_path):
     tiny and random: the loader falls back to its image-text-to-text class, finds the DeepSeek-V3
     language model's layers inside, and split or not captures its hidden states."""
     kimi = pytest.importorskip("transformers.models.kimi_k25")
-    from eagle3_runner.target.capture import capture
-    from eagle3_runner.target.load import decoder_parts
+    from eagle3_runner.targets.capture import capture
+    from eagle3_runner.targets.load import decoder_parts
     torch.manual_seed(0)
     text = tiny_deepseek_v3(layers=8).config.to_dict()
     cfg = kimi.Kimi_K25Config(text_config=text, vision_config=dict(
@@ -291,7 +291,7 @@ def test_native_kimi_k25_wrapper_loads_splits_and_captures(tmp_path):
 
 
 def test_gpu_index_outside_the_group_or_without_cuda_is_refused(folder):
-    from eagle3_runner.target.load import split_plan
+    from eagle3_runner.targets.load import split_plan
     from eagle3_runner.runner.errors import StageError
     with pytest.raises(StageError, match="CUDA is not available|group, which has"):
         split_plan(target(folder, device_map={"0-1": 0, "2-3": 1}), [])
@@ -308,7 +308,7 @@ def test_smollm2_like_split_over_gpu_and_cpu_equals_gpu_alone(tmp_path):
     (scripts/gpu/split.sh)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from eagle3_runner.target.capture import capture
+    from eagle3_runner.targets.capture import capture
     bs = bench_split()
     folder = bs.random_llama(tmp_path / "smol", torch.bfloat16)
     one = bs.load(folder, "cuda", "bfloat16")

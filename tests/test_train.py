@@ -127,7 +127,7 @@ def test_make_batch_alignment():
 def test_target_dist_matches_the_target_model(tmp_path):
     """lm_head(norm(last_hidden)) from the extract artifact == the HF target's own logits."""
     from engine_helpers import tiny_hf_llama
-    from eagle3_runner.target.features import open_features
+    from eagle3_runner.targets.features import open_features
     root = tiny_extract(tmp_path / "x", n_samples=2)
     feats = open_features(root, [0, 1, 2], 96)
     s = feats.get(1)
@@ -346,7 +346,7 @@ def test_non_finite_loss_fails_naming_the_step_and_its_samples(tmp_path):
     """One sample's features poisoned with inf: the stage stops at the first step whose batch
     holds it, names the step and the batch's sample ids, and leaves no checkpoint behind."""
     from safetensors.torch import save_file
-    from eagle3_runner.target.features import open_features
+    from eagle3_runner.targets.features import open_features
     from eagle3_runner.trainer.sources import batch_indices
     ex = tiny_extract(tmp_path / "x", n_samples=6, shard_samples=6)
     bad = 3

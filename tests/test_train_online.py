@@ -122,7 +122,7 @@ def test_online_equals_offline(offline, online):
 
 def test_online_writes_no_features_and_export_reads_its_manifest(online, target, tmp_path):
     from eagle3_runner.jobs.export import run as export
-    from eagle3_runner.target.features import ONLINE_FORMAT
+    from eagle3_runner.targets.features import ONLINE_FORMAT
     out = Path(online.out_dir)
     m = json.loads((out / "features.json").read_text())
     assert m["format"] == ONLINE_FORMAT and m["aux_layer_ids"] == [0, 1, 2]
@@ -201,10 +201,10 @@ SPLIT = {"0-1": "cpu", "2-3": "disk"}  # accelerate offloads layers 2-3 (and the
 
 def test_split_target_extracts_and_trains_online_as_one_device_does(offline, online, target,
                                                                     tmp_path, monkeypatch):
-    """target.device_map through the stages (target/capture.py load_target_data): the extract
+    """target.device_map through the stages (targets/capture.py load_target_data): the extract
     stage writes the one-device run's shards, online training gives its losses."""
     import eagle3_runner.jobs.extract as ex
-    import eagle3_runner.target.load as T
+    import eagle3_runner.targets.load as T
     from safetensors.torch import load_file as load
     maps, real = [], T.load_target
 

@@ -18,7 +18,7 @@ def tiny_extract(root: Path, n_samples=6, lengths=(12, 30), vocab=96, hidden=32,
     given, may change the target's weights before extraction. Returns root."""
     from engine_helpers import tiny_hf_llama
     from eagle3_runner.jobs.extract import extract_samples, write_target_parts
-    from eagle3_runner.target.features import FORMAT, MANIFEST
+    from eagle3_runner.targets.features import FORMAT, MANIFEST
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     model = tiny_hf_llama(vocab=vocab, hidden=hidden, layers=layers, heads=4, kv=2, seed=seed)

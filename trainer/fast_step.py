@@ -32,7 +32,7 @@ import torch
 
 from eagle3_runner.kernels.soft_ce import LK, fused_lk, fused_soft_ce
 from eagle3_runner.kernels.ttt_attention import Segments, attend
-from eagle3_runner.target.capture import h2d, pin_for
+from eagle3_runner.targets.capture import h2d, pin_for
 from eagle3_runner.trainer.objective import Loss
 
 
@@ -178,7 +178,7 @@ def prepare(samples: list[dict], K: int, head: dict, eps: float, device,
             seq_len: int | None = None, pack: bool = True) -> tuple[dict, TargetLogits]:
     """Samples -> (packed batch on `device` without tgt_hidden, TargetLogits): pack_samples +
     target_logits, the data side of one fast step (head from `split_head`, on `device`). The
-    host tensors go through pinned memory (target/capture.py h2d): no host sync."""
+    host tensors go through pinned memory (targets/capture.py h2d): no host sync."""
     b = {k: (h2d(v, device) if torch.is_tensor(v) else v)
          for k, v in pack_samples(samples, K, seq_len, pack, pin_for(device)).items()}
     return b, target_logits(b.pop("tgt_hidden"), head, eps)

@@ -5,7 +5,7 @@ holds what a step uses). The objective: the fast step of trainer/fast_step.py (p
 kernels on CUDA) by default; the reference of trainer/objective.py (its alignment and loss, which the
 fast step equals: tests/test_ttt.py) when Learner.impl is None (tests, the bench baseline).
 
-Inputs (trainer/sources.py): ctx.inputs["extract"] (target/features.py format), or with
+Inputs (trainer/sources.py): ctx.inputs["extract"] (targets/features.py format), or with
 stages.train.features: online the target itself, run on each batch (ctx.inputs["regenerate"]
 or the spec's data give the conversations). Outputs in ctx.out_dir:
   draft.safetensors   Eagle3Draft.state_dict(): fc.weight, midlayer.*, norm.weight,
@@ -21,7 +21,7 @@ Host syncs: a step queues its work and returns device tensors; the loop reads th
 SYNC_EVERY steps (and before each evaluation, checkpoint and the end). There it fails with a
 StageError at the first non-finite loss or gradient norm, naming that step and its batch's
 sample ids, before any checkpoint could keep the broken weights. Host-to-device copies go
-through pinned memory (target/capture.py h2d), so nothing else in a step waits for the GPU;
+through pinned memory (targets/capture.py h2d), so nothing else in a step waits for the GPU;
 with stages.train.prefetch the next step's batch (online: its target forward) is enqueued on a
 second CUDA stream before this step's training (trainer/sources.py Prefetch).
 

@@ -1,11 +1,11 @@
 """Where the train stage's samples come from (stages.train.features):
 
-- offline (default): the extract artifact's features on disk (target/features.py), read sample by
+- offline (default): the extract artifact's features on disk (targets/features.py), read sample by
   sample from the memory-mapped shards.
 - online: the target itself, loaded by the train stage (each data-parallel rank its own copy), or
   the stage's SGLang capture server (target.engine; jobs/train.py opens it around the stage with
-  target/capture.py capture_engine). Each batch of token lists (this rank's slice of a global
-  batch) runs through the target with target/capture.py `TargetData.capture_batch`, the code
+  targets/capture.py capture_engine). Each batch of token lists (this rank's slice of a global
+  batch) runs through the target with targets/capture.py `TargetData.capture_batch`, the code
   extract writes to disk with, and the features live in memory only for that step. Nothing is written but checkpoints and the outputs: the train
   artifact records the capture manifest (features.json, format ONLINE_FORMAT) and
   target_config.json that export reads from extract's artifact otherwise.
@@ -32,15 +32,15 @@ from typing import Any
 import torch
 
 from eagle3_runner.trainer import vocab as V
-from eagle3_runner.target.capture import TargetData, capture_manifest, load_target_data, write_json
-from eagle3_runner.target.capture_embedded import EmbeddedCapture
-from eagle3_runner.target.features import MANIFEST, ONLINE_FORMAT, Features, open_features
+from eagle3_runner.targets.capture import TargetData, capture_manifest, load_target_data, write_json
+from eagle3_runner.targets.capture_embedded import EmbeddedCapture
+from eagle3_runner.targets.features import MANIFEST, ONLINE_FORMAT, Features, open_features
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.stage import StageContext
 
 
 class Offline:
-    """The extract artifact's features (target/features.py)."""
+    """The extract artifact's features (targets/features.py)."""
 
     def __init__(self, feats: Features):
         self.feats, self.where = feats, str(feats.root)
@@ -62,9 +62,9 @@ class Offline:
 
 
 class Online:
-    """The target run on each batch (module docstring). td: target/capture.py TargetData;
-    capture (stages.train.online_capture): "hf" = target/capture.py `capture` over right-padded
-    length groups, "embedded" = target/capture_embedded.py (our Llama, the batch packed into
+    """The target run on each batch (module docstring). td: targets/capture.py TargetData;
+    capture (stages.train.online_capture): "hf" = targets/capture.py `capture` over right-padded
+    length groups, "embedded" = targets/capture_embedded.py (our Llama, the batch packed into
     one row, compiled on CUDA). Raises StageError (embedded) for a target it cannot run."""
 
     def __init__(self, td: TargetData, aux_ids: list[int], where: str, capture: str = "hf"):

@@ -1,7 +1,7 @@
 """What a spec may and may not pass to the SGLang servers the runner launches (the bench's,
 `stages.bench.sglang`, and the target's, `target.sglang`): the flags the runner sets itself, each
 with the spec field that sets it, and the loopback-only bind address. `extra_args` are appended
-last to the server's argv (target/sglang.py server_argv), so an extra `--speculative-algorithm
+last to the server's argv (targets/sglang.py server_argv), so an extra `--speculative-algorithm
 EAGLE` would silently override the runner's EAGLE3; these rules refuse that at validation. No
 torch.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 
-# flag the runner sets -> the spec field that sets it (target/sglang.py server_argv)
+# flag the runner sets -> the spec field that sets it (targets/sglang.py server_argv)
 GUARDED_FLAGS = {
     "--model-path": "target.path",
     "--host": "stages.bench.sglang.host",
@@ -28,7 +28,7 @@ GUARDED_FLAGS = {
     "--mem-fraction-static": "stages.bench.sglang.mem_fraction_static",
     "--nccl-port": "stages.bench.sglang.port (the runner picks free ports)",
 }
-# flag the runner sets on a target server (target/sglang_target.py target_flags) -> the field
+# flag the runner sets on a target server (targets/sglang_target.py target_flags) -> the field
 _T = "target.sglang"
 TARGET_GUARDED_FLAGS = {
     "--model-path": "target.path",
@@ -113,7 +113,7 @@ MAX_HTTP_PORT = MAX_PORT - GRPC_PORT_OFFSET
 def ports_problem(port: int | None, parallel: int = 1) -> str | None:
     """Why the ports the bench's servers take from stages.bench.sglang.port would not work, or
     None: each of the `parallel` servers started at once takes two consecutive ports (HTTP,
-    --nccl-port; target/sglang_bench.py), so a wave takes port .. port + 2 x parallel - 1, and
+    --nccl-port; targets/sglang_bench.py), so a wave takes port .. port + 2 x parallel - 1, and
     its last HTTP port, port + 2 x (parallel - 1), must be at most MAX_HTTP_PORT (55535: SGLang
     adds 10000 for its gRPC port). None (free ports picked per server) takes none."""
     if port is None:

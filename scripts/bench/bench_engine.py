@@ -256,7 +256,7 @@ def main(argv=None):
         prompts = [torch.randint(0, cfg["vocab_size"], (1, 48),
                                  generator=torch.Generator().manual_seed(0)).to(dev)]
     else:
-        from eagle3_runner.target.load import load_target
+        from eagle3_runner.targets.load import load_target
         from eagle3_runner.runner.assets import asset_path
         hf, tok, cfg = load_target(a.target or asset_path("smollm2"), device=a.device, dtype=a.dtype)
         dev = next(hf.parameters()).device

@@ -46,7 +46,7 @@ SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hi
 
 def load_model(args):
     import torch
-    from eagle3_runner.target.load import load_target, resolve_device, resolve_dtype
+    from eagle3_runner.targets.load import load_target, resolve_device, resolve_dtype
     dev = resolve_device(args.device)
     dt = resolve_dtype(args.dtype, dev)
     if not args.random_init:
@@ -75,7 +75,7 @@ def write_only(out: Path, n: int, tokens: int, model, aux: list[int], writers: i
     import torch
     from concurrent.futures import ThreadPoolExecutor
     import eagle3_runner.jobs.extract as ex
-    from eagle3_runner.target.shards import shard_index, sync_shards, write_shard
+    from eagle3_runner.targets.shards import shard_index, sync_shards, write_shard
     out.mkdir()
     H, dt = model.config.hidden_size, next(model.parameters()).dtype
     pin = next(model.parameters()).is_cuda
@@ -271,8 +271,8 @@ def main(argv=None) -> dict:
 
     import torch
     import eagle3_runner.jobs.extract as ex
-    import eagle3_runner.target.shards as shards
-    from eagle3_runner.target.capture import check_aux_ids
+    import eagle3_runner.targets.shards as shards
+    from eagle3_runner.targets.capture import check_aux_ids
     torch.set_num_threads(args.threads)
     model, source, dev, dt = load_model(args)
     aux = [int(x) for x in args.aux.split(",")]

@@ -51,7 +51,7 @@ import torch  # noqa: E402
 
 def load(a):
     """(HF model, tokenizer) per the flags; the tokenizer is the fetched SmolLM2's."""
-    from eagle3_runner.target.load import load_target, load_tokenizer
+    from eagle3_runner.targets.load import load_target, load_tokenizer
     from eagle3_runner.runner.assets import asset_path
     if a.mode == "step" and not a.random_target:
         raise SystemExit("--mode step needs --random-target (random prompts, no tokenizer)")

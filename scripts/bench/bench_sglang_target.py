@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """SGLang as the target against our own paths, on the same inputs in one run (issue 35;
 BENCHMARKS.md rows come from it). Target: the fetched SmolLM2-135M (its GGUF converted once by
-target/load.py; the server loads that folder at --dtype bfloat16). The SGLang server is launched
-by the runner's own code (target/sglang_target.py) with the interpreter --sglang-python.
+targets/load.py; the server loads that folder at --dtype bfloat16). The SGLang server is launched
+by the runner's own code (targets/sglang_target.py) with the interpreter --sglang-python.
 
   regen    the same ShareGPT first turns (rendered by our chat template) answered
              sglang    engine/sglang_generate.py SglangGenerator: --in-flight requests over
@@ -17,11 +17,11 @@ by the runner's own code (target/sglang_target.py) with the interpreter --sglang
            conversations/s; then a small regenerate() through a recording proxy
            (scripts/bench/sglang_record.py) for the CPU tests' fixtures (--record DIR).
   capture  the same tokenised ShareGPT samples (--samples, data.max_length --max-length)
-             hf        target/capture.py capture() (transformers, bf16, forward hooks) in
+             hf        targets/capture.py capture() (transformers, bf16, forward hooks) in
                        --batch-tokens batches, features copied to the CPU (extract's path)
-             embedded  target/capture_embedded.py (online training's packed capture on our
+             embedded  targets/capture_embedded.py (online training's packed capture on our
                        Llama, compiled), the same batches, copied to the CPU
-             sglang    target/capture.py capture_sglang through one capture server, json
+             sglang    targets/capture.py capture_sglang through one capture server, json
                        transport (meta_info.hidden_states) and file transport (raw bf16 rows)
            -> captured tok/s of each, JSON bytes per token, and the largest difference of the
            SGLang rows from HF's on the first batch; then a few short prompts through the
@@ -133,8 +133,8 @@ def regen(a, res: dict, out: Path) -> None:
     from eagle3_runner.engine.generate import Generator, Request
     from eagle3_runner.engine.sglang_generate import SglangGenerator
     from eagle3_runner.runner.engines import GENERATE
-    from eagle3_runner.target.load import load_tokenizer, target_config
-    from eagle3_runner.target.sglang_target import stage_server
+    from eagle3_runner.targets.load import load_tokenizer, target_config
+    from eagle3_runner.targets.sglang_target import stage_server
     work = Path(tempfile.mkdtemp(prefix="bench-sglang-"))
     spec = spec_for(a, work)
     tok = load_tokenizer(spec)
@@ -167,7 +167,7 @@ def regen(a, res: dict, out: Path) -> None:
         return
     # the embedded Generator on the same prompts, each answer as long as SGLang's
     from eagle3_runner.models.llama import from_hf_model
-    from eagle3_runner.target.load import load_target
+    from eagle3_runner.targets.load import load_target
     hf, _, _ = load_target(spec)
     target = from_hf_model(hf)
     del hf
@@ -252,10 +252,10 @@ def capture_bench(a, res: dict, out: Path) -> None:
     from eagle3_runner.data.conversations import load_conversations, tokenize_dataset
     from eagle3_runner.jobs.extract import plan_batches
     from eagle3_runner.runner.engines import CAPTURE
-    from eagle3_runner.target.capture import capture, capture_sglang
-    from eagle3_runner.target.load import hf_folder, load_target, load_tokenizer, target_config
-    from eagle3_runner.target.sglang import server, server_argv
-    from eagle3_runner.target.sglang_target import (TargetServer, capture_env, capture_width,
+    from eagle3_runner.targets.capture import capture, capture_sglang
+    from eagle3_runner.targets.load import hf_folder, load_target, load_tokenizer, target_config
+    from eagle3_runner.targets.sglang import server, server_argv
+    from eagle3_runner.targets.sglang_target import (TargetServer, capture_env, capture_width,
                                                     check_server, package_root, sink_dir,
                                                     target_flags)
     work = Path(tempfile.mkdtemp(prefix="bench-sglang-"))
@@ -283,8 +283,8 @@ def capture_bench(a, res: dict, out: Path) -> None:
     secs = time.perf_counter() - t0
     res["hf"] = {"tokens": n, "seconds": secs, "tok_s": n / secs, "notes": "transformers, bf16"}
     print("hf", res["hf"], flush=True)
-    # embedded: online training's packed capture on our Llama (target/capture_embedded.py)
-    from eagle3_runner.target.capture_embedded import EmbeddedCapture
+    # embedded: online training's packed capture on our Llama (targets/capture_embedded.py)
+    from eagle3_runner.targets.capture_embedded import EmbeddedCapture
     emb = EmbeddedCapture(model, aux)
     t0 = time.perf_counter()
     emb(batches[-1]), emb(batches[0])  # warm: compile (dynamic shapes)
@@ -351,7 +351,7 @@ def rel(a, b, batch) -> float:
 
 def json_bytes(srv, prompts) -> float:
     """Bytes of /generate JSON per captured token (the json transport's cost)."""
-    from eagle3_runner.target.sglang_target import _post
+    from eagle3_runner.targets.sglang_target import _post
     with _post(srv.url + "/generate", {"input_ids": prompts, "return_hidden_states": True,
                                        "sampling_params": {"max_new_tokens": 1}},
                srv.timeout) as r:
@@ -363,7 +363,7 @@ def record_capture(a, srvs, tok) -> None:
     request (raw rows copied from the sink before anything reads them): the capture fixture."""
     import shutil
     from eagle3_runner.runner.engines import get_json
-    from eagle3_runner.target.sglang_target import _post, sampling
+    from eagle3_runner.targets.sglang_target import _post, sampling
     from sglang_record import Recorder
     raw = Path(a.record)
     (raw / "files").mkdir(parents=True, exist_ok=True)

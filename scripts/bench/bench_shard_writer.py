@@ -15,13 +15,13 @@ from pathlib import Path
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-import eagle3_runner.target.shards as shards  # noqa: E402
+import eagle3_runner.targets.shards as shards  # noqa: E402
 
 T, N = 8 * 2048, 12  # tokens per shard, shards per pass
 
 
 def shard_tensors() -> dict:
-    """One shard in the extract layout (target/features.py): aux [T, 3*576] and last hidden
+    """One shard in the extract layout (targets/features.py): aux [T, 3*576] and last hidden
     [T, 576] in bf16, 8 samples of 2048 tokens."""
     g = torch.Generator().manual_seed(0)
     return {"aux_hidden": torch.randn(T, 1728, generator=g).bfloat16(),

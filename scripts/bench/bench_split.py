@@ -7,7 +7,7 @@ GPU, in the same call (issue 24), and whether the features are identical.
 
 The target is a random Llama of SmolLM2-135M's geometry (or --layers/--hidden), saved as an HF
 folder in bf16 (CUDA) / float32 (CPU), so no download is needed. Modes, each loaded through
-target/load.py load_target (split_plan for the split ones) and run through target/capture.py
+targets/load.py load_target (split_plan for the split ones) and run through targets/capture.py
 capture on the same batches:
 - one:   the whole target on cuda:0 (the reference);
 - auto:  target.device_map auto over GPU group [0] (everything fits: accelerate's dispatch
@@ -68,7 +68,7 @@ def parse_map(text: str) -> dict:
 
 
 def load(folder: Path, device: str, dtype: str, device_map=None):
-    from eagle3_runner.target.load import load_target, split_plan
+    from eagle3_runner.targets.load import load_target, split_plan
     from eagle3_runner.runner.spec.schema import Target
     t = Target(path=str(folder), device=device, dtype=dtype, device_map=device_map)
     gpus = [0] if device == "cuda" else []
@@ -76,7 +76,7 @@ def load(folder: Path, device: str, dtype: str, device_map=None):
 
 
 def timed(model, batches, aux_ids, sync) -> float:
-    from eagle3_runner.target.capture import capture
+    from eagle3_runner.targets.capture import capture
     sync()
     t0 = time.perf_counter()
     for b in batches:
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
         g = torch.Generator().manual_seed(0)
         batches = [torch.randint(0, V, (a.batch, a.seq), generator=g).tolist()
                    for _ in range(a.batches)]
-        from eagle3_runner.target.capture import capture
+        from eagle3_runner.targets.capture import capture
         ref = capture(models["one"], batches[0], aux_ids)
         equal = {}
         for name, m in models.items():

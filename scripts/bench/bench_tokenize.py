@@ -57,7 +57,7 @@ def main(argv=None) -> int:
         ap.error(f"--out {a.out}: a file is in the way; pass a folder (it is created if missing)")
     from eagle3_runner.data.chat import chat_convention, tokenize_dataset
     from eagle3_runner.data.conversations import load_conversations
-    from eagle3_runner.target.load import load_tokenizer
+    from eagle3_runner.targets.load import load_tokenizer
     from eagle3_runner.runner.errors import RunnerError
     from eagle3_runner.runner.spec.load import load_spec
     try:

@@ -21,7 +21,7 @@ clipping, AdamW) on a Learner:
   offline training reads them (`x offline` of the online rows divides by this row).
 - online (--online): features: online, the fast step fed by trainer/sources.py Online: every
   step runs a random target of the geometry (HF LlamaForCausalLM, bf16 on CUDA; smollm2 and
-  tiny only) over the batch and captures its aux and last hidden states (target/capture.py).
+  tiny only) over the batch and captures its aux and last hidden states (targets/capture.py).
   Its loss differs from the other rows' (real target features, not random ones).
 - specforge: specforge.algorithms.eagle3.model.OnlineEagle3Model(LlamaForCausalLMEagle3(...,
   attention_backend="flex_attention"), length=K) loaded with the same weights, fed input_ids,
@@ -147,7 +147,7 @@ def _online(s: SimpleNamespace, geometry: str):
     """The fast step fed by the online source over a random target of the geometry."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
-    from eagle3_runner.target.capture import TargetData
+    from eagle3_runner.targets.capture import TargetData
     from eagle3_runner.trainer.recipe import train_step
     from eagle3_runner.trainer.sources import Online
     if geometry not in TARGETS:

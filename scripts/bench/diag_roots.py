@@ -37,7 +37,7 @@ from eagle3_runner.engine.speculative import Engine  # noqa: E402
 from eagle3_runner.jobs.extract import forward_features  # noqa: E402
 from eagle3_runner.models.llama import from_hf_model  # noqa: E402
 from eagle3_runner.data.prompts import mtbench, render  # noqa: E402
-from eagle3_runner.target.load import load_target, resolve_device, resolve_dtype  # noqa: E402
+from eagle3_runner.targets.load import load_target, resolve_device, resolve_dtype  # noqa: E402
 from eagle3_runner.runner.assets import asset_path  # noqa: E402
 from eagle3_runner.runner.files import atomic_write  # noqa: E402
 

@@ -351,7 +351,7 @@ def main(argv=None):
     deadline = time.time() + a.budget
     torch.set_num_threads(min(torch.get_num_threads(), 16))
     if a.target:
-        from eagle3_runner.target.load import load_target
+        from eagle3_runner.targets.load import load_target
         hf, _, _ = load_target(a.target, device="cuda", dtype="bfloat16")
     else:
         spec = __import__("importlib.util").util.spec_from_file_location(

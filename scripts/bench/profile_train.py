@@ -15,8 +15,8 @@ takes the next batch of a pool of 4, so packing and lengths change as in a real 
 a random HF LlamaForCausalLM of the geometry (bf16 on CUDA; SmolLM2-135M: 30 layers, aux 1/14/26)
 and a random drafter, K = 7 (--k). Modes (the switches, all else equal):
   before    capture hf (HF forward, right-padded length groups), pageable host copies, no prefetch
-  pinned    + host copies through pinned memory (target/capture.py h2d: no host sync)
-  embedded  + stages.train.online_capture: embedded (target/capture_embedded.py)
+  pinned    + host copies through pinned memory (targets/capture.py h2d: no host sync)
+  embedded  + stages.train.online_capture: embedded (targets/capture_embedded.py)
   after     + stages.train.prefetch (the next batch's target forward on a second CUDA stream)
   resident  the step alone on features captured beforehand and kept on the device: the upper
             bound of online training (its tok/s is the "x resident" denominator)
@@ -151,8 +151,8 @@ def instrument() -> None:
     """Report the nested phases: the target forward (both captures), the target head and the
     drafter's forward are module functions the step calls by name; wrap them once (the real
     function runs; it reports to _ACTIVE[-1] when one is set)."""
-    from eagle3_runner.target.capture import TargetData
-    from eagle3_runner.target.capture_embedded import EmbeddedCapture
+    from eagle3_runner.targets.capture import TargetData
+    from eagle3_runner.targets.capture_embedded import EmbeddedCapture
     from eagle3_runner.trainer import fast_step as F
     for owner, attr, name in ((TargetData, "capture_batch", "target_forward"),
                               (EmbeddedCapture, "__call__", "target_forward"),
@@ -235,7 +235,7 @@ def pool(r: SimpleNamespace, batch: str) -> list:
 def random_case(r: SimpleNamespace, a, batch: str, vocab: int, mode: dict) -> SimpleNamespace:
     """A case's learner (a fresh random drafter of draft vocab `vocab`), source and step ids."""
     import bench_train as bt
-    from eagle3_runner.target.capture import TargetData
+    from eagle3_runner.targets.capture import TargetData
     from eagle3_runner.trainer.sources import Online
     s = bt._setup(dict(device=a.device, geometry=r.geometry, vocab=vocab, seq=2, batch=1, K=a.k))
     learner = bt._learner(s, bt._impl(s, "triton" if r.dev.type == "cuda" else "torch"))
@@ -272,7 +272,7 @@ def spec_case(run, mode: dict) -> SimpleNamespace:
 def measure(c: SimpleNamespace, mode: dict, a, profiled: bool) -> dict:
     """Warm-up, the timed steps (phases), the profiler window: the case's numbers."""
     import torch
-    from eagle3_runner.target import capture as C
+    from eagle3_runner.targets import capture as C
     from eagle3_runner.trainer.recipe import train_step
     from eagle3_runner.trainer.sources import Prefetch
     cuda = c.learner.device.type == "cuda"

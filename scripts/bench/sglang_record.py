@@ -40,7 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # the /server_info fields the client reads (runner/engines.py server_info_problems,
-# target/sglang_target.py): the rest of SGLang's ~300 server args stay out of the fixtures
+# targets/sglang_target.py): the rest of SGLang's ~300 server args stay out of the fixtures
 SERVER_KEYS = ("version", "model_path", "dtype", "tp_size", "dp_size", "ep_size",
                "enable_return_hidden_states", "disable_radix_cache", "chunked_prefill_size",
                "speculative_algorithm", "skip_tokenizer_init", "context_length",
@@ -169,7 +169,7 @@ def standin(outdir: Path) -> None:
     from eagle3_runner.engine.generate import Result
     from eagle3_runner.jobs.regenerate import regenerate
     from eagle3_runner.runner.assets import asset_path
-    from eagle3_runner.target.load import load_tokenizer
+    from eagle3_runner.targets.load import load_tokenizer
     info = {"version": "0.5.14", "model_path": "stand-in", "dtype": "bfloat16", "tp_size": 1,
             "dp_size": 1, "ep_size": 1, "speculative_algorithm": None,
             "skip_tokenizer_init": True, "context_length": None, "chunked_prefill_size": 8192,

@@ -72,7 +72,7 @@ case $phase in
       timeout 240 python3 - "$M" $EXTRA > "$OUT/r/smoke.log" 2>&1 <<'PY'
 import json, sys, time
 from pathlib import Path
-from eagle3_runner.target.sglang import (free_ports, generate, launch, server_argv, server_info,
+from eagle3_runner.targets.sglang import (free_ports, generate, launch, server_argv, server_info,
                                          stop_all, wait_ready)
 port, nccl = free_ports(2)
 srv = launch("smoke", server_argv("~/sglang-python", sys.argv[1], port, cuda_graph_max_bs=1,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-r"""The SGLang conformance lab on a GPU (target/sglang_lab.py; the cases: runner/drafts/lab.py).
+r"""The SGLang conformance lab on a GPU (targets/sglang_lab.py; the cases: runner/drafts/lab.py).
 
     python3 scripts/gpu/sglang_lab.py --draft runs/<spec>/export/<key> --target <GGUF or HF folder> \
         --python ~/sglang-python --out $OUT/lab [--prompts 4] [--max-new 128] [--parallel 32] \
@@ -34,8 +34,8 @@ from pathlib import Path
 
 from eagle3_runner.data.prompts import load_prompt_set, render
 from eagle3_runner.runner.drafts.lab import VERSION
-from eagle3_runner.target.load import hf_folder, load_tokenizer
-from eagle3_runner.target.sglang_lab import LabSettings, judge, markdown, prepare, serve
+from eagle3_runner.targets.load import hf_folder, load_tokenizer
+from eagle3_runner.targets.sglang_lab import LabSettings, judge, markdown, prepare, serve
 
 
 def main(argv=None) -> int:

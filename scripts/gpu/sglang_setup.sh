@@ -37,7 +37,7 @@ cat > ~/sglang-python <<'WRAP'
 # SGLang's interpreter on this machine: the image's python3 (torch 2.11, triton) with /tmp/sgl
 # FIRST on PYTHONPATH (scripts/gpu/sglang_setup.sh), so SGLang's transformers 5.8.1 and pydantic
 # 2.13 win over the runner's; the caller's path follows (a capture server needs the folder
-# holding eagle3_runner that target/sglang_target.py capture_env puts there).
+# holding eagle3_runner that targets/sglang_target.py capture_env puts there).
 export PYTHONPATH=/tmp/sgl${PYTHONPATH:+:$PYTHONPATH}
 exec python3 "$@"
 WRAP

@@ -14,8 +14,8 @@ The LM head is never run here (the base model is called directly).
 
 The same features come from an SGLang server when the stage's engine is sglang
 (runner/engines.py): `capture_sglang` asks the stage's capture server
-(target/sglang_target.py) for the same two things per prompt position, taken inside SGLang by
-target/sglang_hooks.py (aux: SGLang's set_eagle3_layers_to_capture; last: the final norm's
+(targets/sglang_target.py) for the same two things per prompt position, taken inside SGLang by
+targets/sglang_hooks.py (aux: SGLang's set_eagle3_layers_to_capture; last: the final norm's
 pre-norm input), and pads them into the same tensors. `TargetData` carries either the loaded model
 or that server, and `capture_batch` / `head` / the geometry serve both, so extract and online
 training have one code path.
@@ -32,7 +32,7 @@ from typing import Any, Iterator, NamedTuple
 import torch
 
 from eagle3_runner.runner import dist as D
-from eagle3_runner.target.load import decoder_parts, input_device, text_config, weight
+from eagle3_runner.targets.load import decoder_parts, input_device, text_config, weight
 from eagle3_runner.runner.drafts.families import target_family
 from eagle3_runner.runner.drafts.layout import to_hf_indices
 from eagle3_runner.runner.drafts.rules import model_aux_problem
@@ -75,13 +75,13 @@ def h2d(t: torch.Tensor, device) -> torch.Tensor:
 
 def capture_sglang(srv, batch: list[list[int]], n_aux: int, hidden: int, dtype=torch.bfloat16,
                    device=None, calls: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
-    """capture() through an SGLang capture server `srv` (target/sglang_target.py TargetServer):
+    """capture() through an SGLang capture server `srv` (targets/sglang_target.py TargetServer):
     the batch's prompts split into up to `calls` /generate calls by tokens, in flight together
     (the server batches them; this process converts one call's rows while the others compute).
     Returns (aux [n, T, n_aux*H], last [n, T, H]) in `dtype` on `device` (default CPU), right-
     padded with zeros like capture(). Raises StageError (sglang_target) for rows of another
     shape."""
-    from eagle3_runner.target.sglang_target import capture_call, in_flight
+    from eagle3_runner.targets.sglang_target import capture_call, in_flight
     n, T = len(batch), max(len(x) for x in batch)
     aux = torch.zeros(n, T, n_aux * hidden, dtype=dtype)
     last = torch.zeros(n, T, hidden, dtype=dtype)
@@ -112,7 +112,7 @@ def capture(model, batch: list[list[int]], aux_ids: list[int], pad_id: int = 0,
     tensors: copy them before autograd saves them). aux = concat of decoder layer k outputs
     (= HF hidden_states[k+1]) for k ascending; last = the input of the final norm (pre-norm last
     hidden). Rows past a sample's length are padding. A target split over devices (accelerate,
-    target/load.py split_plan) hands each hook its layer's output on that layer's device; the
+    targets/load.py split_plan) hands each hook its layer's output on that layer's device; the
     hooks copy it to `device` as it is produced, so no layer's device holds the batch's
     captures and the result is the one-device run's, value for value."""
     base, layers, norm = decoder_parts(model)
@@ -153,7 +153,7 @@ class TargetData(NamedTuple):
     """The target and its tokenised training samples (dataset order): model (eval, no grad; None
     when an SGLang server runs the target), tok, cfg (HF config dict), samples [(input_ids,
     loss_mask)] (lists of ints), data_report / tok_report (data/conversations.py), pad (the
-    padding id), server (target/sglang_target.py TargetServer of the stage, or None), spec."""
+    padding id), server (targets/sglang_target.py TargetServer of the stage, or None), spec."""
     model: Any
     tok: Any
     cfg: dict
@@ -202,10 +202,10 @@ class TargetData(NamedTuple):
 
     def head(self) -> dict[str, torch.Tensor]:
         """{embed_tokens, norm, lm_head}: target_head of the model, or read from the
-        checkpoint's files (target/load.py load_head) when a server holds the model."""
+        checkpoint's files (targets/load.py load_head) when a server holds the model."""
         if self.model is not None:
             return target_head(self.model)
-        from eagle3_runner.target.load import load_head
+        from eagle3_runner.targets.load import load_head
         return load_head(self.spec, self.dtype)
 
 
@@ -223,13 +223,13 @@ _SERVER: ContextVar = ContextVar("eagle3_capture_server", default=None)
 def capture_engine(ctx: StageContext) -> Iterator[Any]:
     """The capture engine of ctx's stage (extract, online train) for the block: None when it is
     transformers (the stage loads the model itself, load_target_data), else the SGLang capture
-    server started per target.sglang (target/sglang_target.py stage_server; its log in
+    server started per target.sglang (targets/sglang_target.py stage_server; its log in
     out_dir/logs), which load_target_data then uses. runner/engines.py stage_engine decides,
     as the plan did. Raises StageError when the engine cannot run or the server fails."""
     from eagle3_runner.runner import placement as P
     from eagle3_runner.runner.engines import CAPTURE, SGLANG, stage_engine
-    from eagle3_runner.target.load import target_config
-    from eagle3_runner.target.sglang_target import stage_server
+    from eagle3_runner.targets.load import target_config
+    from eagle3_runner.targets.sglang_target import stage_server
     try:
         choice = stage_engine(ctx.spec, ctx.stage)
     except ValueError as e:
@@ -284,11 +284,11 @@ def load_target_data(ctx: StageContext, server=None) -> TargetData:
     tokenised samples, with the aux ids and hidden size checked against the real model; the
     drop report is printed and recorded (data/conversations.py show_data_report: dropped/<reason>,
     bad_fraction) before any capture. server: the stage's SGLang capture server
-    (target/sglang_target.py stage_server; default: the one of the enclosing capture_engine
+    (targets/sglang_target.py stage_server; default: the one of the enclosing capture_engine
     block) when the engine is sglang: then only the tokenizer and config are loaded here. Raises StageError for bad data, a tokenizer without chat template,
     aux ids out of range or a hidden-size mismatch."""
     from eagle3_runner.data.conversations import show_data_report, tokenize_dataset
-    from eagle3_runner.target.load import hf_config, hf_folder, load_target, load_tokenizer
+    from eagle3_runner.targets.load import hf_config, hf_folder, load_target, load_tokenizer
     spec = ctx.spec
     rank, world = D.check(ctx)
     convs, data_report = conversations(ctx)
@@ -317,10 +317,10 @@ def load_target_data(ctx: StageContext, server=None) -> TargetData:
 
 
 def _split(ctx: StageContext) -> dict:
-    """from_pretrained's device-map kwargs for this rank (target/load.py split_plan): its GPU
+    """from_pretrained's device-map kwargs for this rank (targets/load.py split_plan): its GPU
     group (runner/placement.py replica_gpus), the activation headroom of this stage's batch and,
     online, the drafter's state on the group's first GPU, sized from the target's config."""
-    from eagle3_runner.target.load import resolve_device, resolve_dtype, split_plan, target_config
+    from eagle3_runner.targets.load import resolve_device, resolve_dtype, split_plan, target_config
     from eagle3_runner.runner import placement as P
     from eagle3_runner.runner.target_size import activation_bytes
     spec = ctx.spec
@@ -336,10 +336,10 @@ def _split(ctx: StageContext) -> dict:
 
 def capture_manifest(spec, td: TargetData) -> dict:
     """The manifest fields that say what was captured and from what (extract's features.json and
-    the online train artifact's, target/features.py): layer ids in both conventions, widths,
+    the online train artifact's, targets/features.py): layer ids in both conventions, widths,
     dtype, the target's and tokenizer's hashes, template, sample and token counts, and the engine
     that captured them (hf, or sglang with its version)."""
-    from eagle3_runner.target.load import config_sha256, tokenizer_sha256
+    from eagle3_runner.targets.load import config_sha256, tokenizer_sha256
     aux_ids, H = list(spec.aux_ids), td.hidden_size
     engine = {"engine": td.engine}
     if td.server is not None:

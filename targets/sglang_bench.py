@@ -3,7 +3,7 @@ SGLang servers, one plain server (no speculation) per cuda_graph setting and one
 server per configuration, the same prompts through /generate at batch 1, and the `bench` /
 `bench_summary` rows of runner/bench_rows.py (the columns every backend writes).
 
-Servers (target/sglang.py) start in waves of stages.bench.sglang.parallel on the one GPU, each on
+Servers (targets/sglang.py) start in waves of stages.bench.sglang.parallel on the one GPU, each on
 free ports (HTTP and torch.distributed's), with the target's dtype and
 stages.bench.sglang.mem_fraction_static; `start` launches the first wave and returns at once (the
 embedded bench builds its engines meanwhile), `measure` waits for each server (startup_timeout_s),
@@ -11,7 +11,7 @@ then sends every prompt to one server after another, so only one server decodes 
 stops the wave. A server that does not start, or dies, leaves its log tail: its configuration
 gets a summary row flagged "sglang server failed" and no prompt rows; the bench goes on.
 
-Definitions (SGLang 0.5.14 meta_info, target/sglang.py):
+Definitions (SGLang 0.5.14 meta_info, targets/sglang.py):
 - tau = 1 + sum(spec_num_correct_drafts) / sum(spec_verify_ct): tokens per verify pass with the
   bonus token, the prefill's first token not counted: the embedded engine's definition, so the
   two backends' tau compare directly; server_accept_length = sum(completion_tokens) /
@@ -50,7 +50,7 @@ from eagle3_runner.runner.bench_rows import (config_fields, failed_summary_row, 
                                              prompt_row, round_cost, summary_row)
 from eagle3_runner.runner.errors import ServerError
 from eagle3_runner.runner.files import atomic_write
-from eagle3_runner.target.sglang import (Server, generate, launch, parse_accept_lens,
+from eagle3_runner.targets.sglang import (Server, generate, launch, parse_accept_lens,
                                          server_accept_length, server_argv, server_info,
                                          stop_all, tau_from_meta, wait_ready, free_ports)
 

@@ -13,7 +13,7 @@ the other shards are computed, so the final shards are byte-identical to an unin
 The records are removed once features.json lists the hashes. A full disk (ENOSPC) removes the
 temp file and raises StageError.
 
-Format of a shard: target/features.py. Used by jobs/extract.py (writer threads, resume).
+Format of a shard: targets/features.py. Used by jobs/extract.py (writer threads, resume).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from eagle3_runner.target.features import FORMAT, MANIFEST
+from eagle3_runner.targets.features import FORMAT, MANIFEST
 from eagle3_runner.runner.drafts.safetensors import encode_header
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.files import atomic_path, sha256_file
@@ -128,7 +128,7 @@ def sha_record(path: Path) -> Path:
 
 
 def write_shard(path: Path, tensors: dict[str, torch.Tensor], ready=None) -> str:
-    """Atomically write one shard (format: target/features.py) without fsync, then record its
+    """Atomically write one shard (format: targets/features.py) without fsync, then record its
     sha256 (sha_record); `ready` is a CUDA event to wait for (the asynchronous device-to-host
     copies into the tensors). Returns the sha256. Raises StageError on a full disk."""
     if ready is not None:

@@ -1,7 +1,7 @@
 """The capture inside an SGLang server process: forward hooks on SGLang's own model object, so a
 plain (non-speculative) server returns, per prompt position, the drafter's aux hidden states AND
 the last decoder layer's output before the final norm, without an edit of SGLang. Imported only by
-target/sglang_models/capture.py, which runs in the server (torch, no sglang import here, so the
+targets/sglang_models/capture.py, which runs in the server (torch, no sglang import here, so the
 hooks are testable on their own: tests/test_sglang_target.py).
 
 How (SGLang 0.5.14, read in sglang/srt/models/llama.py, deepseek_v2.py, kimi_k25.py and
@@ -14,7 +14,7 @@ layers/logits_processor.py):
   forward_batch).
 - last: the final norm is called as norm(hidden, residual) and returns (normed, hidden +
   residual): the second item is the last layer's output before the norm, which our features
-  store as `last_hidden` (target/capture.py: training applies the target's norm and lm_head to
+  store as `last_hidden` (targets/capture.py: training applies the target's norm and lm_head to
   it). Called without a residual, the input itself is it. A forward hook on the norm keeps it; a
   forward pre-hook on the logits processor appends it to the aux list.
 - the logits processor concatenates that list along the hidden dimension for a request that asked
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from eagle3_runner.target.sglang_target import RID_PREFIX
+from eagle3_runner.targets.sglang_target import RID_PREFIX
 
 
 def logits_owner(model):

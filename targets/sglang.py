@@ -2,7 +2,7 @@
 subprocesses (each in its own process group, its output in a log file), readiness, stopping, and
 the HTTP calls (/generate, /server_info); the parsers of what a server says (decode-log accept
 lengths, meta_info, the error line of a log). Small functions meant to be reused by every caller
-that runs SGLang (the bench backend: target/sglang_bench.py; scripts/gpu/sglang_lab.py).
+that runs SGLang (the bench backend: targets/sglang_bench.py; scripts/gpu/sglang_lab.py).
 
 SGLang 0.5.14 facts used here (read from its source, then recorded on the H200 in
 tests/data/sglang/; docs/eagle3-format.md):

@@ -2,8 +2,8 @@
 sglang; runner/engines.py decides): the server a stage launches on its GPUs (or the one at
 target.sglang.server), its native /generate calls with token ids, for generation and for
 capture, and the two capture transports. Nothing here imports sglang (the server is another
-process) or torch; the server side of the capture is target/sglang_models/capture.py with the
-hooks of target/sglang_hooks.py. Facts: SGLang 0.5.14 (entrypoints/http_server.py,
+process) or torch; the server side of the capture is targets/sglang_models/capture.py with the
+hooks of targets/sglang_hooks.py. Facts: SGLang 0.5.14 (entrypoints/http_server.py,
 managers/tokenizer_manager.py, managers/io_struct.py GenerateReqInput, server_args.py).
 
 Generation (`stream_call`): a batched /generate of token ids rendered by OUR chat template (the
@@ -16,7 +16,7 @@ when it ended on one; meta_info.finish_reason.type is "stop" | "length" | "abort
 meta_info.cached_tokens counts the prompt tokens the radix cache reused.
 
 Capture (`capture_call`, max_new_tokens 1, every prompt position): the capture server's model
-class (target/sglang_models/capture.py) captures the aux layers at the drafter's ids (SGLang's
+class (targets/sglang_models/capture.py) captures the aux layers at the drafter's ids (SGLang's
 own set_eagle3_layers_to_capture, so the ids mean what they mean when SGLang serves the drafter)
 and the last decoder layer's output BEFORE the final norm, and the rows come back as
 [aux_0 | aux_1 | aux_2 | last], (n_aux + 1) x H wide per prompt position, by either transport:
@@ -54,9 +54,9 @@ import numpy as np
 
 from eagle3_runner.runner.engines import CAPTURE, GENERATE, get_json, server_info_problems
 from eagle3_runner.runner.errors import StageError
-from eagle3_runner.target.sglang import server, server_argv
+from eagle3_runner.targets.sglang import server, server_argv
 
-CAPTURE_PACKAGE = "eagle3_runner.target.sglang_models"  # SGLANG_EXTERNAL_MODEL_PACKAGE
+CAPTURE_PACKAGE = "eagle3_runner.targets.sglang_models"  # SGLANG_EXTERNAL_MODEL_PACKAGE
 LAYERS_ENV = "EAGLE3_CAPTURE_LAYERS"  # the drafter's aux ids, eagle_config convention, "1,29,57"
 ARCHS_ENV = "EAGLE3_CAPTURE_ARCHS"  # the target's architectures to wrap, "LlamaForCausalLM"
 SINK_ENV = "EAGLE3_CAPTURE_SINK"  # the file transport's folder
@@ -181,7 +181,7 @@ def stage_server(spec, role: str, cfg: dict, log_dir: Path, rank: int = 0, world
     ends, whatever happens), or the one at target.sglang.server. Checks it (check_server) before
     yielding. Raises StageError when it does not start, answers wrong, or cannot capture."""
     from eagle3_runner.runner import dist as D
-    from eagle3_runner.target.load import hf_folder
+    from eagle3_runner.targets.load import hf_folder
     o = spec.target.sglang_options
     transport = o.capture_transport if role == CAPTURE else "json"
     width = capture_width(spec, cfg) if role == CAPTURE else 0

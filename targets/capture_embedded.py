@@ -1,5 +1,5 @@
 """The online capture on our own Llama (models/llama.py) instead of the HF forward: the same
-features as target/capture.py `capture`, for a Llama-architecture target on one device
+features as targets/capture.py `capture`, for a Llama-architecture target on one device
 (stages.train.online_capture: embedded).
 
 How it differs from `capture` (why it is faster on a GPU):
@@ -13,12 +13,12 @@ How it differs from `capture` (why it is faster on a GPU):
   (dynamic=True), so RMSNorm, RoPE, SiLU and the residual adds are fused kernels instead of
   HF's ~20 eager kernels per layer;
 - the host inputs (ids, positions, segment bounds) travel as one pinned copy, without a host
-  sync (target/capture.py `h2d`);
+  sync (targets/capture.py `h2d`);
 - nothing but the aux layers' outputs and the last layer's output is kept (no final norm, no
   LM head, as `capture`).
 
 Values: aux = the outputs of decoder layers `aux_ids` (ascending, concatenated), last = the last
-decoder layer's output before the final norm (SGLang convention, target/capture.py docstring),
+decoder layer's output before the final norm (SGLang convention, targets/capture.py docstring),
 per sample equal to `capture`'s up to float summation order (tests/test_capture_embedded.py).
 Attention on CUDA: the Triton kernel (kernels/ttt_attention_triton.py, forward only); on the
 CPU: the PyTorch reference, which holds an N x N score matrix (tests and small batches only).
@@ -32,7 +32,7 @@ from eagle3_runner.kernels.ttt_attention import Segments, attend
 from eagle3_runner.models.draft_model import rope_cos_sin
 from eagle3_runner.models.llama import from_hf_model
 from eagle3_runner.runner.errors import StageError
-from eagle3_runner.target.capture import h2d, pin_for
+from eagle3_runner.targets.capture import h2d, pin_for
 
 FIELD = "stages.train.online_capture"
 

@@ -7,14 +7,14 @@ draft vocabulary.
 
 runner/init.py (the torch-free ground floor) runs this as a child process,
 
-    python -m eagle3_runner.target.survey --target T --data D [--template auto] [--max-length N]
+    python -m eagle3_runner.targets.survey --target T --data D [--template auto] [--max-length N]
 
 which prints one JSON object: the drop report of the first SURVEY_BYTES of the data (the whole
 file when it is smaller; "whole" says which), "tokenized" conversations (at most
 SURVEY_CONVERSATIONS), "distinct_supervised", "supervised_tokens", "template", and
 "tokenizer_error" when the tokenizer could not be read (the records part stands alone), or
 {"error": ...} for data that cannot be read at all. Only the tokenizer is loaded (a GGUF's from
-its header, target/load.py tokenizer_only), never the weights.
+its header, targets/load.py tokenizer_only), never the weights.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def survey(target: Path, data: Path, template: str = "auto", max_length: int = 2
     from eagle3_runner.data.chat import tokenize_dataset
     from eagle3_runner.data.conversations import conversations_from_records
     from eagle3_runner.data.records import read_records_head
-    from eagle3_runner.target.load import tokenizer_only
+    from eagle3_runner.targets.load import tokenizer_only
     records, info = read_records_head(Path(data), SURVEY_BYTES)
     convs, rep = conversations_from_records(records, {"path": str(data), **info})
     out = {k: rep[k] for k in ("records_seen", "records_read", "clean", "dropped", "unusable",
@@ -58,7 +58,7 @@ def survey(target: Path, data: Path, template: str = "auto", max_length: int = 2
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m eagle3_runner.target.survey")
+    ap = argparse.ArgumentParser(prog="python -m eagle3_runner.targets.survey")
     ap.add_argument("--target", required=True)
     ap.add_argument("--data", required=True)
     ap.add_argument("--template", default="auto")

@@ -4,8 +4,8 @@ names a package; every module of it is imported and its `EntryClass` classes rep
 built-in ones of the same name). Never imported by the runner (it imports sglang).
 
 For each architecture in EAGLE3_CAPTURE_ARCHS (the target's config.json `architectures`,
-target/sglang_target.py capture_env), a subclass of SGLang's own class with the same name that,
-once built, installs the capture hooks (target/sglang_hooks.py install_capture) for the aux ids in
+targets/sglang_target.py capture_env), a subclass of SGLang's own class with the same name that,
+once built, installs the capture hooks (targets/sglang_hooks.py install_capture) for the aux ids in
 EAGLE3_CAPTURE_LAYERS, with the file transport's writer on tensor-parallel rank 0 when
 EAGLE3_CAPTURE_SINK is set. Weights, forward and sampling are SGLang's own. `EntryClass` is
 built when the registry asks for it (PEP 562 module __getattr__; the registry tests
@@ -17,8 +17,8 @@ from __future__ import annotations
 import functools
 import os
 
-from eagle3_runner.target.sglang_hooks import Sink, install_capture
-from eagle3_runner.target.sglang_target import ARCHS_ENV, LAYERS_ENV, SINK_ENV
+from eagle3_runner.targets.sglang_hooks import Sink, install_capture
+from eagle3_runner.targets.sglang_target import ARCHS_ENV, LAYERS_ENV, SINK_ENV
 
 
 def _layer_ids() -> list[int] | None:

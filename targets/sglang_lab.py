@@ -6,7 +6,7 @@ fraction, a timeout each), the same few prompts sent, and per row: loaded silent
 new warnings, refused (its error line), crashed or hung; its accept length; whether our checks
 caught it; the claims of runner/drafts/rules.py and the inspector confirmed or corrected.
 scripts/gpu/sglang_lab.py is the command; the recordings use the bench's layout
-(target/sglang_bench.py), so scripts/gpu/sglang_fixtures.py turns them into test fixtures.
+(targets/sglang_bench.py), so scripts/gpu/sglang_fixtures.py turns them into test fixtures.
 No torch here (the target's tokenizer is loaded by the caller).
 """
 
@@ -29,10 +29,10 @@ from eagle3_runner.runner.errors import ServerError
 from eagle3_runner.runner.files import atomic_write
 from eagle3_runner.runner.inspect import inspect_draft
 from eagle3_runner.runner.spec.server import extra_args_problems
-from eagle3_runner.target.sglang import (error_line, free_ports, generate, launch, server_argv,
+from eagle3_runner.targets.sglang import (error_line, free_ports, generate, launch, server_argv,
                                          server_accept_length, server_info, stop_all,
                                          tau_from_meta, wait_ready)
-from eagle3_runner.target.sglang_bench import INFO_KEYS, record
+from eagle3_runner.targets.sglang_bench import INFO_KEYS, record
 
 
 @dataclass
@@ -59,7 +59,7 @@ class LabSettings:
 
 
 def case_argv(case: Case, draft: Path, port: int, nccl: int, st: LabSettings) -> list[str]:
-    """The launch_server argv of a case: the bench's server line (target/sglang.py server_argv)
+    """The launch_server argv of a case: the bench's server line (targets/sglang.py server_argv)
     with the case's algorithm, shape and extra flags."""
     K, k, N = case.server.get("shape", st.shape)
     return server_argv(st.python, st.model, port, st.host, 1, str(draft), K, k, N, True,
