@@ -37,6 +37,7 @@ import statistics
 import time
 from pathlib import Path
 
+from eagle3_runner.runner.bench_curve import curve_snapshots
 from eagle3_runner.runner.bench_rows import (config_fields, explain, first_divergence, prompt_row,
                                 save_results, summary_row, train_samples)
 from eagle3_runner.runner.errors import StageError
@@ -127,7 +128,8 @@ def baseline_pass(engine, prompts: list, max_new: int, p, stop: tuple, desc: str
 
 
 def load_engine_parts(spec, export_dir: Path):
-    """(our Llama target, drafter loaded FROM the exported dir, tokenizer, device)."""
+    """(our Llama target, drafter loaded FROM the exported dir, tokenizer, device, the
+    transformers model our Llama shares its weights with)."""
     from eagle3_runner.models.draft_model import load_exported
     from eagle3_runner.models.llama import from_hf_model
     from eagle3_runner.targets.load import load_target
@@ -142,7 +144,7 @@ def load_engine_parts(spec, export_dir: Path):
     if tuple(sorted(drafter.config.aux_layer_ids)) != tuple(sorted(spec.aux_ids)):
         raise StageError(f"{export_dir}/config.json: eagle_aux_hidden_state_layer_ids "
                          f"{drafter.config.aux_layer_ids} != spec aux ids {spec.aux_ids}")
-    return target, drafter, tok, p.device
+    return target, drafter, tok, p.device, hf
 
 
 def drafter_dir(ctx: StageContext) -> Path:
@@ -164,9 +166,11 @@ def drafter_dir(ctx: StageContext) -> Path:
     return d
 
 
-def sglang_part(ctx, export_dir: Path, sets: dict, stop_ids, dtype: str | None):
+def sglang_part(ctx, export_dir: Path, sets: dict, stop_ids, dtype: str | None,
+                snapshots: list[dict] = ()):
     """The sglang backend's SglangBench for this stage (targets/sglang_bench.py). sets:
-    {prompt_set: [(prompt_id, input ids list)]}. Raises StageError when the environment fakes
+    {prompt_set: [(prompt_id, input ids list)]}; snapshots: the curve's drafters
+    (runner/bench_curve.py curve_snapshots). Raises StageError when the environment fakes
     SGLang's acceptance (SGLANG_SIMULATE_ACC_LEN: the servers inherit it)."""
     import os
     from eagle3_runner.runner.drafts.server import simulate_acc_len_problem
@@ -176,21 +180,25 @@ def sglang_part(ctx, export_dir: Path, sets: dict, stop_ids, dtype: str | None):
     if simulated:
         raise StageError(f"bench: {simulated}")
     return SglangBench(ctx.spec, ctx.params, Path(ctx.out_dir), str(hf_folder(ctx.spec)),
-                       export_dir, sets, stop_ids, dtype)
+                       export_dir, sets, stop_ids, dtype, snapshots)
 
 
 def finish(ctx, export_dir: Path, rows: list[dict], summaries: list[dict], measured,
-           sets: dict, compare=None) -> dict:
+           sets: dict, compare=None, sims: dict | None = None, curve: list | None = None) -> dict:
     """The stage's end for every backend: the sglang rows (when SGLang ran) and its speed
     profile (sglang_profile.json), the predicted SGLang speed on the embedded summaries
-    (stages.bench.speed_profile, else the profile just measured), the results saved; returns
-    the stage's metrics."""
+    (stages.bench.speed_profile, else the profile just measured), what the drafter's training
+    predicts next to what was measured (`predicted`; sims: `simulated`'s), the learning curve
+    (curve: the embedded side's rows; the sglang side's come from `measured`), the results
+    saved; returns the stage's metrics."""
     from eagle3_runner.runner.bench_rows import predict, read_profile, speed_profile
     p = ctx.params
     profile, source = None, None
+    curve = list(curve or [])
     if measured is not None:
         from eagle3_runner.targets.load import hf_folder
-        from eagle3_runner.targets.sglang_bench import rows_and_summaries
+        from eagle3_runner.targets.sglang_bench import curve_rows, rows_and_summaries
+        curve += curve_rows(measured, p, sets)
         srows, ssums = rows_and_summaries(measured, p, sets, train_samples(export_dir), compare)
         version = next((s.get("server_version") for s in ssums if s.get("server_version")), None)
         profile = speed_profile(ssums, version, str(hf_folder(ctx.spec)))
@@ -206,7 +214,8 @@ def finish(ctx, export_dir: Path, rows: list[dict], summaries: list[dict], measu
         for s in summaries:
             if s["backend"] == "embedded":
                 predict(s, profile, source)
-    save_results(ctx, rows, summaries)
+    predicted(summaries, export_dir, sims or {})
+    save_results(ctx, rows, summaries, curve)
     done = [s for s in summaries if s.get("n_prompts")]
     for s in done:
         name = (("" if s["backend"] == "embedded" else "sglang/")
@@ -223,6 +232,69 @@ def finish(ctx, export_dir: Path, rows: list[dict], summaries: list[dict], measu
             "lossless": all(s["lossless"] is not False for s in done)}
 
 
+def predicted(summaries: list[dict], export_dir: Path, sims: dict) -> None:
+    """Each chain summary gets what the drafter's training predicts (runner/bench_curve.py):
+    heldout_* (the train stage's simulation on its held-out samples) and, where this stage
+    simulated it, sim_* (on its own plain decode; sims {(prompt_set, max_new, num_steps):
+    trainer/acceptance.py summarize}); an engine that accepts well below sim_* is flagged."""
+    from eagle3_runner.runner.bench_curve import heldout_chain, mismatch_flag
+    for s in summaries:
+        if s.get("eagle_topk") != 1 or not s.get("n_prompts"):
+            continue
+        held = heldout_chain(export_dir, s["num_steps"])
+        if held:
+            s["heldout_tau"], s["heldout_accept_per_pos"] = (held["tau"],
+                                                             json.dumps(held["accept_per_pos"]))
+        sim = sims.get((s["prompt_set"], s["max_new_tokens"], s["num_steps"]))
+        if not sim:
+            continue
+        s["sim_tau"], s["sim_accept_per_pos"] = sim["tau"], json.dumps(sim["accept_per_pos"])
+        if s["backend"] == "embedded":  # SGLang's own text differs from ours at near-ties
+            flag = mismatch_flag(json.loads(s["accept_per_pos"]), sim["accept_per_pos"])
+            if flag:
+                s["flags"] = ", ".join(x for x in [s.get("flags"), flag] if x)
+        s["explanation"] += (f" Simulated on the plain decode's text (trainer/acceptance.py, "
+                             f"what serving accepts when training and serving agree): tau "
+                             f"{sim['tau']:.3f}, per position "
+                             f"{[round(a, 3) for a in sim['accept_per_pos']]}"
+                             + (f"; on held-out training text {held['tau']:.3f}" if held else "")
+                             + ".")
+
+
+def simulated(p, hf, target, drafter, device, sets: dict, ours: dict, snapshots: list[dict]
+              ) -> tuple[dict, list[dict]]:
+    """trainer/acceptance.py over this stage's plain greedy decode (the first cuda_graph
+    setting's `ours`): {(prompt_set, max_new, num_steps): summarize} of the exported drafter
+    for every chain configuration, and the learning curve's embedded rows (each snapshot at
+    configs[0]). Greedy only (temperature 0: sampled text is not what greedy serving sees)."""
+    from eagle3_runner.models.draft_model import load_exported
+    from eagle3_runner.runner.bench_curve import curve_row
+    from eagle3_runner.trainer.acceptance import simulate, summarize
+    if p.temperature != 0:
+        return {}, []
+    eps = float(getattr(hf.config, "rms_norm_eps", 1e-5))
+    aux, cg, c0 = list(target.aux_ids), p.cuda_graph[0], p.configs[0]
+    steps = sorted({c.num_steps for c in p.configs if c.eagle_topk == 1})
+    sims, curve = {}, []
+    for set_name, prompts in sets.items():
+        for mx in p.max_new_tokens:
+            texts = [(ids[0].tolist() + ours[cg, set_name, mx, pid], ids.shape[1])
+                     for pid, ids in prompts]
+            if steps:
+                for n, h in simulate(drafter, hf, texts, aux, steps, eps).items():
+                    sims[set_name, mx, n] = summarize(h)
+            for snap in snapshots:
+                d = load_exported(snap["dir"], target.embed_tokens.weight, device=device,
+                                  dtype=drafter.fc.weight.dtype)
+                h = simulate(d, hf, texts, aux, [c0.num_steps], eps)[c0.num_steps]
+                sm = summarize(h)
+                cfg = config_fields(c0, cg, mx, p.temperature, "embedded", set_name,
+                                    snap.get("samples"))
+                curve.append(curve_row(cfg, snap, "embedded", "simulated", sm["tau"],
+                                       sm["accept_per_pos"], sm["rounds"], len(texts)))
+    return sims, curve
+
+
 def run_sglang_only(ctx: StageContext, export_dir: Path) -> dict:
     """backend sglang: no torch in this process, only the servers (no divergence margins)."""
     from eagle3_runner.data.prompts import load_prompt_set, render
@@ -232,7 +304,8 @@ def run_sglang_only(ctx: StageContext, export_dir: Path) -> dict:
     sets = {s: [(q["id"], render(tok, q["messages"]))
                 for q in load_prompt_set(s, spec, p.num_prompts)] for s in p.prompt_sets}
     stop = tuple(i for i in [tok.eos_token_id] if i is not None)
-    sgl = sglang_part(ctx, export_dir, sets, stop, _server_dtype(spec.target.dtype))
+    sgl = sglang_part(ctx, export_dir, sets, stop, _server_dtype(spec.target.dtype),
+                      curve_snapshots(export_dir, p.curve))
     sgl.start()
     return finish(ctx, export_dir, [], [], sgl.measure(), sets)
 
@@ -253,15 +326,16 @@ def run(ctx: StageContext) -> dict:
 
     from eagle3_runner.data.prompts import load_prompt_set, render
 
-    target, drafter, tok, device = load_engine_parts(spec, export_dir)
+    target, drafter, tok, device, hf = load_engine_parts(spec, export_dir)
     stop = tuple(i for i in [tok.eos_token_id] if i is not None)
+    snaps = curve_snapshots(export_dir, p.curve)
     sets = {s: [(q["id"], torch.tensor([render(tok, q["messages"])], device=device))
                 for q in load_prompt_set(s, spec, p.num_prompts)] for s in p.prompt_sets}
     sgl_sets = {s: [(pid, ids[0].tolist()) for pid, ids in v] for s, v in sets.items()}
     sgl = None
     if p.backend == "both":  # its servers start while the engines below compile
         dtype = str(target.lm_head.weight.dtype).removeprefix("torch.")
-        sgl = sglang_part(ctx, export_dir, sgl_sets, stop, dtype)
+        sgl = sglang_part(ctx, export_dir, sgl_sets, stop, dtype, snaps)
         sgl.start()
     try:
         rows, summaries, ours, measured = _embedded(ctx, export_dir, target, drafter, device,
@@ -269,26 +343,24 @@ def run(ctx: StageContext) -> dict:
     finally:
         if sgl is not None:
             sgl.close()
+    sims, curve = simulated(p, hf, target, drafter, device, sets, ours, snaps)
     compare = None
     if measured is not None:
         from eagle3_runner.targets.sglang_bench import Compare
         by_id = {s: dict(v) for s, v in sets.items()}
         compare = Compare(ours, lambda s, pid, a, b: divergence(target, by_id[s][pid], a, b))
-    return finish(ctx, export_dir, rows, summaries, measured, sgl_sets, compare)
+    return finish(ctx, export_dir, rows, summaries, measured, sgl_sets, compare, sims, curve)
 
 
-def _embedded(ctx, export_dir: Path, target, drafter, device, sets: dict, stop: tuple, sgl):
-    """The embedded engine over every cuda_graph setting, configuration, prompt set and
-    max_new_tokens; measures the SGLang servers of `sgl` (started by the caller) once the first
-    engines are built, before any embedded decode. Returns (bench rows, summaries, the greedy
-    baseline tokens per (cuda_graph, prompt_set, max_new_tokens, prompt_id), SGLang's
-    measurements or None)."""
-    import torch
-    from tqdm import tqdm
-
+def build_engines(p, target, drafter, sets: dict, stop: tuple, cg: bool) -> tuple:
+    """The bench's engines for one cuda_graph setting, built and warmed up (compiled when cg):
+    the plain decode for speed, the W-row reference for tokens (the same engine when width is
+    None), and one speculative engine per configuration. p: stages.bench; sets: {prompt_set:
+    [(prompt_id, ids [1, T])]}. Returns (plain, ref, {SpecParams: Engine}, kernels, width).
+    scripts/bench/warm_bench.py calls it with a random drafter of the same geometry, so a later
+    bench finds inductor's compiled graphs in its on-disk cache (the shapes are the same).
+    Raises StageError for kernels the target or drafter cannot run."""
     from eagle3_runner.engine.speculative import Engine, default_width, engine_kernels, slots_needed
-    p = ctx.params
-    measured = None
     Kmax = max(c.num_steps for c in p.configs)
     Nmax = max(c.draft_tokens for c in p.configs)
     try:
@@ -304,29 +376,43 @@ def _embedded(ctx, export_dir: Path, target, drafter, device, sets: dict, stop: 
     # rounded up to a multiple of 256: the KV-cache shape is part of every compiled graph, so
     # benches of other prompt sets (variants) reuse inductor's on-disk graph cache
     max_seq = -(-max_seq // 256) * 256
+    warm = next(iter(sets.values()))[0][1]
+    t0 = time.perf_counter()
+    kw = dict(max_seq=max_seq, cuda_graph=cg, kernels=kn)
+    plain = Engine(target, None, num_steps=Kmax, **kw)  # speed
+    ref = plain if width is None else Engine(target, None, num_steps=Kmax, width=width,
+                                             **kw)  # tokens
+    for b in [plain] if ref is plain else [plain, ref]:
+        b.generate_baseline(warm, 4, stop_ids=stop)  # warm-up (compiles when cg)
+    print(f"bench: baseline engine(s) built and warmed in {time.perf_counter() - t0:.1f} s "
+          f"(max_seq {max_seq}, width {width}, kernels {kn}, cuda_graph {cg})", flush=True)
+    engines = {}
+    for c in p.configs:
+        t0 = time.perf_counter()
+        e = Engine(target, drafter, num_steps=c.num_steps, eagle_topk=c.eagle_topk,
+                   num_draft_tokens=c.draft_tokens, sampling=p.temperature > 0,
+                   width=width, **kw)
+        e.generate(warm, 2 * c.num_steps + 4, stop_ids=stop)  # warm-up
+        engines[c] = e
+        print(f"bench: engine {c.num_steps}/{c.eagle_topk}/{c.draft_tokens} built and warmed "
+              f"in {time.perf_counter() - t0:.1f} s", flush=True)
+    return plain, ref, engines, kn, width
+
+
+def _embedded(ctx, export_dir: Path, target, drafter, device, sets: dict, stop: tuple, sgl):
+    """The embedded engine over every cuda_graph setting, configuration, prompt set and
+    max_new_tokens; measures the SGLang servers of `sgl` (started by the caller) once the first
+    engines are built, before any embedded decode. Returns (bench rows, summaries, the greedy
+    baseline tokens per (cuda_graph, prompt_set, max_new_tokens, prompt_id), SGLang's
+    measurements or None)."""
+    import torch
+    from tqdm import tqdm
+    p = ctx.params
+    measured = None
     trained_on = train_samples(export_dir)
     all_rows, summaries, ours = [], [], {}
     for cg in p.cuda_graph:
-        warm = next(iter(sets.values()))[0][1]
-        t0 = time.perf_counter()
-        kw = dict(max_seq=max_seq, cuda_graph=cg, kernels=kn)
-        plain = Engine(target, None, num_steps=Kmax, **kw)  # speed
-        ref = plain if width is None else Engine(target, None, num_steps=Kmax, width=width,
-                                                 **kw)  # tokens
-        for b in [plain] if ref is plain else [plain, ref]:
-            b.generate_baseline(warm, 4, stop_ids=stop)  # warm-up (compiles when cg)
-        print(f"bench: baseline engine(s) built and warmed in {time.perf_counter() - t0:.1f} s "
-              f"(max_seq {max_seq}, width {width}, kernels {kn}, cuda_graph {cg})", flush=True)
-        engines = {}
-        for c in p.configs:
-            t0 = time.perf_counter()
-            e = Engine(target, drafter, num_steps=c.num_steps, eagle_topk=c.eagle_topk,
-                       num_draft_tokens=c.draft_tokens, sampling=p.temperature > 0,
-                       width=width, **kw)
-            e.generate(warm, 2 * c.num_steps + 4, stop_ids=stop)  # warm-up
-            engines[c] = e
-            print(f"bench: engine {c.num_steps}/{c.eagle_topk}/{c.draft_tokens} built and warmed "
-                  f"in {time.perf_counter() - t0:.1f} s", flush=True)
+        plain, ref, engines, kn, width = build_engines(p, target, drafter, sets, stop, cg)
         if sgl is not None and measured is None:  # this process idles while SGLang decodes
             t0 = time.perf_counter()
             measured = sgl.measure()

@@ -167,6 +167,30 @@ def provenance(ctx: StageContext, manifest: dict, feats_sha: str, dc: DraftConfi
     }
 
 
+def export_snapshots(tr: Path, out: Path, cfg: dict, metrics: dict) -> int:
+    """The train stage's kept drafters (stages.train.snapshots: snapshots/step-NNNNNN.safetensors)
+    as SGLang draft directories out/snapshots/step-NNNNNN/ (config.json = `cfg`, the final
+    drafter's; model.safetensors; provenance.json with that evaluation's history entry: step,
+    samples, tokens, held-out accuracies and simulated chains, and train_metrics.summary's
+    train_samples / train_steps at that step, what the bench rows read). Returns how many."""
+    from safetensors.torch import load_file
+    hist = {h["step"]: h for h in metrics.get("history", [])}
+    files = sorted((tr / "snapshots").glob("step-*.safetensors"))
+    selected = (metrics.get("selected") or {}).get("step")
+    for f in files:
+        step = int(f.stem.removeprefix("step-"))
+        d = out / "snapshots" / f.stem
+        d.mkdir(parents=True, exist_ok=True)
+        _save_atomic(sglang_tensors(load_file(str(f)), cfg), d / "model.safetensors")
+        atomic_write(d / "config.json", json.dumps(cfg, indent=2))
+        h = hist.get(step, {"step": step})
+        atomic_write(d / "provenance.json", json.dumps(
+            {"format": PROVENANCE_FORMAT, "snapshot": h, "selected": step == selected,
+             "train_metrics": {"summary": {"train_samples": h.get("samples"),
+                                           "train_steps": step}}}, indent=1, default=str))
+    return len(files)
+
+
 def _read_json_opt(path: Path) -> dict:
     try:
         return json.loads(Path(path).read_text())
@@ -211,6 +235,7 @@ def run(ctx: StageContext) -> dict:
     if ctx.params is not None and ctx.params.speculators:
         steps = bench.configs[0].num_steps if bench and bench.configs else 3
         speculators_copy(cfg, tensors, out / "speculators", ctx.spec.target.path, steps)
+    snaps = export_snapshots(tr, out, cfg, metrics)
 
     findings = inspect_draft(out, target=ex / "target_config.json",
                              sglang_version=ctx.spec.drafter.sglang_version)
@@ -221,6 +246,6 @@ def run(ctx: StageContext) -> dict:
     for f in findings:
         print(f"export: inspect {f.severity} {f.code}: {f.message}")
     n = sum(v.numel() for k, v in tensors.items() if k not in ("d2t", "t2d"))
-    return {"draft_params": (n, "params"),
+    return {"draft_params": (n, "params"), "snapshots": (snaps, "drafters"),
             "model_mb": (os.path.getsize(out / "model.safetensors") / 1e6, "MB"),
             "inspect_warnings": sum(f.severity == "warning" for f in findings)}

@@ -264,11 +264,14 @@ def predict(summary: dict, profile: dict, source: str) -> dict:
     return summary
 
 
-def save_results(ctx, rows: list[dict], summaries: list[dict]) -> None:
-    """Emit the rows to the `bench` and `bench_summary` tables and write bench.json into the
-    stage's output (private `_keys` of the rows dropped)."""
+def save_results(ctx, rows: list[dict], summaries: list[dict], curve: list[dict] = ()) -> None:
+    """Emit the rows to the `bench`, `bench_summary` and `bench_curve` tables and write
+    bench.json into the stage's output (private `_keys` of the rows dropped)."""
     rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
     ctx.emit("bench", rows)
     ctx.emit("bench_summary", summaries)
+    if curve:
+        ctx.emit("bench_curve", list(curve))
     atomic_write(Path(ctx.out_dir) / "bench.json",
-                 json.dumps({"summary": summaries, "rows": rows}, indent=1, default=str))
+                 json.dumps({"summary": summaries, "rows": rows, "curve": list(curve)}, indent=1,
+                            default=str))

@@ -59,6 +59,10 @@ BENCH_SUMMARY = (
     "round(break_even_tau, 2) AS break_even_tau, flags FROM bench_summary {where}"
     "ORDER BY run_id DESC, 1, 2, 3, 4, 5")
 
+# the learning curve (table bench_curve, runner/bench_curve.py), every column
+CURVE = ("SELECT * FROM bench_curve {where}ORDER BY run_id DESC, variant, prompt_set, backend, "
+         "snapshot_step")
+
 
 def latest_run_with_results(store: Store, spec_name: str) -> str | None:
     """run_id of the newest run of spec_name that stored a summary metric (a rerun whose stages
@@ -88,11 +92,17 @@ def print_results(db: Path, run_id: str | None = None, as_json: bool = False,
     cols, rows = store.query(LATEST_METRICS.format(where=where))
     bcols, brows = store.query(BENCH_SUMMARY.format(
         where=f"WHERE run_id = '{run_id}' " if run_id else ""))
-    if as_json:
+    only = f"WHERE run_id = '{run_id}' " if run_id else ""
+    ccols, crows = store.query(CURVE.format(where=only))
+    if as_json:  # every column of the summaries (backend, per-position acceptance, ...)
+        fcols, frows = store.query(f"SELECT * FROM bench_summary {only}ORDER BY run_id DESC, "
+                                   "variant, prompt_set, backend, num_steps, eagle_topk")
         print(json.dumps({"metrics": [dict(zip(cols, r)) for r in rows],
-                          "bench": [dict(zip(bcols, r)) for r in brows]}, default=str, indent=1))
+                          "bench": [dict(zip(fcols, r)) for r in frows],
+                          "curve": [dict(zip(ccols, r)) for r in crows]}, default=str, indent=1))
         return
     print(_table(cols, rows))
-    if brows:
-        print()
-        print(_table(bcols, brows))
+    for c, r in ((bcols, brows), (ccols, crows)):
+        if r:
+            print()
+            print(_table(c, r))

@@ -148,6 +148,36 @@ class TrainStage(Strict):
     prefetch: bool = Field(False, description=(
         "With features: online on CUDA: the next step's target forward runs on a second CUDA "
         "stream while this step trains (the same batches and results, overlapped)."))
+    snapshots: bool = Field(False, description=(
+        "Keep the drafter of every evaluation (snapshots/step-NNNNNN.safetensors in the train "
+        "artifact; export writes each as an SGLang draft under snapshots/, and stages.bench.curve "
+        "benches them): the learning curve, tau against optimizer steps and samples. ~4 bytes "
+        "per drafter parameter each (SmolLM2: 47 MB)."))
+    select: Literal["last", "tau"] = Field("last", description=(
+        "Which drafter the stage outputs. last = the final step's; tau = the evaluation (every "
+        "eval_every steps and the last) whose simulated greedy chain of select_num_steps draft "
+        "steps has the highest tau on the held-out samples (trainer/acceptance.py: exact on the "
+        "target's own greedy text, so use it on data regenerated at temperature 0, with "
+        "eval_samples > 0). EAGLE-3 drafters can peak before the end while the loss still falls "
+        "(DeepSpec #84); neither the last step nor the lowest loss is the best tau. Needs "
+        "snapshots: true."))
+    select_num_steps: int = Field(3, ge=1, le=16, description=(
+        "The chain length (SGLang --speculative-num-steps) whose simulated tau select: tau "
+        "compares; at most ttt_steps."))
+
+    @model_validator(mode="after")
+    def _selection(self):
+        if self.select == "tau" and not self.snapshots:
+            raise ValueError("stages.train.select: tau picks among the kept evaluations; set "
+                             "stages.train.snapshots: true as well.")
+        if self.select == "tau" and self.eval_samples == 0:
+            raise ValueError("stages.train.select: tau needs held-out samples to simulate on; "
+                             "set stages.train.eval_samples (e.g. 256), or select: last.")
+        if self.select_num_steps > self.ttt_steps:
+            raise ValueError(f"stages.train.select_num_steps = {self.select_num_steps} exceeds "
+                             f"ttt_steps = {self.ttt_steps}: the chain can only be simulated "
+                             "for the trained steps. Lower it or raise ttt_steps.")
+        return self
 
     @model_validator(mode="after")
     def _online_options(self):
@@ -269,6 +299,14 @@ class BenchStage(Strict):
         "then needs no export, inspects the directory first (for drafter.sglang_version) and "
         "its content is part of the bench's cache key. Its eagle_config ids must be the spec's "
         "aux ids. Relative = relative to the spec file's folder."))
+    curve: int = Field(0, ge=0, description=(
+        "The learning curve: bench this many of the train stage's kept drafters "
+        "(stages.train.snapshots: true), evenly spaced by step and always with the exported one, "
+        "at the first configuration (a chain: eagle_topk 1): the embedded side simulates greedy "
+        "chain decoding on this stage's own plain decode (trainer/acceptance.py: exact for chains "
+        "up to bf16 rounding), an SGLang backend serves each and measures its tau (decoded side "
+        "by side: tau only). Rows: table bench_curve; `runner report` draws tau against steps "
+        "and samples. 0 = off."))
     sglang: SglangOptions = Field(default_factory=SglangOptions, description="sglang backend only.")
 
 

@@ -8,7 +8,8 @@ unlink never duplicates rows), then removes the files. The coordinator ingests a
 anyone may ingest at any time.
 
 Schema (README "Results schema"): runs, stages, metrics (long form), bench (per prompt),
-bench_summary (per configuration); the view bench_parity (VIEWS). One row per run (the latest status wins) and one row per
+bench_summary (per configuration), bench_curve (the learning curve over the train stage's kept
+drafters, runner/bench_curve.py); the view bench_parity (VIEWS). One row per run (the latest status wins) and one row per
 stage execution: the `running` row a stage writes when it starts is replaced by its outcome.
 """
 
@@ -54,7 +55,15 @@ SCHEMA = {
         base_ms_per_token DOUBLE, break_even_tau DOUBLE, lossless BOOLEAN, flags VARCHAR,
         explanation VARCHAR, kernels VARCHAR, lossless_prompts INTEGER,
         server_accept_length DOUBLE, server_version VARCHAR, ref_same_prompts INTEGER,
-        ref_max_margin DOUBLE, predicted_speedup DOUBLE, predicted_break_even_tau DOUBLE""",
+        ref_max_margin DOUBLE, predicted_speedup DOUBLE, predicted_break_even_tau DOUBLE,
+        sim_tau DOUBLE, sim_accept_per_pos VARCHAR, heldout_tau DOUBLE,
+        heldout_accept_per_pos VARCHAR""",
+    "bench_curve": """run_id VARCHAR, variant VARCHAR, backend VARCHAR, how VARCHAR,
+        prompt_set VARCHAR, num_steps INTEGER, eagle_topk INTEGER, num_draft_tokens INTEGER,
+        cuda_graph BOOLEAN, max_new_tokens INTEGER, temperature DOUBLE, snapshot_step BIGINT,
+        train_samples BIGINT, train_tokens BIGINT, selected BOOLEAN, n_prompts INTEGER,
+        rounds BIGINT, tau DOUBLE, accept_per_pos VARCHAR, server_accept_length DOUBLE,
+        heldout_tau DOUBLE""",
 }
 
 # Views, (re)created at every ingest after the tables. bench_parity: one row per configuration

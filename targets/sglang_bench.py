@@ -63,11 +63,14 @@ INFO_KEYS = ("version", "model_path", "dtype", "attention_backend", "speculative
 
 @dataclass
 class Planned:
-    """One server of the bench: the plain baseline (config None) or one configuration."""
+    """One server of the bench: the plain baseline (config None), one configuration, or one of
+    the learning curve's snapshot drafters (snapshot: runner/bench_curve.py curve_snapshots'
+    entry; its draft directory instead of the export's, configs[0], tau only)."""
 
-    name: str  # "plain-cg1", "s3-k1-n4-cg1": its recording folder
+    name: str  # "plain-cg1", "s3-k1-n4-cg1", "snap000400-s3-k1-n4-cg1": its recording folder
     cuda_graph: bool
     config: Any = None  # runner.stages.SpecParams
+    snapshot: dict | None = None
 
 
 @dataclass
@@ -93,14 +96,20 @@ class Compare:
     diverge: Callable[[str, str, list, list], dict | None]
 
 
-def plan_servers(p) -> list[Planned]:
+def _name(c, cg: bool) -> str:
+    return f"s{c.num_steps}-k{c.eagle_topk}-n{c.draft_tokens}-cg{int(cg)}"
+
+
+def plan_servers(p, snapshots: list[dict] = ()) -> list[Planned]:
     """The servers of a bench stage (p: stages.bench): per cuda_graph setting, the plain server,
-    then one per configuration."""
+    then one per configuration; then one per curve snapshot (configs[0], the first cuda_graph
+    setting)."""
     out = []
     for cg in p.cuda_graph:
         out.append(Planned(f"plain-cg{int(cg)}", cg))
-        out += [Planned(f"s{c.num_steps}-k{c.eagle_topk}-n{c.draft_tokens}-cg{int(cg)}", cg, c)
-                for c in p.configs]
+        out += [Planned(_name(c, cg), cg, c) for c in p.configs]
+    c, cg = p.configs[0], p.cuda_graph[0]
+    out += [Planned(f"snap{s['step']:06d}-{_name(c, cg)}", cg, c, s) for s in snapshots]
     return out
 
 
@@ -110,19 +119,20 @@ class SglangBench:
     engines end a completion at the same tokens)."""
 
     def __init__(self, spec, p, out_dir: Path, model: str, export_dir: Path, sets: dict,
-                 stop_ids=(), dtype: str | None = None):
+                 stop_ids=(), dtype: str | None = None, snapshots: list[dict] = ()):
         self.spec, self.p, self.o = spec, p, p.sglang
         self.root = Path(out_dir) / "sglang"
         self.model, self.export_dir, self.sets = model, Path(export_dir), sets
         self.stop_ids, self.dtype = tuple(stop_ids), dtype
-        plan = plan_servers(p)
+        plan = plan_servers(p, snapshots)
         n = self.o.parallel
         self.waves = [plan[i:i + n] for i in range(0, len(plan), n)]
         self.started: list[Server] | None = None
 
     def _argv(self, pl: Planned, port: int, nccl: int) -> list[str]:
         o, c = self.o, pl.config
-        spec_kw = {} if c is None else dict(draft_path=str(self.export_dir), num_steps=c.num_steps,
+        draft = self.export_dir if pl.snapshot is None else pl.snapshot["dir"]
+        spec_kw = {} if c is None else dict(draft_path=str(draft), num_steps=c.num_steps,
                                             eagle_topk=c.eagle_topk,
                                             num_draft_tokens=c.draft_tokens)
         return server_argv(o.python, self.model, port, o.host, o.tp, cuda_graph=pl.cuda_graph,
@@ -159,14 +169,23 @@ class SglangBench:
         self.started = None
 
     def measure(self) -> dict[str, Measured]:
-        """Every wave: wait for its servers, measure them one after another, stop them.
-        Returns {server name: Measured}. The servers are stopped whatever happens."""
+        """Every wave: wait for its servers, measure them one after another (the curve's
+        snapshot servers all at once after the others: their tau does not depend on time),
+        stop them. Returns {server name: Measured}. The servers are stopped whatever happens."""
+        from concurrent.futures import ThreadPoolExecutor
         out = {}
         for i, wave in enumerate(self.waves):
             servers = self.started if i == 0 and self.started is not None else self._launch(wave)
             try:
                 for pl, srv in zip(wave, servers):
-                    out[pl.name] = self._measure_one(pl, srv)
+                    if pl.snapshot is None:
+                        out[pl.name] = self._measure_one(pl, srv)
+                curve = [(pl, srv) for pl, srv in zip(wave, servers) if pl.snapshot is not None]
+                if curve:
+                    with ThreadPoolExecutor(len(curve)) as ex:
+                        for pl, m in zip([pl for pl, _ in curve],
+                                         ex.map(lambda a: self._measure_one(*a), curve)):
+                            out[pl.name] = m
             finally:
                 stop_all(servers)
             for pl, srv in zip(wave, servers):
@@ -229,7 +248,7 @@ def rows_and_summaries(measured: dict[str, Measured], p, sets: dict, trained_on:
     setting's plain server, failed gets failed_summary_row only."""
     rows_all, summaries = [], []
     for pl in (m.planned for m in measured.values()):
-        if pl.config is None:
+        if pl.config is None or pl.snapshot is not None:
             continue
         spec_m, plain_m = measured[pl.name], measured[f"plain-cg{int(pl.cuda_graph)}"]
         version = spec_m.info.get("version") or plain_m.info.get("version")
@@ -314,4 +333,32 @@ def _summary(cfg: dict, rows: list[dict], spec_m: Measured, version: str | None)
                       server_accept_length=sal, server_version=version,
                       **{k: v for k, v in ref.items() if not k.startswith("_")})
     out["explanation"] += ref.get("_ref_text", "")
+    return out
+
+
+def curve_rows(measured: dict[str, Measured], p, sets: dict) -> list[dict]:
+    """The `bench_curve` rows of the snapshot servers (runner/bench_curve.py): per snapshot,
+    prompt set and max_new_tokens, SGLang's tau and accept length over every prompt (a failed
+    server: no row; its log is in its recording folder)."""
+    from eagle3_runner.runner.bench_curve import curve_row
+    out = []
+    for m in measured.values():
+        pl = m.planned
+        if pl.snapshot is None or m.error:
+            continue
+        for s, prompts in sets.items():
+            for mx in p.max_new_tokens:
+                metas = [m.responses[s, mx, pid][0]["meta_info"] for pid, _ in prompts
+                         if (s, mx, pid) in m.responses]
+                if not metas:
+                    continue
+                cfg = config_fields(pl.config, pl.cuda_graph, mx, p.temperature, "sglang", s,
+                                    pl.snapshot.get("samples"))
+                try:
+                    tau, sal = tau_from_meta(metas), server_accept_length(metas)
+                except ValueError:  # not a speculative response: no tau to draw
+                    continue
+                verify = sum(int(mi["spec_verify_ct"]) for mi in metas)
+                out.append(curve_row(cfg, pl.snapshot, "sglang", "measured", tau, [], verify,
+                                     len(metas), sal))
     return out

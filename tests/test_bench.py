@@ -502,3 +502,60 @@ def test_the_sglang_profile_predicts_the_embedded_rows_speed_in_sglang(tmp_path)
     f.write_text(json.dumps({"configs": []}))
     with pytest.raises(ValueError, match="not an SGLang speed profile"):
         read_profile(f)
+
+
+@pytest.mark.slow
+def test_bench_simulates_its_chains_and_benches_the_curve(smollm2, smollm2_path, tmp_path):
+    """A chain configuration carries what the drafter predicts on the bench's own plain decode
+    (sim_*: trainer/acceptance.py, equal to what the engine measured when training and serving
+    agree) and on its held-out training text (heldout_*, from the export's provenance); with
+    stages.bench.curve the export's snapshot drafters land in bench_curve (embedded: simulated)."""
+    import shutil
+    from eagle3_runner.jobs import bench
+    from eagle3_runner.runner.spec.load import load_spec
+    from eagle3_runner.runner.stage import StageContext
+    from eagle3_runner.runner.store import Store
+    hf, _, _ = smollm2
+    data = {"name": "curve-test", "target": {"path": str(smollm2_path), "device": "cpu",
+                                             "dtype": "float32"},
+            "drafter": {"draft_vocab_size": 2048},
+            "stages": {"extract": {}, "train": {"snapshots": True, "eval_samples": 2},
+                       "export": {},
+                       "bench": {"prompt_sets": ["mtbench"], "num_prompts": 2,
+                                 "max_new_tokens": [12], "configs": [{"num_steps": 2}],
+                                 "curve": 2}}}
+    spec = load_spec(data=data)
+    export = export_drafter(tmp_path / "export", hf.config, spec.aux_ids, draft_vocab=2048)
+    chain = {"2": {"tau": 1.25, "accept_per_pos": [0.2, 0.05], "rounds": 40}}
+    hist = [{"step": s, "samples": 8 * s, "tokens": 900 * s, "chain": chain} for s in (4, 8, 12)]
+    (export / "provenance.json").write_text(json.dumps(
+        {"train_metrics": {"history": hist, "selected": {"step": 8},
+                           "summary": {"train_samples": 64}}}))
+    for h in hist:  # three kept drafters: the curve takes the first, the last and the selected
+        d = export / "snapshots" / f"step-{h['step']:06d}"
+        d.mkdir(parents=True)
+        for f in ("config.json", "model.safetensors"):
+            shutil.copy(export / f, d / f)
+        (d / "provenance.json").write_text(json.dumps(
+            {"snapshot": h, "selected": h["step"] == 8,
+             "train_metrics": {"summary": {"train_samples": h["samples"]}}}))
+    out = tmp_path / "out"
+    out.mkdir()
+    ctx = StageContext(spec=spec, stage="bench", variant="base", run_id="r1",
+                       inputs={"export": export}, out_dir=out, db_path=tmp_path / "r.duckdb")
+    bench.run(ctx)
+    store = Store(tmp_path / "r.duckdb")
+    cols, rows = store.query("SELECT tau, sim_tau, accept_per_pos, sim_accept_per_pos, "
+                             "heldout_tau, flags FROM bench_summary")
+    s = dict(zip(cols, rows[0]))
+    assert s["sim_tau"] == pytest.approx(s["tau"], abs=0.05)  # same text, same drafter
+    assert len(json.loads(s["sim_accept_per_pos"])) == 2 and s["heldout_tau"] == 1.25
+    assert "mismatch" not in (s["flags"] or "")
+    cols, rows = store.query("SELECT backend, how, snapshot_step, train_samples, selected, tau, "
+                             "heldout_tau, n_prompts FROM bench_curve ORDER BY snapshot_step")
+    got = [dict(zip(cols, r)) for r in rows]
+    assert [(g["backend"], g["how"], g["snapshot_step"], g["train_samples"], g["selected"])
+            for g in got] == [("embedded", "simulated", 4, 32, False),
+                              ("embedded", "simulated", 8, 64, True),
+                              ("embedded", "simulated", 12, 96, False)]
+    assert all(g["tau"] >= 1.0 and g["heldout_tau"] == 1.25 and g["n_prompts"] == 2 for g in got)

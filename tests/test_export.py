@@ -176,3 +176,33 @@ def test_smollm2_geometry_export_inspects_clean_against_the_gguf(tmp_path, smoll
     assert cfg["rope_theta"] == tcfg["rope_theta"]
     assert cfg["max_position_embeddings"] >= tcfg["max_position_embeddings"]
     assert inspect_draft(ctx.out_dir, target=smollm2_path) == []
+
+
+def test_export_writes_each_kept_drafter_as_an_sglang_draft(tmp_path):
+    """stages.train.snapshots: every snapshots/step-N.safetensors of the train artifact becomes
+    snapshots/step-N/ (config.json, bf16 model.safetensors our loader reads back, provenance with
+    that evaluation's step, samples and chains, and whether it is the selected one)."""
+    tcfg = tiny_target_config()
+    ctx, model = make_inputs(tmp_path, tcfg)
+    tr = ctx.inputs["train"]
+    (tr / "snapshots").mkdir()
+    sd = model.state_dict()
+    for step in (10, 20):
+        save_file({k: (v * step if v.is_floating_point() else v).contiguous()
+                   for k, v in sd.items()}, str(tr / "snapshots" / f"step-{step:06d}.safetensors"))
+    chain = {"3": {"tau": 1.4, "accept_per_pos": [0.3, 0.08, 0.02], "rounds": 99}}
+    (tr / "train_metrics.json").write_text(json.dumps({
+        "history": [{"step": 10, "samples": 40, "tokens": 4000, "chain": chain},
+                    {"step": 20, "samples": 80, "tokens": 8000, "chain": chain}],
+        "selected": {"step": 20, "by": "tau", "num_steps": 3}}))
+    assert run(ctx)["snapshots"] == (2, "drafters")
+    for step, sel in ((10, False), (20, True)):
+        d = ctx.out_dir / "snapshots" / f"step-{step:06d}"
+        assert json.loads((d / "config.json").read_text()) == \
+            json.loads((ctx.out_dir / "config.json").read_text())
+        got = load_exported(d, torch.zeros(1000, 64))
+        assert torch.equal(got.fc.weight, (sd["fc.weight"] * step).to(torch.bfloat16).float())
+        prov = json.loads((d / "provenance.json").read_text())
+        assert prov["selected"] is sel and prov["snapshot"]["samples"] == 4 * step
+        assert prov["train_metrics"]["summary"]["train_samples"] == 4 * step
+        assert inspect_draft(d, target=ctx.inputs["extract"] / "target_config.json") == []

@@ -170,7 +170,9 @@ def test_ttt_loss_shapes_and_gradients():
     assert tgt[0].shape == (2, 12 + K - 1, 40)
     loss, st = ttt_loss(m, b, tgt, K, 0.8)
     assert loss.dim() == 0 and torch.isfinite(loss)
-    assert all(v.shape == (K,) for v in st.values())
+    assert all(st[k].shape == (K,) for k in ("loss", "correct", "count"))
+    assert st["hit"].shape == (K, 2, 12) and st["sup0"].shape == (2, 12)
+    assert st["hit"].sum((1, 2)).double().tolist() == st["correct"].tolist()
     # step j has 12-1-j supervised rows in sample 1 (T=13) and 8-1-j in sample 0 (T=9)
     assert st["count"].tolist() == [(11 - j) + (7 - j) for j in range(K)]
     w = sum(0.8 ** j * st["loss"][j] for j in range(K))

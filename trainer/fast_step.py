@@ -321,7 +321,8 @@ def fast_ttt_loss(model, batch: dict, tgt: TargetLogits, K: int, decay: float,
     fast_loss_counts; data parallel passes the counts summed over ranks).
     Returns (loss scalar, stats {loss [K], correct [K], count [K]}): float64 tensors ON THE
     DEVICE (no host sync here; the caller syncs once when it logs). correct/count: top-1 hits /
-    positions whose predicted token is an assistant token, per step."""
+    positions whose predicted token is an assistant token, per step; hit [K, R, T] bool and sup0
+    [R, T] bool: those hits per position and step 0's supervision (trainer/acceptance.py)."""
     ids, sup, trained, tidx = step_masks(batch, tgt, K)
     den = (trained.sum((1, 2)) if denom is None else denom.to(trained.device)).clamp_min(1)
     w_step = decay ** torch.arange(K, device=den.device, dtype=torch.float64) / den
@@ -348,6 +349,6 @@ def fast_ttt_loss(model, batch: dict, tgt: TargetLogits, K: int, decay: float,
         ce, amax = ce.view_as(w), amax.view_as(tidx)
         per_pos = c_ce[:, None, None] * ce + c_la[:, None, None] * la.view_as(w)
         step_loss = (per_pos * trained).sum((1, 2)).double() / den
-        correct = ((amax == tgt.draft_id[tidx]) & sup).sum((1, 2))
-        st = torch.stack([step_loss, correct.double(), sup.sum((1, 2)).double()])
-    return total, {"loss": st[0], "correct": st[1], "count": st[2]}
+        hit = (amax == tgt.draft_id[tidx]) & sup
+        st = torch.stack([step_loss, hit.sum((1, 2)).double(), sup.sum((1, 2)).double()])
+    return total, {"loss": st[0], "correct": st[1], "count": st[2], "hit": hit, "sup0": sup[0]}

@@ -150,14 +150,17 @@ def ttt_loss(model: Eagle3Draft, batch: dict, tgt: TargetDist, K: int, decay: fl
     batch's own counts (loss_counts). Data parallel passes the counts summed over ranks, so the
     loss of each rank is its share of the global mean (lk_lambda's lambda stays each rank's own
     batch mean).
-    Returns (loss scalar, stats {loss [K], correct [K], count [K]} float64 CPU tensors)."""
+    Returns (loss scalar, stats {loss [K], correct [K], count [K]} float64 CPU tensors, hit
+    [K, B, N] bool and sup0 [B, N] bool on the batch's device: step j's draft equals the
+    target's argmax at position i (and that token is an assistant token), step 0's token is an
+    assistant token; trainer/acceptance.py turns them into the chain rounds)."""
     aux, ids, pm = batch["aux"], batch["ids"], batch["pmask"]
     p, target_ids, in_vocab, cover = tgt
     B, N, _ = aux.shape
     pos = torch.arange(N, device=aux.device)[None].expand(B, N)
     causal = torch.ones(N, N, dtype=torch.bool, device=aux.device).tril()[None, None]
     used = model.d2t + torch.arange(model.d2t.numel(), device=model.d2t.device)
-    h, cache, total, st = model.project(aux), [], 0.0, []
+    h, cache, total, st, hits = model.project(aux), [], 0.0, [], []
     for j in range(K):
         h = model.ttt_step(ids[:, j:j + N], h, pos, cache, causal)  # [B, N, H]
         logits = model.logits(h).float()  # [B, N, Vd]
@@ -167,11 +170,11 @@ def ttt_loss(model: Eagle3Draft, batch: dict, tgt: TargetDist, K: int, decay: fl
         lj = (lp * m).sum() / (m.sum() if denom is None else denom[j]).clamp_min(1)
         total = total + decay ** j * lj
         with torch.no_grad():
-            pred = used[logits.argmax(-1)]
-            st.append(torch.stack([lj.detach(), ((pred == target_ids[:, j:j + N]) & sup).sum(),
-                                   sup.sum()]).double())
+            hits.append((used[logits.argmax(-1)] == target_ids[:, j:j + N]) & sup)
+            st.append(torch.stack([lj.detach(), hits[-1].sum(), sup.sum()]).double())
     st = torch.stack(st, dim=1).cpu()  # one device sync per call, not 3 per step
-    return total, {"loss": st[0], "correct": st[1], "count": st[2]}
+    return total, {"loss": st[0], "correct": st[1], "count": st[2], "hit": torch.stack(hits),
+                   "sup0": pm[:, :N]}
 
 
 class TTTObjective(torch.nn.Module):

@@ -50,6 +50,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from eagle3_runner.runner import dist as D
+from eagle3_runner.trainer import acceptance as A
 from eagle3_runner.trainer import fast_step as F
 from eagle3_runner.trainer import vocab as V
 from eagle3_runner.models.draft_model import DraftConfig, Eagle3Draft
@@ -359,14 +360,20 @@ def drain(run: TrainRun) -> tuple[float, int]:
 
 
 def evaluate(learner: Learner, source, ids: list[int]) -> dict:
-    """Loss and per-step top-1 accuracy of the drafter on samples `ids` of `source`
-    (trainer/sources.py; no grad). Data parallel: batch k (of p.batch_size samples) runs on rank
-    k % world and the sums are all-reduced, so every rank returns the single-rank numbers."""
-    p, model = learner.p, learner.model
+    """Loss, per-step top-1 accuracy and the simulated greedy chains of the drafter on samples
+    `ids` of `source` (trainer/sources.py; no grad). chain {n: trainer/acceptance.py summarize}
+    for n = 1..K draft steps: the tau and per-position acceptance greedy chain decoding of n
+    steps would measure on this text (exact when it is the target's own greedy text, as
+    regenerated conversations at temperature 0 are). Data parallel: batch k (of p.batch_size
+    samples) runs on rank k % world and the sums are all-reduced, so every rank returns the
+    single-rank numbers. One host read per batch (the chain rounds walk the hits on the CPU)."""
+    p, model, K = learner.p, learner.model, learner.p.ttt_steps
     model.eval()
     obj = learner.objective()
-    # [3 x K] sums of step loss, correct, count, then the loss sum and the batch count
-    tot = torch.zeros(3 * p.ttt_steps + 2, dtype=torch.float64, device=learner.device)
+    steps = list(range(1, K + 1))
+    # [3 x K] sums of step loss, correct, count, the loss sum and the batch count, then the
+    # rounds histograms of n = 1..K steps (n + 1 bins each)
+    tot = torch.zeros(3 * K + 2 + sum(n + 1 for n in steps), dtype=torch.float64)
     with torch.no_grad():
         for k, a in enumerate(range(0, len(ids), p.batch_size)):
             if k % learner.world != learner.rank:
@@ -374,24 +381,85 @@ def evaluate(learner: Learner, source, ids: list[int]) -> dict:
             batch, tgt = learner.prepare(source.batch(ids[a:a + p.batch_size]))
             with learner.autocast():
                 loss, st = obj(batch, tgt)
+            hists = A.chain_histograms(st["hit"], st["sup0"], steps)
             tot += torch.cat([torch.stack([st["loss"], st["correct"], st["count"]]).flatten()
-                              .to(tot.device), torch.stack([loss.double(), tot.new_tensor(1.0)])])
-    red = D.all_reduce_sum(tot).cpu()  # the one host sync of an evaluation
-    tot, loss_sum, nb = red[:-2].view(3, -1), float(red[-2]), int(red[-1])
+                              .cpu(), torch.stack([loss.detach().double().cpu(),
+                                                   torch.tensor(1.0, dtype=torch.float64)]),
+                              *(torch.from_numpy(hists[n]).double() for n in steps)])
+    red = D.all_reduce_sum(tot.to(learner.device)).cpu()
+    loss_sum, nb = float(red[3 * K]), int(red[3 * K + 1])
+    acc, o, chain = red[:3 * K].view(3, -1), 3 * K + 2, {}
+    for n in steps:
+        chain[str(n)] = A.summarize(red[o:o + n + 1].numpy())
+        o += n + 1
     model.train()
-    return {"loss": loss_sum / max(nb, 1), "loss_step": (tot[0] / max(nb, 1)).tolist(),
-            "acc_step": (tot[1] / tot[2].clamp_min(1)).tolist()}
+    return {"loss": loss_sum / max(nb, 1), "loss_step": (acc[0] / max(nb, 1)).tolist(),
+            "acc_step": (acc[1] / acc[2].clamp_min(1)).tolist(), "chain": chain}
+
+
+def seen_samples(run: TrainRun, step: int) -> int:
+    """Distinct training samples the first `step` optimizer steps have read (each epoch is a
+    permutation of the training samples: trainer/sources.py batch_indices)."""
+    return min(len(run.train_ids), step * run.ctx.params.batch_size)
 
 
 def record_eval(run: TrainRun) -> None:
-    """Evaluate at the current step; append it to the history and record its metrics."""
+    """Evaluate at the current step; append it to the history (with the samples and sequence
+    tokens trained on so far) and record its metrics; with stages.train.snapshots keep this
+    step's drafter (`save_snapshot`)."""
     ids, split = run.eval_split
     r = evaluate(run.learner, run.source, ids)
-    run.history.append({"step": run.step, "split": split, **r})
+    run.history.append({"step": run.step, "split": split, "samples": seen_samples(run, run.step),
+                        "tokens": run.tokens, **r})
     run.ctx.metric(f"{split}_loss", r["loss"], "nats", step=run.step)
     for j, (a, lj) in enumerate(zip(r["acc_step"], r["loss_step"])):
         run.ctx.metric(f"{split}_acc_{j}", a, "fraction", step=run.step)
         run.ctx.metric(f"{split}_loss_{j}", lj, "nats", step=run.step)
+    for n, c in r["chain"].items():
+        run.ctx.metric(f"{split}_chain_tau_{n}", c["tau"], "tokens/round", step=run.step)
+    if run.ctx.params.snapshots:
+        save_snapshot(run)
+
+
+SNAPSHOTS = "snapshots"  # the train artifact's folder of kept drafters (stages.train.snapshots)
+
+
+def snapshot_path(out: Path, step: int) -> Path:
+    """Where the drafter of optimizer step `step` is kept: snapshots/step-NNNNNN.safetensors."""
+    return Path(out) / SNAPSHOTS / f"step-{step:06d}.safetensors"
+
+
+def _drafter_state(learner: Learner) -> dict:
+    return {k: v.detach().to("cpu").contiguous() for k, v in learner.model.state_dict().items()}
+
+
+def save_snapshot(run: TrainRun) -> None:
+    """Keep the drafter of the current step (rank 0; the ranks hold the same weights), in
+    draft.safetensors's format, written atomically."""
+    if run.learner.rank != 0:
+        return
+    from safetensors.torch import save_file
+    path = snapshot_path(run.out, run.step)
+    path.parent.mkdir(exist_ok=True)
+    with atomic_path(path) as tmp:
+        save_file(_drafter_state(run.learner), str(tmp),
+                  metadata={"format": "eagle3-draft/1", "fingerprint": run.fp,
+                            "step": str(run.step)})
+
+
+def pick(run: TrainRun) -> dict:
+    """The history entry whose drafter the stage outputs (stages.train.select): the last, or
+    the highest simulated held-out tau of select_num_steps draft steps (ties: the later step;
+    an evaluation with no round counts as the lowest)."""
+    p = run.ctx.params
+    if p.select == "last":
+        return run.history[-1]
+    n = str(p.select_num_steps)
+
+    def tau(h):
+        t = h.get("chain", {}).get(n, {}).get("tau", float("nan"))
+        return -math.inf if t != t else t
+    return max(run.history, key=lambda h: (tau(h), h["step"]))
 
 # ---------------------------------------------------------------------------------------------
 # checkpoint
@@ -576,10 +644,14 @@ def finish(run: TrainRun) -> dict:
     draft_config.json and train_metrics.json and removes ckpt.pt."""
     learner, out = run.learner, run.out
     peak, peak_kind = _peak_mem_mib(learner.device)
-    last = run.history[-1]
-    summary = {"final_loss": (last["loss"], "nats"), "train_steps": (run.step, "steps"),
-               "train_samples": (min(len(run.train_ids), run.step * run.ctx.params.batch_size),
-                                 "samples"),  # the samples trained on (< all: max_steps/budget)
+    last = pick(run)
+    if last["step"] != run.step:  # select: tau picked an earlier evaluation's drafter
+        from safetensors.torch import load_file
+        learner.model.load_state_dict(load_file(str(snapshot_path(out, last["step"]))))
+    summary = {"final_loss": (last["loss"], "nats"), "train_steps": (last["step"], "steps"),
+               "train_samples": (seen_samples(run, last["step"]), "samples"),  # < all:
+               # max_steps/budget, or an earlier step picked
+               "steps_run": (run.step, "steps"),
                "tokens_per_s": (run.tokens / run.train_s if run.train_s else 0.0, "tok/s"),
                "peak_mem_mib": (peak, "MiB"),
                "draft_vocab_coverage": (run.vstats["coverage"], "fraction"),
@@ -588,10 +660,12 @@ def finish(run: TrainRun) -> dict:
         summary["steady_tokens_per_s"] = (steady, "tok/s")
     for j, a in enumerate(last["acc_step"]):
         summary[f"acc_{j}"] = (a, "fraction")
+    for n, c in last.get("chain", {}).items():
+        summary[f"chain_tau_{n}"] = (c["tau"], "tokens/round")
     if learner.rank != 0:
         D.barrier()  # rank 0 writes the outputs
         return summary
-    sd = {k: v.detach().to("cpu").contiguous() for k, v in learner.model.state_dict().items()}
+    sd = _drafter_state(learner)
     from safetensors.torch import save_file
     with atomic_path(out / "draft.safetensors") as tmp:
         save_file(sd, str(tmp), metadata={"format": "eagle3-draft/1", "fingerprint": run.fp})
@@ -600,6 +674,8 @@ def finish(run: TrainRun) -> dict:
         {"summary": {k: v[0] for k, v in summary.items()},
          "summary_units": {k: v[1] for k, v in summary.items()}, "peak_mem_kind": peak_kind,
          "eval_split": run.eval_split[1], "history": run.history, "vocab": run.vstats,
+         "selected": {"step": last["step"], "by": run.ctx.params.select,
+                      "num_steps": run.ctx.params.select_num_steps},
          "device": learner.device.type,
          "tokens_note": "tokens/s = sequence tokens per second of optimizer steps (each token "
                         "passes through all TTT steps); eval and checkpoint time excluded",

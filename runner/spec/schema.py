@@ -597,6 +597,16 @@ class Spec(Strict):
                 f"{t.max_position_embeddings} tokens (target.max_position_embeddings): the "
                 "target cannot run such samples, so their features would be wrong. Set "
                 f"data.max_length to at most {t.max_position_embeddings}.")
+        if bench is not None and bench.curve:
+            train = self.stages.train
+            if bench.configs[0].eagle_topk != 1:
+                problems.append(f"stages.bench.curve = {bench.curve}: the curve benches the "
+                                "first configuration, and only a chain (eagle_topk 1) can be "
+                                "simulated; put a chain first in stages.bench.configs.")
+            if bench.drafter is not None or train is None or not train.snapshots:
+                problems.append(f"stages.bench.curve = {bench.curve}: it benches the train "
+                                "stage's kept drafters; set stages.train.snapshots: true (and "
+                                "bench the export, not stages.bench.drafter), or curve: 0.")
         for stage in STAGE_ORDER:  # what the declared target.engine cannot run, before any plan
             if getattr(self.stages, stage) is not None:
                 try:
