@@ -1,6 +1,7 @@
 """`runner report SPEC [--out DIR]`: PNG plots of a spec's bench results from the DuckDB store.
 
-Five plots, from `bench_summary` rows (one per bench configuration, written by the bench stage):
+Six plots, five from `bench_summary` rows (one per bench configuration, written by the bench
+stage), one from `bench_curve` rows:
   <name>_tau_vs_samples.png   tau against train_samples, one line per prompt set; each variant of a
                               data-scaling sweep gives one point (its latest row, by
                               runs.started_at, over all runs of the spec); skipped, with a
@@ -18,6 +19,11 @@ Five plots, from `bench_summary` rows (one per bench configuration, written by t
   <name>_variants.png         tau per variant (a recipe sweep: one factor per variant), one panel
                               per prompt set x bench config, bars sorted by tau, each labelled with
                               its difference to base's; drawn when the rows hold 2+ variants.
+  <name>_curve.png            the learning curve of the latest run with bench_curve rows
+                              (stages.bench.curve): tau against optimizer steps and distinct
+                              samples, each engine's break-even tau dashed, a fit, and below it
+                              (and on stdout) what more data or more steps would buy
+                              (runner/report_curve.py).
 Every plot takes the latest row of each variant x bench config over all runs of the spec, so a
 sweep split over several applies (`runner apply --variant ...`, one per GPU) plots as one.
 Metric terms follow docs/eagle3-format.md: tau = tokens per target verify pass
@@ -376,12 +382,13 @@ def plot_variants(rows: list[dict], spec_name: str, path: Path) -> Path | None:
 # entry points
 
 
-def write_report(spec: Spec, out_dir) -> tuple[list[Path], list[str]]:
-    """Draw the five plots into out_dir as <spec name>_<plot>.png.
+def write_report(spec: Spec, out_dir) -> tuple[list[Path], list[str], list[str]]:
+    """Draw the six plots into out_dir as <spec name>_<plot>.png.
 
-    Returns (written paths, notes about plots skipped for lack of data). Raises ReportError when
-    the spec has no bench rows."""
-    rows = bench_rows(spec)
+    Returns (written paths, notes about plots skipped for lack of data, the learning curve's
+    advice). Raises ReportError when the spec has no bench rows."""
+    from eagle3_runner.runner.report_curve import curve_advice, curve_rows, plot_curve
+    rows, curve = bench_rows(spec), curve_rows(spec)
     out = expand_path(str(out_dir))
     written, notes = [], []
     for name, fn, what in (
@@ -395,22 +402,25 @@ def write_report(spec: Spec, out_dir) -> tuple[list[Path], list[str]]:
             ("configs", lambda p: plot_configs(latest_per_config(rows), spec.name, p),
              "no bench_summary row has tau"),
             ("variants", lambda p: plot_variants(latest_per_config(rows), spec.name, p),
-             "fewer than two variants have tau")):
+             "fewer than two variants have tau"),
+            ("curve", lambda p: plot_curve(curve, rows, spec.name, p),
+             "no bench_curve rows (stages.bench.curve with stages.train.snapshots draws it)")):
         p = fn(out / f"{spec.name}_{name}.png")
         if p is None:
             notes.append(f"skipped {name}: {what}")
         else:
             written.append(p)
-    return written, notes
+    return written, notes, curve_advice(curve, rows)
 
 
 def report_cli(spec: Spec, out_dir=None) -> int:
     """`runner report`: write the PNGs into out_dir (default: the spec's work_dir/reports, next
-    to its artifacts, not the current folder), print their paths; exit 0. Exit 1 with
+    to its artifacts, not the current folder), print their paths, then the learning curve's
+    advice (runner/report_curve.py); exit 0. Exit 1 with
     `error: ...` on stderr when there is nothing to plot."""
     out_dir = out_dir or spec.resolved_work_dir() / "reports"
     try:
-        written, notes = write_report(spec, out_dir)
+        written, notes, advice = write_report(spec, out_dir)
     except ReportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -418,6 +428,8 @@ def report_cli(spec: Spec, out_dir=None) -> int:
         print(f"note: {n}", file=sys.stderr)
     for p in written:
         print(p)
+    for a in advice:  # the learning curve's: what more data or more steps would buy
+        print(a)
     if not written:
         print("error: nothing to plot (see notes above)", file=sys.stderr)
         return 1
