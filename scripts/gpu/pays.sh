@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# On the device machine, after the .stage/sgl staging calls (DEVELOPERS.md "A drafter that pays"):
+# specs/smollm2-pays-gpu.yaml in three phases, one device call each, each time-boxed (SIGINT at
+# SECONDS); every phase brings what exists back to $OUT/r whatever happens (an EXIT trap).
+#   bash scripts/gpu/pays.sh regen SECONDS  # setup, versions; the embedded capture's GPU tests in
+#                                           # the background (their verdict picks
+#                                           # stages.train.online_capture for the train phase);
+#                                           # regenerate; the regenerated set comes back
+#                                           # compressed with its sha256 (regen-*.jsonl.gz*)
+#   bash scripts/gpu/pays.sh train SECONDS  # train + export, and beside them
+#                                           # scripts/bench/warm_bench.py (the bench's compiles)
+#   bash scripts/gpu/pays.sh bench SECONDS  # the bench (both engines, the curve); results.json
+#                                           # = `runner results --json` of the run
+# Overrides that enter cache keys (EXTRA_O, the online capture the tests picked) are kept in
+# ~/stage so every phase passes the same ones: a stage computed in one call is up to date in the next.
+source scripts/gpu/sglang_setup.sh
+mkdir -p "$OUT/r"
+SPEC=${SPEC:-specs/smollm2-pays-gpu.yaml}
+NAME=$(basename "$SPEC" .yaml)
+W=runs/$NAME
+RES=runs/results-pays.duckdb
+export PYTHONUNBUFFERED=1
+phase=$1; LIMIT=$2; T0=$SECONDS
+TXT="$OUT/r/$phase.txt"
+q() { python3 -m eagle3_runner.runner query "$1" --results "$RES" 2>&1 | tail -40; }
+left() { echo $((LIMIT - (SECONDS - T0))); }
+overrides() {  # the cache-key overrides every phase passes alike
+  echo "${EXTRA_O:-} $(cat ~/stage/pays_o 2>/dev/null)"
+}
+apply() {  # runner apply within the phase's time; progress bars dropped
+  timeout --signal=INT "$(left)" python3 -m eagle3_runner.runner apply "$SPEC" $(overrides) "$@" \
+    2>&1 | tr '\r' '\n' | grep -v "it/s\]$\|tok/s\]$\|prompt/s\]$\|s/it\]$\|step/s\]$" | tail -60
+}
+bring_back() {
+  cp "$RES" "$OUT/r/" 2>/dev/null
+  tar czf "$OUT/r/state-$phase.tgz" runs/*.duckdb.spool $W/logs $W/state $W/*/*/report.json \
+    $W/train/*/train_metrics.json $W/export/*/inspect*.json $W/export/*/provenance.json \
+    $W/bench/*/bench.json $W/bench/*/sglang_profile.json 2>/dev/null
+  {
+    q "SELECT variant, stage, status, round(duration_s,1) s, left(error, 400) error FROM stages ORDER BY started_at"
+    q "SELECT name, round(value, 4) v, unit FROM metrics WHERE step IS NULL AND stage IN ('regenerate', 'train', 'export') ORDER BY stage, name"
+    q "SELECT backend, num_steps k, eagle_topk topk, num_draft_tokens n, round(tau,3) tau, round(sim_tau,3) sim, round(heldout_tau,3) held, round(server_accept_length,3) sgl_al, round(spec_tok_s,1) spec, round(base_tok_s,1) base, round(speedup,3) x, round(break_even_tau,2) be, round(predicted_speedup,3) pred_x, accept_per_pos, sim_accept_per_pos, lossless_prompts ll, flags FROM bench_summary ORDER BY 2,3,4,1"
+    q "SELECT backend, snapshot_step, train_samples, selected, round(tau,3) tau, round(heldout_tau,3) held, round(server_accept_length,3) sgl_al FROM bench_curve ORDER BY 1, 2"
+    echo "phase $phase: $((SECONDS - T0)) s"
+  } >> "$TXT" 2>&1
+  tail -45 "$TXT"
+}
+trap bring_back EXIT
+case $phase in
+  regen)
+    {
+      nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+      python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)"
+      ~/sglang-python -c "import sglang; print('sglang', sglang.__version__)" 2>&1 | tail -1
+      nproc; df -h /tmp | tail -1
+    } | tee "$OUT/r/versions.txt"
+    # the embedded capture's GPU tests (never run on a GPU before 2026-12-07) beside the
+    # regeneration: train online with it when they pass, else with transformers' capture
+    ( timeout 240 python3 -m pytest tests/test_capture_embedded.py -m gpu -v -p no:cacheprovider \
+        --tb=short > "$OUT/r/gputests.txt" 2>&1
+      # the features must agree with transformers'; a host sync in the step only costs speed
+      if grep -q "test_gpu_compiled_capture_equals_the_hf_capture PASSED" "$OUT/r/gputests.txt"
+      then echo "" > ~/stage/pays_o
+      else echo "-o stages.train.online_capture=hf -o stages.train.prefetch=false" > ~/stage/pays_o
+      fi ) &
+    apply --only regenerate
+    wait
+    echo "train overrides: $(cat ~/stage/pays_o)"
+    # the regenerated set (its gzip shards are one gzip stream end to end), with its checksum:
+    # carry it to the next window (DEVELOPERS.md: .stage/regen/, stages.regenerate.reuse)
+    R=/tmp/regen-$NAME.jsonl.gz
+    cat $W/regenerate/*/shards/part-*.jsonl.gz > "$R" 2>/dev/null \
+      && (cd /tmp && sha256sum "$(basename "$R")" > "$R.sha256") \
+      && split -b 15M -d "$R" "$OUT/r/$(basename "$R")." && cp "$R.sha256" "$OUT/r/" ;;
+  train)
+    # the bench's compiles, with a random drafter of the same geometry, while the drafter trains
+    ( timeout $(( $(left) - 20 )) python3 scripts/bench/warm_bench.py "$SPEC" $(overrides) \
+        > "$OUT/r/warm_bench.txt" 2>&1 ) &
+    apply --only train --only export
+    wait ;;
+  bench)
+    apply --only bench
+    python3 -m eagle3_runner.runner results --json --results "$RES" > "$OUT/r/results.json"
+    tar czf "$OUT/r/sglang-rec.tgz" $W/bench/*/sglang 2>/dev/null ;;
+  *) echo "usage: pays.sh regen|train|bench SECONDS"; exit 2 ;;
+esac
