@@ -20,7 +20,7 @@ from pathlib import Path
 
 from eagle3_runner.runner import disk, engines, placement
 from eagle3_runner.runner.errors import PlanError, RunnerError, StoreError
-from eagle3_runner.runner.files import atomic_write, cache_dir, expand_path, sha256_file
+from eagle3_runner.runner.files import HASHED_BELOW, atomic_write, expand_path, sha256_memo
 from eagle3_runner.runner.spec.load import variant_spec
 from eagle3_runner.runner.spec.schema import Spec
 from eagle3_runner.runner.stage import artifact_identity, read_manifest
@@ -145,15 +145,15 @@ def code_hash(stage: str) -> str:
 
 
 def file_identity(path: Path) -> str:
-    """Content identity of an input file or folder. Files under 1 GiB are hashed whole; larger
-    files and folders use names, sizes and any config.json (hashing a 1 TB target is not
-    practical). Missing paths hash as 'missing'."""
+    """Content identity of an input file or folder. Files under HASHED_BELOW (1 GiB) are hashed
+    whole (sha256_memo); larger files and folders use names, sizes and any config.json (hashing
+    a 1 TB target is not practical). Missing paths hash as 'missing'."""
     p = Path(path)
     if not p.exists():
         return "missing"
     if p.is_file():
-        if p.stat().st_size < (1 << 30):
-            return _hash_file_cached(str(p), p.stat().st_size, p.stat().st_mtime_ns)
+        if p.stat().st_size < HASHED_BELOW:
+            return sha256_memo(p)
         return f"size:{p.stat().st_size}"
     items = []
     for q in sorted(p.rglob("*")):
@@ -161,29 +161,6 @@ def file_identity(path: Path) -> str:
             items.append((str(q.relative_to(p)), q.stat().st_size,  # (a binary one: replaced)
                           q.read_text(errors="replace") if q.name == "config.json" else None))
     return _h(items)
-
-
-@lru_cache(maxsize=64)
-def _hash_file_cached(path: str, size: int, mtime: int) -> str:
-    """sha256 of a file, memoised in this process and on disk (cache_dir()/file-hashes/, keyed
-    by path, size, mtime and inode, like git's index) so that `runner plan` does not re-read a
-    large target on every call. The key uses the content hash; the memo only skips re-reading."""
-    st = os.stat(path)
-    memo_key = _h([os.path.abspath(path), size, mtime, st.st_ino])[:32]
-    memo = cache_dir() / "file-hashes" / f"{memo_key}.txt"
-    try:
-        digest = memo.read_text().strip()
-        if len(digest) == 64:
-            return digest
-    except OSError:
-        pass
-    digest = sha256_file(Path(path))
-    try:
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(memo, digest)
-    except OSError:  # a read-only cache only costs time
-        pass
-    return digest
 
 
 def _declared(spec: Spec, name: str) -> str | None:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_runner.runner.errors import StageError
-from eagle3_runner.runner.files import atomic_path, cache_dir, expand_path, sha256_file
+from eagle3_runner.runner.files import atomic_path, converted_dir, expand_path, sha256_file
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16",
            "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -113,11 +113,6 @@ def _find_model(path: Path) -> tuple[Path, Path | None]:
 # GGUF -> cached HF folder
 
 
-def converted_dir(gguf: Path) -> Path:
-    """Where the HF copy of `gguf` lives: cache_dir()/converted/<sha256[:16]>."""
-    return cache_dir() / "converted" / sha256_file(gguf)[:16]
-
-
 def _complete(folder: Path) -> bool:
     return (folder / "config.json").exists() and (folder / "model.safetensors").exists() and \
         (folder / "tokenizer_config.json").exists()
@@ -128,7 +123,7 @@ def ensurehf_folder(gguf: Path) -> Path:
 
     Raises StageError when transformers cannot read the GGUF (unsupported architecture)."""
     sha = sha256_file(gguf)
-    dest = cache_dir() / "converted" / sha[:16]
+    dest = converted_dir(gguf, sha)
     if _complete(dest):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
