@@ -484,15 +484,38 @@ def prompt_count_notes(spec: Spec, where: str = "stages.bench") -> list[str]:
             for name in bench.prompt_sets if bench.num_prompts > sizes[name]]
 
 
+# the stages that generate, and so stop at the target's end-of-turn ids
+GENERATING = ("regenerate", "bench")
+
+
+def stop_id_notes(spec: Spec) -> list[str]:
+    """A target whose tokenizer names an eos_token that is not among the model's end-of-turn
+    ids (runner/target_config.py stop_ids_note: e.g. SmolLM2's GGUF converted by transformers
+    5.17), when a stage that generates (GENERATING) runs on it, per distinct target.path of
+    the spec and its variants. Reads the tokenizer files as text: no transformers."""
+    from eagle3_runner.runner.target_config import stop_ids_note
+    notes, seen = [], set()
+    for vspec in [spec] + [variant_spec(spec, v.name) for v in spec.variants]:
+        path = expand_path(vspec.target.path)
+        if path in seen or not set(GENERATING) & set(enabled_stages(vspec)):
+            continue
+        seen.add(path)
+        if (note := stop_ids_note(path)) is not None:
+            notes.append(f"target.path = {vspec.target.path!r}: {note}")
+    return notes
+
+
 def spec_warnings(spec: Spec) -> list[str]:
     """What is valid but likely a mistake, said by validate and plan alike: aux ids that are
     SGLang's default plus one (runner/drafts/rules.py aux_shift_note); a bench num_prompts
-    above a prompt set's size, per variant (prompt_count_notes)."""
+    above a prompt set's size, per variant (prompt_count_notes); a tokenizer eos_token that
+    is not the model's end of turn (stop_id_notes)."""
     from eagle3_runner.runner.drafts.rules import aux_shift_note
     note = aux_shift_note(spec.drafter.aux_layer_ids, spec.num_layers,
                           spec.target.family or "standard")
     notes = [note] if note else []
     notes += prompt_count_notes(spec)
+    notes += stop_id_notes(spec)
     def bench_of(s):
         b = s.stages.bench
         return b and (b.num_prompts, tuple(b.prompt_sets), s.data.holdout)
