@@ -5,7 +5,9 @@ The prefix is derived from the tokenizer's own template, generically: render a p
 conversation with one user turn holding a marker, cut at the marker. For ChatML (SmolLM2) that is
 its default system turn + `<|im_start|>user\\n`; for Llama 3 the header up to
 `<|start_header_id|>user<|end_header_id|>\\n\\n`. The turn ends at the template's end-of-turn
-token (the first token after the marker when it is a special token, e.g. `<|im_end|>`) or EOS.
+token (the first token after the marker when it is a special token, e.g. `<|im_end|>`) or at the
+target's end-of-turn ids (targets/load.py end_of_turn_ids: its generation config's eos ids, not
+the tokenizer's eos_token, which can be wrong).
 
 Filters (each drop counted by reason, in this order): no_eos (the turn hit the token cap),
 empty, too_short (< MIN_WORDS words or < MIN_CHARS characters), repetitive (distinct word
@@ -25,10 +27,12 @@ MIN_WORDS, MIN_CHARS = 3, 12
 REASONS = ("no_eos", "empty", "too_short", "repetitive", "contaminated", "duplicate")
 
 
-def user_turn_prefix(tok) -> tuple[list[int], list[int]]:
-    """(prefix token ids, stop ids) of a user turn in the tokenizer's chat template.
-    Raises StageError naming target.chat_template when the tokenizer has no template or the
-    marker does not survive rendering."""
+def user_turn_prefix(tok, eos_ids) -> tuple[list[int], list[int]]:
+    """(prefix token ids, stop ids) of a user turn in the tokenizer's chat template. The stop
+    ids: `eos_ids` (the target's end-of-turn ids, targets/load.py end_of_turn_ids) and the
+    special token the template puts right after a user turn's content, sorted.
+    Raises StageError naming target.chat_template when the tokenizer has no template, the
+    marker does not survive rendering, or there is no stop id at all."""
     if not getattr(tok, "chat_template", None):
         raise StageError("target.chat_template: the target tokenizer has no chat template; "
                          "synthetic prompts need one (use an instruct model)")
@@ -39,13 +43,14 @@ def user_turn_prefix(tok) -> tuple[list[int], list[int]]:
                          "content verbatim; set stages.regenerate.synthetic_prompts: 0")
     head, tail = text.split(MARK, 1)
     ids = tok(head, add_special_tokens=False)["input_ids"]
-    stop = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+    stop = set(eos_ids)
     after = tok(tail, add_special_tokens=False)["input_ids"][:1]
     if after and after[0] in set(tok.all_special_ids):
         stop.add(after[0])
     if not stop:
-        raise StageError("target.chat_template: no end-of-turn token found (no EOS and no "
-                         "special token after the user turn); synthetic prompts cannot stop")
+        raise StageError("target.chat_template: no end-of-turn token found (no eos_token_id "
+                         "in the target's generation config, config or tokenizer, and no special "
+                         "token after the user turn); synthetic prompts cannot stop")
     return list(ids), sorted(stop)
 
 

@@ -17,7 +17,9 @@ A temperature-0 prompt that is not lossless gets one more plain target forward (
 its tokens first leave the baseline's and the target's own top1 - top2 logit gap there, so the
 summary tells bf16 near-ties from bugs (jobs.bench_results.lossless_verdict, NEAR_TIE).
 
-The drafter: the export stage's artifact, or stages.bench.drafter (`drafter_dir`).
+The drafter: the export stage's artifact, or stages.bench.drafter (`drafter_dir`). Every decode,
+on either backend, stops at the target's end-of-turn ids (targets/load.py end_of_turn_ids: the
+generation config's, not the tokenizer's eos), sent to SGLang as stop_token_ids.
 
 backend: embedded = engine/speculative.py (chains and trees: every configuration of
 stages.bench.configs, each engine verifying its num_draft_tokens; stages.bench.kernels, resolved
@@ -298,14 +300,13 @@ def simulated(p, hf, target, drafter, device, sets: dict, ours: dict, snapshots:
 def run_sglang_only(ctx: StageContext, export_dir: Path) -> dict:
     """backend sglang: no torch in this process, only the servers (no divergence margins)."""
     from eagle3_runner.data.prompts import load_prompt_set, render
-    from eagle3_runner.targets.load import load_tokenizer
+    from eagle3_runner.targets.load import end_of_turn_ids, load_tokenizer
     p, spec = ctx.params, ctx.spec
     tok = load_tokenizer(spec)
     sets = {s: [(q["id"], render(tok, q["messages"]))
                 for q in load_prompt_set(s, spec, p.num_prompts)] for s in p.prompt_sets}
-    stop = tuple(i for i in [tok.eos_token_id] if i is not None)
-    sgl = sglang_part(ctx, export_dir, sets, stop, _server_dtype(spec.target.dtype),
-                      curve_snapshots(export_dir, p.curve))
+    sgl = sglang_part(ctx, export_dir, sets, end_of_turn_ids(spec, tok),
+                      _server_dtype(spec.target.dtype), curve_snapshots(export_dir, p.curve))
     sgl.start()
     return finish(ctx, export_dir, [], [], sgl.measure(), sets)
 
@@ -325,9 +326,10 @@ def run(ctx: StageContext) -> dict:
     import torch
 
     from eagle3_runner.data.prompts import load_prompt_set, render
+    from eagle3_runner.targets.load import end_of_turn_ids
 
     target, drafter, tok, device, hf = load_engine_parts(spec, export_dir)
-    stop = tuple(i for i in [tok.eos_token_id] if i is not None)
+    stop = end_of_turn_ids(spec, tok)
     snaps = curve_snapshots(export_dir, p.curve)
     sets = {s: [(q["id"], torch.tensor([render(tok, q["messages"])], device=device))
                 for q in load_prompt_set(s, spec, p.num_prompts)] for s in p.prompt_sets}

@@ -66,11 +66,13 @@ from eagle3_runner.runner.stage import StageContext
 
 @torch.inference_mode()
 def generate_batch(model, tok, prompts: list[list[dict]], max_new_tokens: int,
-                   temperature: float, top_p: float, counts: list | None = None
-                   ) -> tuple[list[str], int]:
+                   temperature: float, top_p: float, counts: list | None = None, *,
+                   stop_ids: tuple[int, ...]) -> tuple[list[str], int]:
     """HF generate (the stage's path before engine/generate.py; scripts/bench/bench_generate.py
-    measures against it). One reply per prompt conversation. Returns (texts, generated token
-    count); `counts`, when given, gets each reply's token count appended."""
+    measures against it). One reply per prompt conversation, ended at the first of `stop_ids`
+    (the target's end-of-turn ids, targets/load.py end_of_turn_ids) or max_new_tokens.
+    Returns (texts, generated token count); `counts`, when given, gets each reply's token count
+    appended."""
     texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
              for p in prompts]
     side, pad = tok.padding_side, tok.pad_token
@@ -85,7 +87,7 @@ def generate_batch(model, tok, prompts: list[list[dict]], max_new_tokens: int,
     dev = next(model.parameters()).device
     enc = {k: v.to(dev) for k, v in enc.items()}
     kw = dict(do_sample=temperature > 0, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
-              eos_token_id=tok.eos_token_id)
+              eos_token_id=list(stop_ids) or None)
     if temperature > 0:
         kw.update(temperature=temperature, top_p=top_p)
     else:
@@ -93,8 +95,9 @@ def generate_batch(model, tok, prompts: list[list[dict]], max_new_tokens: int,
     out = model.generate(**enc, **kw)[:, enc["input_ids"].shape[1]:]  # [B, new]
     replies, n = [], 0
     for row in out.tolist():
-        if tok.eos_token_id in row:
-            row = row[:row.index(tok.eos_token_id) + 1]
+        ends = [k for k, t in enumerate(row) if t in stop_ids]
+        if ends:
+            row = row[:ends[0] + 1]
         n += len(row)
         if counts is not None:
             counts.append(len(row))
@@ -207,17 +210,19 @@ def warm_up(gen: Generator, tok, params) -> float:
     return time.perf_counter() - t0
 
 
-def synthesize(gen: Generator, tok, params, guard, progress=True,
+def synthesize(gen: Generator, tok, params, guard, stop_ids: tuple[int, ...], progress=True,
                budget: Optional[Budget] = None) -> tuple[list, dict]:
     """Magpie: params.synthetic_prompts user turns written by the target. Candidates are made in
     up to 4 rounds (each sized by the keep rate so far) until enough survive jobs.synthetic.select,
-    or until the budget is over (no new candidate starts).
+    or until the budget is over (no new candidate starts). A candidate ends at the end of its
+    user turn (data/synthetic.py user_turn_prefix: stop_ids, the target's end-of-turn ids, and
+    the template's end-of-turn token).
     Returns (kept [(index, text)], report {candidates, kept, dropped {reason: n}, tokens, seconds,
     wait_s, row_steps (decode steps x rows: the token slots the steps ran)})."""
     budget = budget or Budget(None)
     from tqdm import tqdm
     from eagle3_runner.data.synthetic import select, user_turn_prefix
-    prefix, stop = user_turn_prefix(tok)
+    prefix, stop = user_turn_prefix(tok, stop_ids)
     want, cands, tokens, secs = params.synthetic_prompts, [], 0, 0.0
     wait, row_steps = 0.0, 0
     bar = tqdm(unit="tok", desc="synthetic prompts", disable=not progress, smoothing=0.1)
@@ -277,11 +282,12 @@ def real_conversations(convs, params, guard) -> tuple[list, Counter]:
 
 
 def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: ShardWriter,
-           progress=True, budget: Optional[Budget] = None) -> dict:
+           stop_ids: tuple[int, ...], progress=True, budget: Optional[Budget] = None) -> dict:
     """Answer every turn of `jobs` (Conv) on the continuous batch, writing one record per
-    conversation through `writer`. Without a budget, jobs start longest first (most turns,
-    longest first turn), so the multi-turn ones do not form the tail; with one, in a shuffled
-    order seeded by params.seed, and none starts once it is over (see the module docstring).
+    conversation through `writer`; an answer ends at the first of `stop_ids` (the target's
+    end-of-turn ids). Without a budget, jobs start longest first (most turns, longest first
+    turn), so the multi-turn ones do not form the tail; with one, in a shuffled order seeded by
+    params.seed, and none starts once it is over (see the module docstring).
     Returns the Generator's stats and by_source {source: new answer tokens of this run}."""
     from tqdm import tqdm
     from eagle3_runner.data.chat import template_errors
@@ -359,8 +365,7 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
             nxt[k] = request(results[k].key, ids)
         return nxt
 
-    st = gen.run(first_turns(), done, params.temperature, params.top_p,
-                 [tok.eos_token_id] if tok.eos_token_id is not None else [], bar)
+    st = gen.run(first_turns(), done, params.temperature, params.top_p, stop_ids, bar)
     for j in jobs[started:]:  # never started (the budget was over): each ends in a record
         writer.add(j.record(dropped="time_budget"))
     writer.flush()
@@ -396,12 +401,15 @@ def summarize(records: list, pre: Counter, syn: dict | None) -> dict:
 
 def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path, guard=None,
                progress: bool = True, compile_backend=None,
-               clock: Callable[[], float] = time.monotonic, gen=None) -> dict:
+               clock: Callable[[], float] = time.monotonic, gen=None, *,
+               stop_ids: tuple[int, ...]) -> dict:
     """Regenerate `convs` (+ params.synthetic_prompts synthetic ones) into out_dir's shards,
     resuming what an earlier run left there, within params.max_minutes (None = no budget;
     clock: seconds, for the budget). target: our Llama (jobs.llama.from_hf_model), for the
     embedded Generator (make_generator); gen: another engine with the Generator's run() contract
-    instead (engine/sglang_generate.py SglangGenerator; target is then unused).
+    instead (engine/sglang_generate.py SglangGenerator; target is then unused). stop_ids: the
+    target's end-of-turn ids (targets/load.py end_of_turn_ids), where every answer and synthetic
+    prompt ends (the SGLang engine sends them as stop_token_ids).
     Returns the report: metrics (see summarize), generation tokens/s and sizes."""
     if not getattr(tok, "chat_template", None):
         raise StageError("target.chat_template: the target tokenizer has no chat template; "
@@ -422,7 +430,8 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
         else:
             share = synthesis_share(params.synthetic_prompts, sum(len(j.steps) for j in jobs),
                                     params)
-            kept, syn = synthesize(gen, tok, params, guard, progress, budget.share(share))
+            kept, syn = synthesize(gen, tok, params, guard, stop_ids, progress,
+                                   budget.share(share))
             syn["budget_share"] = share
             write_gz_jsonl(syn_path, [{"meta": syn}] +
                            [{"index": i, "content": t} for i, t in kept])
@@ -431,9 +440,9 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
     writer = ShardWriter(out_dir, params.shard_conversations)
     done_ids = {r["id"] for r in writer.done}
     todo = [j for j in jobs if j.id not in done_ids]
-    st = answer(gen, tok, todo, params, max_length, writer, progress, budget) if todo else \
-        {"new_tokens": 0, "seconds": 0.0, "prefill_tokens": 0, "reused_tokens": 0, "wait_s": 0.0,
-         "steps": 0, "by_source": {}}
+    st = answer(gen, tok, todo, params, max_length, writer, stop_ids, progress, budget) \
+        if todo else {"new_tokens": 0, "seconds": 0.0, "prefill_tokens": 0, "reused_tokens": 0,
+                      "wait_s": 0.0, "steps": 0, "by_source": {}}
     records = read_records(out_dir)
     ids = [r["id"] for r in records]
     if len(ids) != len(set(ids)) or set(ids) != {j.id for j in jobs}:
@@ -504,12 +513,12 @@ def run(ctx: StageContext) -> dict:
 def _regenerate_embedded(ctx: StageContext, train: list, guard) -> dict:
     """regenerate() on the embedded Generator: the target loaded as our Llama."""
     from eagle3_runner.models.llama import from_hf_model
-    from eagle3_runner.targets.load import load_target
+    from eagle3_runner.targets.load import end_of_turn_ids, load_target
     hf, tok, _cfg = load_target(ctx.spec)
     target = from_hf_model(hf)
     del hf
     return regenerate(target, tok, train, ctx.params, ctx.spec.data.max_length,
-                      Path(ctx.out_dir), guard)
+                      Path(ctx.out_dir), guard, stop_ids=end_of_turn_ids(ctx.spec, tok))
 
 
 def _regenerate_sglang(ctx: StageContext, train: list, guard) -> tuple[dict, dict]:
@@ -517,14 +526,15 @@ def _regenerate_sglang(ctx: StageContext, train: list, guard) -> tuple[dict, dic
     log in out_dir/logs). Returns (metrics, {sglang_version, url})."""
     from eagle3_runner.engine.sglang_generate import SglangGenerator
     from eagle3_runner.runner.engines import GENERATE
-    from eagle3_runner.targets.load import load_tokenizer, target_config
+    from eagle3_runner.targets.load import end_of_turn_ids, load_tokenizer, target_config
     from eagle3_runner.targets.sglang_target import stage_server
     spec, p = ctx.spec, ctx.params
     tok = load_tokenizer(spec)
+    stop = end_of_turn_ids(spec, tok)
     width = max(p.max_new_tokens, p.synthetic_max_tokens if p.synthetic_prompts else 1)
     with stage_server(spec, GENERATE, target_config(spec), Path(ctx.out_dir) / "logs") as srv:
         gen = SglangGenerator(srv, p.batch_size, width)
         m = regenerate(None, tok, train, p, spec.data.max_length, Path(ctx.out_dir), guard,
-                       gen=gen)
+                       gen=gen, stop_ids=stop)
     return m, {"sglang_version": srv.info.get("version"), "url": srv.url,
                "tp": srv.info.get("tp_size"), "dp": srv.info.get("dp_size")}

@@ -15,10 +15,12 @@ shared filesystem cannot read. No torch here.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
@@ -97,9 +99,47 @@ def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+# `runner plan` hashes an input file smaller than this whole (runner/plan.py file_identity)
+HASHED_BELOW = 1 << 30
+
+
+def sha256_memo(path: str | Path) -> str:
+    """sha256_file, memoised in this process and on disk (cache_dir()/file-hashes/, keyed by
+    path, size, mtime and inode, like git's index) so that `runner plan` does not re-read a
+    large target on every call. The key uses the content hash; the memo only skips re-reading."""
+    st = os.stat(path)
+    return _sha256_memo(os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+@lru_cache(maxsize=64)
+def _sha256_memo(path: str, size: int, mtime_ns: int, inode: int) -> str:
+    key = hashlib.sha256(json.dumps([path, size, mtime_ns, inode]).encode()).hexdigest()[:32]
+    memo = cache_dir() / "file-hashes" / f"{key}.txt"
+    try:
+        digest = memo.read_text().strip()
+        if len(digest) == 64:
+            return digest
+    except OSError:
+        pass
+    digest = sha256_file(path)
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(memo, digest)
+    except OSError:  # a read-only cache only costs time
+        pass
+    return digest
+
+
 def cache_dir() -> Path:
     """Where fetched models and datasets live: $EAGLE3_CACHE, default ~/.cache/eagle3-runner."""
     return Path(os.environ.get("EAGLE3_CACHE") or Path.home() / ".cache" / "eagle3-runner")
+
+
+def converted_dir(gguf: str | Path, sha256: str | None = None) -> Path:
+    """Where the HF copy of the GGUF file `gguf` lives (targets/load.py ensurehf_folder writes
+    it once): cache_dir()/converted/<the file's sha256[:16]>. sha256: its digest when the caller
+    has it (hashing SmolLM2's 94 MiB takes ~0.2 s)."""
+    return cache_dir() / "converted" / (sha256 or sha256_file(gguf))[:16]
 
 
 _VAR = re.compile(r"\$(?:\{(?P<braced>[^}]*)\}|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))")

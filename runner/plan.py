@@ -20,7 +20,7 @@ from pathlib import Path
 
 from eagle3_runner.runner import disk, engines, placement
 from eagle3_runner.runner.errors import PlanError, RunnerError, StoreError
-from eagle3_runner.runner.files import atomic_write, cache_dir, expand_path, sha256_file
+from eagle3_runner.runner.files import HASHED_BELOW, atomic_write, expand_path, sha256_memo
 from eagle3_runner.runner.spec.load import variant_spec
 from eagle3_runner.runner.spec.schema import Spec
 from eagle3_runner.runner.stage import artifact_identity, read_manifest
@@ -145,15 +145,15 @@ def code_hash(stage: str) -> str:
 
 
 def file_identity(path: Path) -> str:
-    """Content identity of an input file or folder. Files under 1 GiB are hashed whole; larger
-    files and folders use names, sizes and any config.json (hashing a 1 TB target is not
-    practical). Missing paths hash as 'missing'."""
+    """Content identity of an input file or folder. Files under HASHED_BELOW (1 GiB) are hashed
+    whole (sha256_memo); larger files and folders use names, sizes and any config.json (hashing
+    a 1 TB target is not practical). Missing paths hash as 'missing'."""
     p = Path(path)
     if not p.exists():
         return "missing"
     if p.is_file():
-        if p.stat().st_size < (1 << 30):
-            return _hash_file_cached(str(p), p.stat().st_size, p.stat().st_mtime_ns)
+        if p.stat().st_size < HASHED_BELOW:
+            return sha256_memo(p)
         return f"size:{p.stat().st_size}"
     items = []
     for q in sorted(p.rglob("*")):
@@ -161,29 +161,6 @@ def file_identity(path: Path) -> str:
             items.append((str(q.relative_to(p)), q.stat().st_size,  # (a binary one: replaced)
                           q.read_text(errors="replace") if q.name == "config.json" else None))
     return _h(items)
-
-
-@lru_cache(maxsize=64)
-def _hash_file_cached(path: str, size: int, mtime: int) -> str:
-    """sha256 of a file, memoised in this process and on disk (cache_dir()/file-hashes/, keyed
-    by path, size, mtime and inode, like git's index) so that `runner plan` does not re-read a
-    large target on every call. The key uses the content hash; the memo only skips re-reading."""
-    st = os.stat(path)
-    memo_key = _h([os.path.abspath(path), size, mtime, st.st_ino])[:32]
-    memo = cache_dir() / "file-hashes" / f"{memo_key}.txt"
-    try:
-        digest = memo.read_text().strip()
-        if len(digest) == 64:
-            return digest
-    except OSError:
-        pass
-    digest = sha256_file(Path(path))
-    try:
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(memo, digest)
-    except OSError:  # a read-only cache only costs time
-        pass
-    return digest
 
 
 def _declared(spec: Spec, name: str) -> str | None:
@@ -507,15 +484,38 @@ def prompt_count_notes(spec: Spec, where: str = "stages.bench") -> list[str]:
             for name in bench.prompt_sets if bench.num_prompts > sizes[name]]
 
 
+# the stages that generate, and so stop at the target's end-of-turn ids
+GENERATING = ("regenerate", "bench")
+
+
+def stop_id_notes(spec: Spec) -> list[str]:
+    """A target whose tokenizer names an eos_token that is not among the model's end-of-turn
+    ids (runner/target_config.py stop_ids_note: e.g. SmolLM2's GGUF converted by transformers
+    5.17), when a stage that generates (GENERATING) runs on it, per distinct target.path of
+    the spec and its variants. Reads the tokenizer files as text: no transformers."""
+    from eagle3_runner.runner.target_config import stop_ids_note
+    notes, seen = [], set()
+    for vspec in [spec] + [variant_spec(spec, v.name) for v in spec.variants]:
+        path = expand_path(vspec.target.path)
+        if path in seen or not set(GENERATING) & set(enabled_stages(vspec)):
+            continue
+        seen.add(path)
+        if (note := stop_ids_note(path)) is not None:
+            notes.append(f"target.path = {vspec.target.path!r}: {note}")
+    return notes
+
+
 def spec_warnings(spec: Spec) -> list[str]:
     """What is valid but likely a mistake, said by validate and plan alike: aux ids that are
     SGLang's default plus one (runner/drafts/rules.py aux_shift_note); a bench num_prompts
-    above a prompt set's size, per variant (prompt_count_notes)."""
+    above a prompt set's size, per variant (prompt_count_notes); a tokenizer eos_token that
+    is not the model's end of turn (stop_id_notes)."""
     from eagle3_runner.runner.drafts.rules import aux_shift_note
     note = aux_shift_note(spec.drafter.aux_layer_ids, spec.num_layers,
                           spec.target.family or "standard")
     notes = [note] if note else []
     notes += prompt_count_notes(spec)
+    notes += stop_id_notes(spec)
     def bench_of(s):
         b = s.stages.bench
         return b and (b.num_prompts, tuple(b.prompt_sets), s.data.holdout)

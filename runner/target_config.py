@@ -1,4 +1,5 @@
-"""Read a target's geometry and chat template without loading weights or importing torch.
+"""Read a target's geometry, chat template and end-of-turn token ids without loading weights or
+importing torch.
 
 Accepts an HF folder (config.json), a config.json path, or a GGUF file. For GGUF we parse only the
 key/value header: `gguf.GGUFReader` maps every tensor and takes ~2 s for a 94 MiB file, which
@@ -13,10 +14,12 @@ import json
 import os
 import re
 import struct
+from dataclasses import dataclass
 from functools import lru_cache, wraps
 from pathlib import Path
 
 from eagle3_runner.runner.errors import TargetConfigError
+from eagle3_runner.runner.files import HASHED_BELOW, cache_dir, converted_dir, sha256_memo
 
 
 def read_target_config(path: Path) -> dict:
@@ -27,14 +30,22 @@ def read_target_config(path: Path) -> dict:
     rope_scaling, rms_norm_eps, model_type.
     Raises FileNotFoundError when nothing is there, TargetConfigError when unreadable or when a
     folder without config.json holds several .gguf files (which one is meant?)."""
-    path = Path(path)
+    cfg, gguf = _model_files(Path(path))
+    return _read_json(cfg) if cfg is not None else read_gguf_config(gguf)
+
+
+def _model_files(path: Path) -> tuple[Path | None, Path | None]:
+    """(config.json, None) of an HF folder or a config.json path, or (None, the .gguf file) of a
+    GGUF file or a folder holding exactly one (and no config.json). Raises FileNotFoundError
+    when nothing is there, TargetConfigError for anything else (several .gguf files: which one
+    is meant?)."""
     if path.is_dir():
         cfg = path / "config.json"
         if cfg.exists():
-            return _read_json(cfg)
+            return cfg, None
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
-            return read_gguf_config(ggufs[0])
+            return None, ggufs[0]
         if ggufs:  # the stages refuse it too (targets/load.py): never pick one silently
             names = ", ".join(g.name for g in ggufs[:3]) + (", ..." if len(ggufs) > 3 else "")
             raise TargetConfigError(f"{path} holds {len(ggufs)} .gguf files ({names}) and no "
@@ -44,9 +55,9 @@ def read_target_config(path: Path) -> dict:
     if not path.exists():
         raise FileNotFoundError(path)
     if path.suffix == ".gguf":
-        return read_gguf_config(path)
+        return None, path
     if path.suffix == ".json":
-        return _read_json(path)
+        return path, None
     raise TargetConfigError(f"{path}: expected an HF folder, a config.json or a .gguf file")
 
 
@@ -206,10 +217,10 @@ def read_gguf_metadata(path: Path) -> dict:
     return meta
 
 
-def read_gguf_config(path: Path) -> dict:
-    """HF-style config from a GGUF header (llama-family keys)."""
+def _gguf_header(path: Path) -> dict:
+    """read_gguf_metadata, every way of failing a TargetConfigError naming the file and fix."""
     try:
-        meta = read_gguf_metadata(path)
+        return read_gguf_metadata(path)
     except (struct.error, UnicodeDecodeError, OverflowError, MemoryError, ValueError,
             RecursionError) as e:  # random bytes give absurd lengths and counts
         raise TargetConfigError(f"{path}: truncated or corrupt GGUF header ({type(e).__name__}: "
@@ -217,6 +228,11 @@ def read_gguf_config(path: Path) -> dict:
                                 "another file.")
     except OSError as e:
         raise TargetConfigError(f"{path}: cannot read ({e.strerror})")
+
+
+def read_gguf_config(path: Path) -> dict:
+    """HF-style config from a GGUF header (llama-family keys)."""
+    meta = _gguf_header(path)
     bad = [k for k in ("block_count", "embedding_length", "attention.head_count",
                        "attention.head_count_kv", "context_length", "vocab_size")
            if (v := meta.get(f"{meta.get('general.architecture', 'llama')}.{k}")) is not None
@@ -290,3 +306,166 @@ def remote_code_problem(cfg: dict, trust_remote_code: bool) -> str | None:
             f"transformers {version} has no causal-LM class for model_type {mtype!r}: set "
             "target.trust_remote_code: true to run the checkpoint's code (trusted checkpoints "
             "only)")
+
+
+# ----------------------------------------------------------------------------------------------
+# the end of a turn: the token ids generation stops at
+
+
+@dataclass(frozen=True)
+class StopIds:
+    """A target's end-of-turn token ids (in the order found, no repeats) and where they were
+    read: "<file> eos_token_id", "<gguf> tokenizer.ggml.eos_token_id", "the tokenizer's
+    eos_token_id", or why there are none."""
+
+    ids: tuple[int, ...]
+    source: str
+
+
+def stop_token_ids(path: Path, tokenizer_eos: int | None = None) -> StopIds:
+    """The end-of-turn (stop) token ids of the target at `path` (an HF folder or its
+    config.json, a GGUF file or a folder holding one): THE rule of every stage that generates
+    (bench, regenerate, the synthetic prompts, the SGLang requests' stop_token_ids), through
+    targets/load.py end_of_turn_ids. The first that says, of:
+
+    1. the model's generation config: generation_config.json `eos_token_id`, all of them when it
+       is a list (transformers' GenerationConfig.eos_token_id may be an int or a list; generate
+       stops at any of them);
+    2. a GGUF's header: `tokenizer.ggml.eos_token_id`, plus `tokenizer.ggml.eot_token_id` when
+       present and different (llama.cpp's end of turn). transformers converts a GGUF's header
+       ids into the converted folder's generation_config.json, so the header is read here,
+       converted or not;
+    3. config.json `eos_token_id` (an int or a list; a multimodal wrapper's text_config);
+    4. `tokenizer_eos`, the tokenizer's eos_token_id, only as the last fallback: a tokenizer's
+       eos_token is not always the end of a turn (transformers 5.17 converts SmolLM2's GGUF with
+       eos_token <|im_start|>, id 1, while its header and generation config say 2, <|im_end|>).
+
+    ids () when none says (generation then runs to its token cap). SGLang 0.5.14 stops at the
+    union of config.json's and generation_config.json's eos ids, its tokenizer's eos_token_id
+    and a request's stop_token_ids (model_config.py _get_hf_eos_token_id, schedule_batch.py
+    Req._check_token_based_finish), so the stages send these ids as stop_token_ids.
+    Raises FileNotFoundError / TargetConfigError as read_target_config, and TargetConfigError
+    naming the file when an eos_token_id is not a token id or a list of them."""
+    cfg, gguf = _model_files(Path(path))
+    if gguf is not None:
+        meta = _gguf_header(gguf)
+        ids = _ids(meta.get("tokenizer.ggml.eos_token_id"), f"{gguf} tokenizer.ggml.eos_token_id")
+        eot = _ids(meta.get("tokenizer.ggml.eot_token_id"), f"{gguf} tokenizer.ggml.eot_token_id")
+        if ids:
+            more = [i for i in eot if i not in ids]
+            return StopIds(ids + tuple(more), f"{gguf} tokenizer.ggml.eos_token_id"
+                           + (" + tokenizer.ggml.eot_token_id" if more else ""))
+        if eot:
+            return StopIds(eot, f"{gguf} tokenizer.ggml.eot_token_id")
+    else:
+        for f in (cfg.parent / "generation_config.json", cfg):
+            if f.is_file():
+                d = _read_json(f)
+                value = d.get("eos_token_id")
+                if value is None and isinstance(d.get("text_config"), dict):
+                    value = d["text_config"].get("eos_token_id")
+                if ids := _ids(value, f"{f} eos_token_id"):
+                    return StopIds(ids, f"{f} eos_token_id")
+    if tokenizer_eos is not None:
+        return StopIds((int(tokenizer_eos),), "the tokenizer's eos_token_id")
+    where = "its GGUF header" if gguf is not None else "generation_config.json or config.json"
+    return StopIds((), f"no eos_token_id in {where} and none in the tokenizer")
+
+
+def _ids(value, where: str) -> tuple[int, ...]:
+    """eos_token_id (None, an int, or a list of ints) -> its ids in order, no repeats; () for
+    None or []. Raises TargetConfigError naming `where` for anything else."""
+    items = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+    if items is None:
+        return ()
+    if not isinstance(items, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in items):
+        raise TargetConfigError(f"{where} = {value!r}: expected a token id or a list of token "
+                                "ids; fix the file")
+    return tuple(dict.fromkeys(items))
+
+
+def tokenizer_eos(folder: Path) -> str | None:
+    """The eos token the tokenizer of the HF folder `folder` names, read as transformers reads
+    it but without it (`runner validate` and `runner plan` import no transformers):
+    tokenizer_config.json `eos_token`, a string or {"content": ...}; its id: token_ids. None
+    when there is no tokenizer_config.json or it names no eos_token. Raises TargetConfigError
+    when the file is unreadable."""
+    p = Path(folder) / "tokenizer_config.json"
+    eos = _read_json(p).get("eos_token") if p.is_file() else None
+    if isinstance(eos, dict):
+        eos = eos.get("content")
+    return eos if isinstance(eos, str) and eos else None
+
+
+def token_ids(folder: Path) -> dict[str, int]:
+    """{token text: id} of the HF folder's tokenizer files: tokenizer.json's model.vocab (a
+    {token: id} dict, or a Unigram list of [token, score], where the id is the index), then its
+    added_tokens and tokenizer_config.json's added_tokens_decoder ({"id": {"content": ...}}),
+    which win. {} when there are none. Raises TargetConfigError when a file is unreadable."""
+    folder, out = Path(folder), {}
+    tj = folder / "tokenizer.json"
+    if tj.is_file():
+        try:  # not _read_json: its memo would deep-copy a vocabulary of 10^5 entries
+            t = json.loads(tj.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise TargetConfigError(f"{tj}: not readable JSON ({e})")
+        vocab = (t.get("model") or {}).get("vocab") if isinstance(t, dict) else None
+        if isinstance(vocab, dict):
+            out.update((k, v) for k, v in vocab.items() if isinstance(v, int))
+        elif isinstance(vocab, list):
+            out.update((v[0], i) for i, v in enumerate(vocab) if isinstance(v, list) and v)
+        for a in (t.get("added_tokens") or []) if isinstance(t, dict) else []:
+            if isinstance(a, dict) and isinstance(a.get("id"), int):
+                out[a.get("content")] = a["id"]
+    tc = folder / "tokenizer_config.json"
+    if tc.is_file():
+        decoder = _read_json(tc).get("added_tokens_decoder")
+        for k, v in (decoder.items() if isinstance(decoder, dict) else []):
+            if isinstance(v, dict) and str(k).isdigit():
+                out[v.get("content")] = int(k)
+    return out
+
+
+def stop_ids_note(path: Path) -> str | None:
+    """The warning of `runner validate` and `runner plan` when the tokenizer the stages load
+    names an eos_token that is not among the model's end-of-turn ids (stop_token_ids without
+    the tokenizer): both named (ids, and tokens where the tokenizer's files map them), and
+    which the stages stop at. The tokenizer is the HF folder's; a GGUF's is its converted folder
+    (runner/files.py converted_dir), looked at only when one exists (the first stage makes it;
+    until then there is nothing to compare) and the file is under HASHED_BELOW (1 GiB; its
+    sha256 names the folder). None when they agree, the model says nothing
+    (the stages then use the tokenizer's eos), or a file cannot be read (the stages say so)."""
+    try:
+        cfg, gguf = _model_files(Path(path))
+        stop = stop_token_ids(path)
+        if not stop.ids:
+            return None
+        folder = cfg.parent if cfg is not None else _converted(gguf)
+        eos = tokenizer_eos(folder) if folder is not None else None
+        table = token_ids(folder) if eos is not None else {}
+    except (OSError, TargetConfigError):
+        return None
+    eos_id = table.get(eos)
+    if eos_id is None or eos_id in stop.ids:
+        return None
+    names = {i: t for t, i in table.items() if i in stop.ids}
+    model = ("ids " if len(stop.ids) > 1 else "id ") + ", ".join(
+        f"{i} {names[i]}" if i in names else str(i) for i in stop.ids)
+    where = folder / "tokenizer_config.json"
+    fix = names.get(stop.ids[0], f"the token of id {stop.ids[0]}")
+    return (f"the tokenizer's eos_token is {eos} (id {eos_id}, {where}), but the model's end "
+            f"of turn is {model} ({stop.source}): every stage stops at {model} (an SGLang "
+            "server also stops at the tokenizer's eos). If the tokenizer is wrong (transformers "
+            f"5.17 converts SmolLM2's GGUF with eos_token <|im_start|>), set eos_token in "
+            f"{where} to {fix}.")
+
+
+def _converted(gguf: Path) -> Path | None:
+    """The converted HF folder of `gguf` when one exists. Found through its sha256, memoised on
+    disk (runner/files.py sha256_memo: the plan's cache key hashes the file anyway), so only for
+    a file under HASHED_BELOW: hashing a larger one would cost every plan minutes."""
+    if gguf.stat().st_size >= HASHED_BELOW or not (cache_dir() / "converted").is_dir():
+        return None
+    folder = converted_dir(gguf, sha256_memo(gguf))
+    return folder if (folder / "tokenizer_config.json").is_file() else None

@@ -9,6 +9,7 @@ Public API (other stages rely on these signatures):
     decoder_parts(model) -> (base, layers, norm);  input_device(model);  weight(module)
     text_config(model) -> the language model's config (a multimodal wrapper's text_config)
     load_tokenizer(target) -> tokenizer            # no weights; fast
+    end_of_turn_ids(target, tok) -> tuple[int, ...] # the ids every generating stage stops at
     hf_config(target) -> load_target's config dict, no weights;  load_head(target, dtype)
     hf_folder(target) -> Path                      # HF folder (converted GGUF, cached)
     target_config(target) -> dict                  # HF config dict, `architectures` set
@@ -38,8 +39,9 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from eagle3_runner.runner.errors import StageError
-from eagle3_runner.runner.files import atomic_path, cache_dir, expand_path, sha256_file
+from eagle3_runner.runner.errors import StageError, TargetConfigError
+from eagle3_runner.runner.files import atomic_path, converted_dir, expand_path, sha256_file
+from eagle3_runner.runner.target_config import stop_token_ids
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16",
            "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -113,11 +115,6 @@ def _find_model(path: Path) -> tuple[Path, Path | None]:
 # GGUF -> cached HF folder
 
 
-def converted_dir(gguf: Path) -> Path:
-    """Where the HF copy of `gguf` lives: cache_dir()/converted/<sha256[:16]>."""
-    return cache_dir() / "converted" / sha256_file(gguf)[:16]
-
-
 def _complete(folder: Path) -> bool:
     return (folder / "config.json").exists() and (folder / "model.safetensors").exists() and \
         (folder / "tokenizer_config.json").exists()
@@ -128,7 +125,7 @@ def ensurehf_folder(gguf: Path) -> Path:
 
     Raises StageError when transformers cannot read the GGUF (unsupported architecture)."""
     sha = sha256_file(gguf)
-    dest = cache_dir() / "converted" / sha[:16]
+    dest = converted_dir(gguf, sha)
     if _complete(dest):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -204,6 +201,19 @@ def tokenizer_only(path: Path, trust_remote_code: bool = False):
     except (OSError, ValueError, KeyError, NotImplementedError, RuntimeError) as e:
         raise StageError(f"target.path: transformers cannot read the tokenizer of {path}: "
                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}")
+
+
+def end_of_turn_ids(target: Any, tok) -> tuple[int, ...]:
+    """The token ids a turn of the target ends at, for every stage that generates: the bench's
+    engines and its SGLang requests, regenerate's answers on either engine, the synthetic
+    prompts, the conformance lab. The rule is runner/target_config.py stop_token_ids (the
+    generation config, a GGUF's header, config.json, and `tok.eos_token_id` only when none of
+    them says); () when nothing says (generation runs to its token cap). Raises StageError
+    naming target.path when a file it reads is unreadable or holds a bad eos_token_id."""
+    try:
+        return stop_token_ids(_target_fields(target)[0], tok.eos_token_id).ids
+    except (OSError, TargetConfigError) as e:
+        raise StageError(f"target.path: {e}")
 
 
 def target_config(target: Any) -> dict:

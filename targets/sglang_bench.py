@@ -115,8 +115,9 @@ def plan_servers(p, snapshots: list[dict] = ()) -> list[Planned]:
 
 class SglangBench:
     """The sglang side of one bench stage. sets: {prompt_set: [(prompt_id, input_ids)]};
-    stop_ids: the token ids the embedded engine stops at (sent as stop_token_ids, so both
-    engines end a completion at the same tokens)."""
+    stop_ids: the target's end-of-turn ids (targets/load.py end_of_turn_ids), the embedded
+    engine's stop ids, sent as stop_token_ids, so both engines end a completion at the same
+    tokens."""
 
     def __init__(self, spec, p, out_dir: Path, model: str, export_dir: Path, sets: dict,
                  stop_ids=(), dtype: str | None = None, snapshots: list[dict] = ()):

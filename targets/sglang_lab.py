@@ -39,7 +39,9 @@ from eagle3_runner.targets.sglang_bench import INFO_KEYS, record
 class LabSettings:
     """How every lab server runs. model: the target's HF folder; target: its config dict;
     shape: (num_steps, eagle_topk, num_draft_tokens) unless a case overrides it; prompts:
-    [(prompt_id, input_ids)]; extra: launch flags for every server (attention backend...)."""
+    [(prompt_id, input_ids)]; extra: launch flags for every server (attention backend...);
+    stop_ids: the target's end-of-turn ids (targets/load.py end_of_turn_ids), sent as
+    stop_token_ids."""
 
     python: str
     model: str

@@ -43,7 +43,7 @@ def run(out: Path, kill_after: int | None = None, clock=None, **kw) -> dict:
     from eagle3_runner.models.llama import from_hf_model
     from eagle3_runner.data.regen_store import ShardWriter
     from eagle3_runner.jobs.regenerate import regenerate
-    from eagle3_runner.targets.load import load_tokenizer
+    from eagle3_runner.targets.load import end_of_turn_ids, load_tokenizer
     from eagle3_runner.runner.assets import asset_path
     threads, degenerate = torch.get_num_threads(), syn.degenerate
     torch.set_num_threads(1)
@@ -63,7 +63,7 @@ def run(out: Path, kill_after: int | None = None, clock=None, **kw) -> dict:
     try:
         extra = {} if clock is None else {"clock": clock}
         return regenerate(target, tok, conversations(), params(**kw), 96, out, progress=False,
-                          **extra)
+                          stop_ids=end_of_turn_ids(asset_path("smollm2"), tok), **extra)
     finally:  # in-process callers (tests) get the module and thread count back
         syn.degenerate = degenerate
         torch.set_num_threads(threads)

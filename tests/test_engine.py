@@ -196,10 +196,13 @@ def test_speculative_sampling_matches_target_distribution(tmp_path):
 
 
 @pytest.mark.slow
-def test_smollm2_greedy_lossless_vs_baseline_and_hf(smollm2, tmp_path):
+def test_smollm2_greedy_lossless_vs_baseline_and_hf(smollm2, smollm2_path, tmp_path):
     """Real SmolLM2 (float32, CPU), an exported random drafter and an oracle drafter with errors:
-    the speculative output equals the engine's greedy decode and HF generate greedy."""
+    the speculative output equals the engine's greedy decode and HF generate greedy (both stop
+    at the model's end of turn)."""
+    from eagle3_runner.targets.load import end_of_turn_ids
     hf, tok, cfg = smollm2
+    stop = end_of_turn_ids(smollm2_path, tok)
     aux = (1, 14, 26)  # SGLang default for L = 30
     t = from_hf_model(hf, aux)
     d = load_exported(export_drafter(tmp_path / "d", hf.config, aux, draft_vocab=2048),
@@ -210,8 +213,8 @@ def test_smollm2_greedy_lossless_vs_baseline_and_hf(smollm2, tmp_path):
     for i, p in enumerate(prompts):
         ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                       return_tensors="pt", return_dict=True)["input_ids"]
-        base, _ = e.generate_baseline(ids, 24, stop_ids=(tok.eos_token_id,))
-        spec, st = e.generate(ids, 24, stop_ids=(tok.eos_token_id,))
+        base, _ = e.generate_baseline(ids, 24, stop_ids=stop)
+        spec, st = e.generate(ids, 24, stop_ids=stop)
         with torch.no_grad():
             ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24,
                               do_sample=False)[0, ids.shape[1]:].tolist()
@@ -225,7 +228,7 @@ def test_smollm2_greedy_lossless_vs_baseline_and_hf(smollm2, tmp_path):
                 if calls[0] % 4 < k:
                     d[calls[0] % 4] = 0
                 return d
-            spec2, st2 = e.generate(ids, 24, draft_fn=oracle, stop_ids=(tok.eos_token_id,))
+            spec2, st2 = e.generate(ids, 24, draft_fn=oracle, stop_ids=stop)
             assert spec2 == base and st2.tau > 1.5
 
 

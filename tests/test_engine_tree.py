@@ -19,6 +19,7 @@ from eagle3_runner.engine.steps import draft_extend, draft_step  # noqa: E402
 from eagle3_runner.models.llama import from_hf_model  # noqa: E402
 from eagle3_runner.engine.tree import draft_tree  # noqa: E402
 from eagle3_runner.runner.drafts.rules import check_draft_tokens  # noqa: E402
+from eagle3_runner.targets.load import end_of_turn_ids  # noqa: E402
 
 AUX = (0, 1, 2)
 SHAPES = [(3, 4, 16), (5, 4, 8), (2, 2, 4)]  # num_steps / eagle_topk / num_draft_tokens
@@ -312,7 +313,7 @@ def test_compiled_tree_steps_stay_static(tmp_path, mode):
 
 
 @pytest.mark.slow
-def test_smollm2_tree_greedy_lossless(smollm2, tmp_path):
+def test_smollm2_tree_greedy_lossless(smollm2, smollm2_path, tmp_path):
     """Real SmolLM2 (float32, CPU), a random drafter, trees 3/4/16, 5/4/8 and 2/2/4: the output
     equals the engine's greedy decode and HF generate; oracle tokens on the first prompt make
     rounds accept deep paths (KV commit of non-contiguous nodes)."""
@@ -323,7 +324,7 @@ def test_smollm2_tree_greedy_lossless(smollm2, tmp_path):
                       t.embed_tokens.weight)
     engines = [Engine(t, d, num_steps=K, eagle_topk=k, num_draft_tokens=N, max_seq=256)
                for K, k, N in SHAPES]
-    stop = (tok.eos_token_id,)
+    stop = end_of_turn_ids(smollm2_path, tok)
     for i, p in enumerate(["What is the capital of France?", "def fibonacci(n):"]):
         ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                       return_tensors="pt", return_dict=True)["input_ids"]

@@ -437,19 +437,21 @@ def test_regenerate_then_extract_reads_it(smollm2, tmp_path):
     assert tok.decode(ids) == got[1][1]["content"] + "<|im_end|>"
 
 
-def test_regenerate_max_turns_keeps_first_turns(smollm2, tmp_path):
+def test_regenerate_max_turns_keeps_first_turns(smollm2, smollm2_path, tmp_path):
     """max_turns 1: one regenerated exchange per conversation, later user turns dropped and
     counted (first-turn regeneration is EAGLE-3's cheap variant of the recipe)."""
     from eagle3_runner.models.llama import from_hf_model
     from eagle3_runner.data.regen_store import read_records
     from eagle3_runner.jobs.regenerate import regenerate
     from eagle3_runner.runner.stages import RegenerateStage
+    from eagle3_runner.targets.load import end_of_turn_ids
     model, tok, _ = smollm2
     convs = [[{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "5"},
               {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "7"}],
              [{"role": "user", "content": "Name a color."}, {"role": "assistant", "content": "x"}]]
     p = RegenerateStage(max_new_tokens=4, batch_size=2, max_turns=1)
-    m = regenerate(from_hf_model(model), tok, convs, p, 128, tmp_path, progress=False)
+    m = regenerate(from_hf_model(model), tok, convs, p, 128, tmp_path, progress=False,
+                   stop_ids=end_of_turn_ids(smollm2_path, tok))
     out = [r["messages"] for r in read_records(tmp_path)]
     assert [[t["role"] for t in c] for c in out] == [["user", "assistant"]] * 2
     assert [c[0]["content"] for c in out] == ["What is 2+2?", "Name a color."]
@@ -458,18 +460,21 @@ def test_regenerate_max_turns_keeps_first_turns(smollm2, tmp_path):
         RegenerateStage(max_turns=0)
 
 
-def test_regenerate_pads_without_a_pad_token(smollm2):
+def test_regenerate_pads_without_a_pad_token(smollm2, smollm2_path):
     """transformers 5.17 (the H200's) loads the GGUF tokenizer with no pad token; batched
     regeneration must still pad (with EOS, masked out), give each prompt the reply it gets alone,
     and leave the tokenizer as it was."""
     import copy
     from eagle3_runner.jobs.regenerate import generate_batch
+    from eagle3_runner.targets.load import end_of_turn_ids
     model, tok, _ = smollm2
+    stop = end_of_turn_ids(smollm2_path, tok)
     tok = copy.deepcopy(tok)
     tok.pad_token = None
     prompts = [[{"role": "user", "content": "Hi"}],
                [{"role": "user", "content": "Name three colours of the rainbow, please."}]]
-    texts, _ = generate_batch(model, tok, prompts, 4, 0.0, 1.0)
+    texts, _ = generate_batch(model, tok, prompts, 4, 0.0, 1.0, stop_ids=stop)
     assert tok.pad_token is None
-    assert texts == [generate_batch(model, tok, [p], 4, 0.0, 1.0)[0][0] for p in prompts]
+    assert texts == [generate_batch(model, tok, [p], 4, 0.0, 1.0, stop_ids=stop)[0][0]
+                     for p in prompts]
 

@@ -49,7 +49,7 @@ def test_overfit_gate(tmp_path):
     from eagle3_runner.models.draft_model import load_exported
     from eagle3_runner.engine.speculative import Engine
     from eagle3_runner.models.llama import from_hf_model
-    from eagle3_runner.targets.load import load_target
+    from eagle3_runner.targets.load import end_of_turn_ids, load_target
     from eagle3_runner.runner.inspect import inspect_draft
     from eagle3_runner.runner.spec.load import load_spec
 
@@ -69,6 +69,7 @@ def test_overfit_gate(tmp_path):
     spec = load_spec(data=data)
     hf, tok, _ = load_target(spec)
     target = from_hf_model(hf, aux_ids=spec.aux_ids)
+    stop = end_of_turn_ids(spec, tok)
 
     # the target's own greedy answers (what a regenerate stage produces)
     prompts, answers, base_out = [], [], []
@@ -76,10 +77,10 @@ def test_overfit_gate(tmp_path):
     for q in _prompts():
         ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
                                       return_tensors="pt", return_dict=True)["input_ids"]
-        out, _ = base.generate_baseline(ids, MAX_NEW, stop_ids=(tok.eos_token_id,))
+        out, _ = base.generate_baseline(ids, MAX_NEW, stop_ids=stop)
         prompts.append(ids)
         base_out.append(out)
-        answers.append(tok.decode([t for t in out if t != tok.eos_token_id]))
+        answers.append(tok.decode([t for t in out if t not in stop]))
     convs_path.write_text("".join(json.dumps({"conversations": [
         {"from": "human", "value": q}, {"from": "gpt", "value": a}]}) + "\n"
         for q, a in zip(_prompts(), answers)))
@@ -99,7 +100,7 @@ def test_overfit_gate(tmp_path):
     eng = Engine(target, drafter, num_steps=K, max_seq=512)
     rounds = accepted = 0
     for ids, ref in zip(prompts, base_out):
-        out, st = eng.generate(ids, MAX_NEW, stop_ids=(tok.eos_token_id,))
+        out, st = eng.generate(ids, MAX_NEW, stop_ids=stop)
         assert out == ref  # greedy speculative decoding is lossless
         rounds += st.rounds
         accepted += sum(st.accepted)
@@ -119,5 +120,5 @@ def test_overfit_gate(tmp_path):
     assert [f for f in inspect_draft(bad, target=gguf) if f.severity == "error"]
     eng = Engine(target, load_exported(bad, hf.get_input_embeddings().weight.detach()),
                  num_steps=K, max_seq=512)
-    _, st = eng.generate(prompts[0], MAX_NEW, stop_ids=(tok.eos_token_id,))
+    _, st = eng.generate(prompts[0], MAX_NEW, stop_ids=stop)
     assert st.tau < 2.0, f"absolute-id d2t still gave tau {st.tau:.2f}"

@@ -92,12 +92,14 @@ def test_render_batch_equals_render(smollm2_tokenizer):
     assert render_batch(smollm2_tokenizer, []) == []
 
 
-def test_user_turn_prefix_and_filters(smollm2_tokenizer):
+def test_user_turn_prefix_and_filters(smollm2_tokenizer, smollm2_path):
     """The Magpie prefix is rendered from the tokenizer's own template (ChatML: the default
     system turn + the user header), the turn stops at <|im_end|>; the filters drop by reason
     and keep the lowest index of duplicates."""
     from eagle3_runner.data.synthetic import degenerate, select, user_turn_prefix
-    ids, stop = user_turn_prefix(smollm2_tokenizer)
+    from eagle3_runner.targets.load import end_of_turn_ids
+    ids, stop = user_turn_prefix(smollm2_tokenizer,
+                                 end_of_turn_ids(smollm2_path, smollm2_tokenizer))
     text = smollm2_tokenizer.decode(ids)
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>user\n")
     assert stop == [smollm2_tokenizer.convert_tokens_to_ids("<|im_end|>")]

@@ -347,15 +347,16 @@ def test_regenerate_through_a_server_writes_the_same_shards_and_resumes(replay, 
     from eagle3_runner.jobs.regenerate import regenerate
     from eagle3_runner.runner.assets import asset_path
     from eagle3_runner.runner.stages import RegenerateStage
-    from eagle3_runner.targets.load import load_tokenizer
+    from eagle3_runner.targets.load import end_of_turn_ids, load_tokenizer
     from eagle3_runner.targets.sglang_target import TargetServer
     meta = replay.fx["meta"]
     tok = load_tokenizer(asset_path("smollm2"))
+    stop = end_of_turn_ids(asset_path("smollm2"), tok)
     p = RegenerateStage(**meta["params"])
     srv = TargetServer(replay.url, GENERATE, timeout=10.0, per_call=2)
     gen = SglangGenerator(srv, p.batch_size, p.max_new_tokens)
     m = regenerate(None, tok, meta["conversations"], p, meta["max_length"], tmp_path, gen=gen,
-                   progress=False)
+                   progress=False, stop_ids=stop)
     recs = read_records(tmp_path)
     warm = json.dumps(render(tok, [{"role": "user", "content": "Hello!"}]))  # warm_up's request
     answers = {json.dumps(r["input_ids"]): r["result"]["output_ids"]
@@ -365,7 +366,7 @@ def test_regenerate_through_a_server_writes_the_same_shards_and_resumes(replay, 
     assert m["tokens_per_s_answers_real"][0] > 0 and "decode_slot_use" not in m
     asked = len(replay.calls)
     m2 = regenerate(None, tok, meta["conversations"], p, meta["max_length"], tmp_path, gen=gen,
-                    progress=False)
+                    progress=False, stop_ids=stop)
     assert m2["resumed_conversations"] == len(recs)
     assert len(replay.calls) == asked + 1  # the warm-up request only
     assert read_records(tmp_path) == recs

@@ -50,24 +50,27 @@ import torch  # noqa: E402
 
 
 def load(a):
-    """(HF model, tokenizer) per the flags; the tokenizer is the fetched SmolLM2's."""
-    from eagle3_runner.targets.load import load_target, load_tokenizer
+    """(HF model, tokenizer, its end-of-turn ids) per the flags; a random target's tokenizer is
+    the fetched SmolLM2's (none for --mode step)."""
+    from eagle3_runner.targets.load import end_of_turn_ids, load_target, load_tokenizer
     from eagle3_runner.runner.assets import asset_path
     if a.mode == "step" and not a.random_target:
         raise SystemExit("--mode step needs --random-target (random prompts, no tokenizer)")
+    path = a.target or asset_path("smollm2")
     if not a.random_target:
-        hf, tok, _ = load_target(a.target or asset_path("smollm2"), device=a.device, dtype=a.dtype)
-        return hf, tok
+        hf, tok, _ = load_target(path, device=a.device, dtype=a.dtype)
+        return hf, tok, end_of_turn_ids(path, tok)
     from bench_engine import random_smollm2
-    tok = None if a.mode == "step" else load_tokenizer(asset_path("smollm2"))
+    tok = None if a.mode == "step" else load_tokenizer(path)
+    stop = () if tok is None else end_of_turn_ids(path, tok)
     if a.geometry == "smollm2":
-        return random_smollm2(a.device, a.dtype)[0], tok
+        return random_smollm2(a.device, a.dtype)[0], tok, stop
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
     c = LlamaConfig(vocab_size=49152, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, intermediate_size=128, max_position_embeddings=4096)
     dev = "cuda" if a.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
-    return LlamaForCausalLM(c).to(dev).eval(), tok
+    return LlamaForCausalLM(c).to(dev).eval(), tok, stop
 
 
 def sync(dev):
@@ -92,20 +95,22 @@ def first_turns(n: int, max_length: int, tok) -> list[list[dict]]:
     return out
 
 
-def compare(a, hf, tok, target) -> dict:
-    """The hf and engine rows over the same prompts and per-prompt lengths."""
+def compare(a, hf, tok, target, stop: tuple) -> dict:
+    """The hf and engine rows over the same prompts and per-prompt lengths (HF stops at `stop`,
+    the target's end-of-turn ids)."""
     from eagle3_runner.engine.generate import Generator, Request
     from eagle3_runner.data.prompts import render
     from eagle3_runner.jobs.regenerate import generate_batch
     dev = next(hf.parameters()).device
     prompts = first_turns(a.prompts, a.max_length, tok)
     prompts.sort(key=lambda m: len(render(tok, m)))  # as the old stage batched them
-    generate_batch(hf, tok, prompts[:2], 4, 0.0, 1.0)  # warm-up
+    generate_batch(hf, tok, prompts[:2], 4, 0.0, 1.0, stop_ids=stop)  # warm-up
     caps: list = []  # tokens HF made per prompt (to EOS, EOS included)
     sync(dev)
     t0 = time.perf_counter()
     for b in range(0, len(prompts), a.hf_batch):
-        generate_batch(hf, tok, prompts[b:b + a.hf_batch], a.new, 0.0, 1.0, counts=caps)
+        generate_batch(hf, tok, prompts[b:b + a.hf_batch], a.new, 0.0, 1.0, counts=caps,
+                       stop_ids=stop)
     sync(dev)
     hf_s = time.perf_counter() - t0
     ids = [render(tok, m) for m in prompts]
@@ -187,8 +192,9 @@ def step(a, hf, target) -> dict:
     return res
 
 
-def e2e(a, tok, target) -> dict:
-    """regenerate() over --real ShareGPT + --synthetic conversations into a temp dir."""
+def e2e(a, tok, target, stop: tuple) -> dict:
+    """regenerate() over --real ShareGPT + --synthetic conversations into a temp dir, every turn
+    ending at `stop` (the target's end-of-turn ids)."""
     from types import SimpleNamespace
     from eagle3_runner.data.contamination import bench_guard
     from eagle3_runner.data.conversations import load_conversations
@@ -203,7 +209,8 @@ def e2e(a, tok, target) -> dict:
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
         guard = bench_guard(SimpleNamespace(data=Data(holdout=0)))  # MT-bench + HumanEval
-        m = regenerate(target, tok, real, p, a.max_length, Path(d), guard, progress=not a.quiet)
+        m = regenerate(target, tok, real, p, a.max_length, Path(d), guard, progress=not a.quiet,
+                       stop_ids=stop)
         secs = time.perf_counter() - t0
     v = {k: (x[0] if isinstance(x, tuple) else x) for k, x in m.items()}
     n = max(v["conversations"], 1)
@@ -244,7 +251,7 @@ def main(argv=None):
         ap.error(f"--modes: unknown {sorted(bad)}; use a comma list of greedy, sample, top_p")
     torch.set_num_threads(min(torch.get_num_threads(), 16))
     from eagle3_runner.models.llama import from_hf_model
-    hf, tok = load(a)
+    hf, tok, stop = load(a)
     target = from_hf_model(hf)
     dev = next(hf.parameters()).device
     res = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
@@ -254,10 +261,10 @@ def main(argv=None):
     if a.mode == "step":
         res["step"] = step(a, hf, target)
     if a.mode in ("compare", "both"):
-        res["compare"] = compare(a, hf, tok, target)
+        res["compare"] = compare(a, hf, tok, target, stop)
     if a.mode in ("e2e", "both"):
         del hf
-        res["e2e"] = e2e(a, tok, target)
+        res["e2e"] = e2e(a, tok, target, stop)
     out = Path(a.out)
     out.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str))
     md = [f"# bench_generate ({res['device']}, {res['dtype']}, cuda_graph {a.cuda_graph}, "

@@ -133,14 +133,14 @@ def regen(a, res: dict, out: Path) -> None:
     from eagle3_runner.engine.generate import Generator, Request
     from eagle3_runner.engine.sglang_generate import SglangGenerator
     from eagle3_runner.runner.engines import GENERATE
-    from eagle3_runner.targets.load import load_tokenizer, target_config
+    from eagle3_runner.targets.load import end_of_turn_ids, load_tokenizer, target_config
     from eagle3_runner.targets.sglang_target import stage_server
     work = Path(tempfile.mkdtemp(prefix="bench-sglang-"))
     spec = spec_for(a, work)
     tok = load_tokenizer(spec)
     prompts = first_turns(tok, a.prompts, a.max_length)
     res["prompts"] = len(prompts)
-    eos = [tok.eos_token_id]
+    eos = end_of_turn_ids(spec, tok)
     lengths: dict = {}
     with stage_server(spec, GENERATE, target_config(spec), Path(a.out).parent / "logs") as srv:
         res["sglang_version"] = srv.info.get("version")
@@ -198,6 +198,7 @@ def stage_e2e(a, spec, tok, srv) -> dict:
     from eagle3_runner.jobs.regenerate import regenerate
     from eagle3_runner.runner.spec.schema import Data
     from eagle3_runner.runner.stages import RegenerateStage
+    from eagle3_runner.targets.load import end_of_turn_ids
     real = load_conversations(Data(**SOURCE, max_samples=a.e2e_real, max_length=a.max_length))[0] \
         if a.e2e_real else []
     p = RegenerateStage(max_new_tokens=a.new, batch_size=a.in_flight,
@@ -208,7 +209,8 @@ def stage_e2e(a, spec, tok, srv) -> dict:
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
         m = regenerate(None, tok, real, p, a.max_length, Path(d), guard, progress=False,
-                       gen=SglangGenerator(srv, a.in_flight, a.new, a.per_call))
+                       gen=SglangGenerator(srv, a.in_flight, a.new, a.per_call),
+                       stop_ids=end_of_turn_ids(spec, tok))
         secs = time.perf_counter() - t0
     v = {k: (x[0] if isinstance(x, tuple) else x) for k, x in m.items()}
     return {"seconds": secs, "conversations": v["conversations"],
@@ -225,6 +227,7 @@ def record_regen(a, spec, tok, srv) -> None:
     from eagle3_runner.jobs.regenerate import regenerate
     from eagle3_runner.runner.spec.schema import Data
     from eagle3_runner.runner.stages import RegenerateStage
+    from eagle3_runner.targets.load import end_of_turn_ids
     from sglang_record import Recorder
     raw = Path(a.record)
     convs = load_conversations(Data(**SOURCE, max_samples=8, max_length=512))[0]
@@ -234,7 +237,8 @@ def record_regen(a, spec, tok, srv) -> None:
     try:
         with tempfile.TemporaryDirectory() as d:
             regenerate(None, tok, convs, p, 512, Path(d), progress=False,
-                       gen=SglangGenerator(replace(srv, url=rec.url), 4, 24, 2))
+                       gen=SglangGenerator(replace(srv, url=rec.url), 4, 24, 2),
+                       stop_ids=end_of_turn_ids(spec, tok))
         from eagle3_runner.runner.engines import get_json
         get_json(rec.url + "/model_info"), get_json(rec.url + "/server_info")
     finally:

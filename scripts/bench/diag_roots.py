@@ -37,7 +37,8 @@ from eagle3_runner.engine.speculative import Engine  # noqa: E402
 from eagle3_runner.jobs.extract import forward_features  # noqa: E402
 from eagle3_runner.models.llama import from_hf_model  # noqa: E402
 from eagle3_runner.data.prompts import mtbench, render  # noqa: E402
-from eagle3_runner.targets.load import load_target, resolve_device, resolve_dtype  # noqa: E402
+from eagle3_runner.targets.load import (end_of_turn_ids, load_target, resolve_device,  # noqa: E402
+                                        resolve_dtype)
 from eagle3_runner.runner.assets import asset_path  # noqa: E402
 from eagle3_runner.runner.files import atomic_write  # noqa: E402
 
@@ -94,7 +95,7 @@ def main(argv=None):
     prompts = [(q["id"], render(tok, q["messages"])) for q in mtbench(a.prompts)]
     max_seq = -(-(max(len(p) for _, p in prompts) + a.new + 3 * a.steps + 8) // 256) * 256
     eng = Engine(target, drafter, num_steps=a.steps, max_seq=max_seq, cuda_graph=False)
-    stop = tuple(i for i in [tok.eos_token_id] if i is not None)
+    stop = end_of_turn_ids(asset_path("smollm2"), tok)
     eps = cfg.get("rms_norm_eps", 1e-5)
     rows = []
     for pid, ids in prompts:

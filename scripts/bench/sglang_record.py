@@ -169,13 +169,14 @@ def standin(outdir: Path) -> None:
     from eagle3_runner.engine.generate import Result
     from eagle3_runner.jobs.regenerate import regenerate
     from eagle3_runner.runner.assets import asset_path
-    from eagle3_runner.targets.load import load_tokenizer
+    from eagle3_runner.targets.load import end_of_turn_ids, load_tokenizer
     info = {"version": "0.5.14", "model_path": "stand-in", "dtype": "bfloat16", "tp_size": 1,
             "dp_size": 1, "ep_size": 1, "speculative_algorithm": None,
             "skip_tokenizer_init": True, "context_length": None, "chunked_prefill_size": 8192,
             "disable_radix_cache": False, "enable_return_hidden_states": False}
     tok = load_tokenizer(asset_path("smollm2"))
-    eos = tok.eos_token_id
+    stop = end_of_turn_ids(asset_path("smollm2"), tok)
+    eos = stop[0]
     gen_records: list = []
 
     class MadeUp:  # answers every request with made-up ids, as an engine would
@@ -206,7 +207,8 @@ def standin(outdir: Path) -> None:
     import tempfile
     convs, p = conversations(6), params(synthetic_prompts=0, max_new_tokens=8, batch_size=4)
     with tempfile.TemporaryDirectory() as d:
-        regenerate(None, tok, convs, p, 96, Path(d), progress=False, gen=MadeUp())
+        regenerate(None, tok, convs, p, 96, Path(d), progress=False, gen=MadeUp(),
+                   stop_ids=stop)
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / "standin-generate.json").write_text(json.dumps({
         "recorded": False, "source": "scripts/bench/sglang_record.py standin",

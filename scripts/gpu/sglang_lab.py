@@ -34,7 +34,7 @@ from pathlib import Path
 
 from eagle3_runner.data.prompts import load_prompt_set, render
 from eagle3_runner.runner.drafts.lab import VERSION
-from eagle3_runner.targets.load import hf_folder, load_tokenizer
+from eagle3_runner.targets.load import end_of_turn_ids, hf_folder, load_tokenizer
 from eagle3_runner.targets.sglang_lab import LabSettings, judge, markdown, prepare, serve
 
 
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
                      target=json.loads((Path(model) / "config.json").read_text()),
                      prompts=prompts, max_new=a.max_new, mem_fraction_static=a.mem_fraction,
                      extra=shlex.split(a.extra), timeout_s=a.timeout, parallel=a.parallel,
-                     stop_ids=tuple(i for i in [tok.eos_token_id] if i is not None))
+                     stop_ids=end_of_turn_ids(a.target, tok))
     rows, claims, rec = [], [], work / "rec"
     meta = {"version": VERSION, "draft": a.draft, "prompts": f"{len(prompts)} MT-bench x "
             f"{a.max_new} new tokens, greedy", "servers": f"{a.parallel} at once, "
