@@ -125,11 +125,16 @@ def cmd_apply(args) -> int:
     print(_render_plan(plan), file=sys.stderr)
     run_id, outcomes = apply(spec, plan)
     from eagle3_runner.runner.results import print_results
-    print_results(Path(plan.results), run_id=run_id, spec_name=spec.name)
     failed = [o for o in outcomes if o.status != "done"]
+    if not failed:
+        print_results(Path(plan.results), run_id=run_id, spec_name=spec.name)
+        return 0
+    # what this run's finished stages stored, if anything (never an empty table, nor an older
+    # run's results), then why it failed
+    print_results(Path(plan.results), run_id=run_id, skip_empty=True)
     for o in failed:
         _err(outcome_line(o))
-    return 1 if failed else 0
+    return 1
 
 
 def outcome_line(o) -> str:

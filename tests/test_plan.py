@@ -560,6 +560,29 @@ def test_validate_and_plan_give_the_stages_data_verdict(tmp_path):
                                    "export") == []
 
 
+def test_a_failed_apply_prints_the_error_not_an_empty_table(tmp_path, fake_stages, capsys):
+    """Issue 48: a failed `runner apply` printed an empty metrics table (its header) before the
+    error. Now a run that stored nothing prints only the error; one whose earlier stages
+    finished prints what they stored (this run's, never an older run's), then the error."""
+    from eagle3_runner.runner.cli import main
+    path = _write_spec(tmp_path, make_spec(tmp_path))
+    fake_stages.setenv("FAIL_STAGE", "extract")
+    assert main(["apply", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and "error: stage extract failed: RuntimeError: extract failed on purpose" \
+        in err, (out, err)
+    fake_stages.setenv("FAIL_STAGE", "train")
+    assert main(["apply", str(path)]) == 1
+    out, err = capsys.readouterr()
+    rows = [ln.split() for ln in out.splitlines()[2:]]
+    assert out.startswith("run_id") and [r[2:4] for r in rows] == [["extract", "rows"]], out
+    assert [ln.split(":")[1].strip() for ln in err.splitlines() if ln.startswith("error:")] == \
+        ["stage train failed", "stage export skipped", "stage bench skipped"]
+    fake_stages.delenv("FAIL_STAGE")
+    assert main(["apply", str(path)]) == 0
+    assert "train" in capsys.readouterr().out
+
+
 def _write_spec(tmp_path: Path, spec) -> Path:
     import yaml
     p = tmp_path / "spec.yaml"
