@@ -162,12 +162,21 @@ def cmd_query(args) -> int:
 
 
 def cmd_fetch(args) -> int:
-    from eagle3_runner.runner.assets import ASSETS, fetch
-    names = list(ASSETS) if "all" in args.assets else args.assets
+    """One line per asset, fetched or found (assets.report_line); an asset that fails is an
+    error line and the others are still fetched (exit 1)."""
+    from eagle3_runner.runner.assets import ASSETS, fetch, report_line
+    from eagle3_runner.runner.errors import FetchError
+    names = list(ASSETS) if "all" in args.assets else list(dict.fromkeys(args.assets))
+    failed = 0
     for n in names:
-        p = fetch(n, Path(args.wheel_dir) if args.wheel_dir else None)
-        print(f"{n}: {p}")
-    return 0
+        try:
+            p, how = fetch(n, Path(args.wheel_dir) if args.wheel_dir else None)
+        except FetchError as e:
+            _err(f"error: {n}: {e}")
+            failed += 1
+            continue
+        print(report_line(n, p, how), flush=True)
+    return 1 if failed else 0
 
 
 def cmd_inspect(args) -> int:
