@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from eagle3_runner.runner.errors import SpecError, exit_code
+from eagle3_runner.runner.errors import FetchError, SpecError, exit_code
 
 EXAMPLES = {
     "init": "examples:\n  runner init --target ~/models/Llama-3.1-8B-Instruct --out llama.yaml\n"
@@ -165,7 +165,6 @@ def cmd_fetch(args) -> int:
     """One line per asset, fetched or found (assets.report_line); an asset that fails is an
     error line and the others are still fetched (exit 1)."""
     from eagle3_runner.runner.assets import ASSETS, fetch, report_line
-    from eagle3_runner.runner.errors import FetchError
     names = list(ASSETS) if "all" in args.assets else list(dict.fromkeys(args.assets))
     failed = 0
     for n in names:
