@@ -7,6 +7,9 @@ Public API (extract, regenerate, online training and the bench's `sharegpt` prom
     load_conversations(data_spec) -> (train, holdout, report)
     conversations_from_file(path) -> (conversations, report)     # no sampling, no fraction check
     conversations_from_records(records, info) -> the same, for records read elsewhere
+    count_file(path) -> report                  # the same report, streamed, none kept, cached
+    check_conversations(report, data_spec)      # the stages' verdicts on a report (StageError)
+    data_problems(data_spec) -> [message]       # those verdicts before any stage (validate/plan)
     read_records(path) -> (records, info); clean_records(records) -> (conversations, report)
     check_bad_fraction(report, max_bad_fraction)                  # raises StageError above it
     show_data_report(ctx, report, tokenize_report=None)  # printed; dropped/<reason> metrics
@@ -73,6 +76,9 @@ UNUSABLE = ("malformed", "truncated", "trailing_data", "too_deep", "bad_encoding
 POLICY = ("empty", "no_assistant", "starts_with_assistant", "non_text_content", "duplicate")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # undecodable bytes (surrogateescape) or bad escapes
 _MERGEABLE = ("user", "assistant", "system")
+# validate and plan count a data file up to this size (once per file version, ~16 s per GB on
+# one core; the text is held while it is read); a larger one is checked by the stage alone
+COUNT_MAX_BYTES = 2 << 30
 
 
 # ----------------------------------------------------------------------------------------------
@@ -160,34 +166,48 @@ def normalize_record(rec: Any) -> tuple[list[dict] | None, str | None, list[str]
     return head + body, None, notes
 
 
+class Cleaner:
+    """clean_records one record at a time: add(record, where) -> the conversation or None (dropped,
+    counted); report() -> clean_records' report of the records added so far. Keeps a 20-byte
+    digest per kept conversation (the duplicate check), never the conversations."""
+
+    def __init__(self):
+        self.seen: set[bytes] = set()
+        self.dropped, self.trimmed, self.unknown = Counter(), Counter(), Counter()
+        self.examples: dict[str, list[str]] = {}
+
+    def add(self, rec: Any, where: str) -> list[dict] | None:
+        conv, why, notes = normalize_record(rec)
+        self.trimmed.update(notes)
+        if why is None:
+            key = hashlib.sha1(json.dumps(conv, ensure_ascii=False).encode()).digest()
+            if key not in self.seen:
+                self.seen.add(key)
+                return conv
+            why = "duplicate"
+        if why.startswith("unknown_role:"):
+            self.unknown[why.split(":", 1)[1]] += 1
+            why = "unknown_role"
+        self.dropped[why] += 1
+        if why in UNUSABLE and len(self.examples.setdefault(why, [])) < 3:
+            self.examples[why].append(where)
+        return None
+
+    def report(self) -> dict:
+        return {"dropped": dict(sorted(self.dropped.items())),
+                "trimmed": dict(sorted(self.trimmed.items())),
+                "unknown_roles": dict(self.unknown.most_common(20)), "examples": self.examples}
+
+
 def clean_records(records: list[Any], where: list[str] | None = None
                   ) -> tuple[list[list[dict]], dict]:
     """Normalise, drop and deduplicate. where[i] names record i in messages (e.g. "d.jsonl:12";
     default "record i", 0-based). Returns (conversations, report {"dropped": {reason: n},
     "trimmed": {note: n}, "unknown_roles": {name: n}, "examples": {reason: [where, ...]}})."""
-    out, seen = [], set()
-    dropped, trimmed, unknown = Counter(), Counter(), Counter()
-    examples: dict[str, list[str]] = {}
-    for i, rec in enumerate(records):
-        conv, why, notes = normalize_record(rec)
-        trimmed.update(notes)
-        if why is None:
-            key = hashlib.sha1(json.dumps(conv, ensure_ascii=False).encode()).digest()
-            if key in seen:
-                why = "duplicate"
-            else:
-                seen.add(key)
-                out.append(conv)
-                continue
-        if why.startswith("unknown_role:"):
-            unknown[why.split(":", 1)[1]] += 1
-            why = "unknown_role"
-        dropped[why] += 1
-        if why in UNUSABLE and len(examples.setdefault(why, [])) < 3:
-            examples[why].append(where[i] if where else f"record {i}")
-    return out, {"dropped": dict(sorted(dropped.items())),
-                 "trimmed": dict(sorted(trimmed.items())),
-                 "unknown_roles": dict(unknown.most_common(20)), "examples": examples}
+    cleaner = Cleaner()
+    out = [conv for i, rec in enumerate(records)
+           if (conv := cleaner.add(rec, where[i] if where else f"record {i}")) is not None]
+    return out, cleaner.report()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -224,6 +244,13 @@ def conversations_from_records(records: list[Any], info: dict) -> tuple[list[lis
     name = Path(info["path"]).name
     lines = info.pop("lines", None)
     convs, rep = clean_records(records, [f"{name}:{k}" for k in lines] if lines else None)
+    return convs, _file_report(info, rep, len(convs))
+
+
+def _file_report(info: dict, rep: dict, clean: int) -> dict:
+    """conversations_from_file's report: the reader's info (its own unusable records and
+    examples included) merged with the cleaner's report (clean_records) of `clean` kept."""
+    info = dict(info)
     lost = info.pop("unusable", {})  # records the reader could not parse
     dropped = Counter(lost) + Counter(rep["dropped"])
     ex_read, ex_clean = info.pop("examples", {}), rep["examples"]
@@ -231,11 +258,49 @@ def conversations_from_records(records: list[Any], info: dict) -> tuple[list[lis
     seen = info["records_read"] + sum(lost.values())
     unusable = {r: n for r, n in sorted(dropped.items()) if r in UNUSABLE}
     bad = sum(unusable.values())
-    return convs, {**info, "records_seen": seen,
-                   "dropped": dict(sorted(dropped.items())), "unusable": unusable,
-                   "unusable_records": bad, "bad_fraction": bad / seen if seen else 0.0,
-                   "examples": examples, "trimmed": rep["trimmed"],
-                   "unknown_roles": rep["unknown_roles"], "clean": len(convs)}
+    return {**info, "records_seen": seen,
+            "dropped": dict(sorted(dropped.items())), "unusable": unusable,
+            "unusable_records": bad, "bad_fraction": bad / seen if seen else 0.0,
+            "examples": examples, "trimmed": rep["trimmed"],
+            "unknown_roles": rep["unknown_roles"], "clean": clean}
+
+
+def count_file(path: Path) -> dict:
+    """conversations_from_file's report without the conversations: the file streamed through
+    the same reader and cleaner (data/records.py iter_records, Cleaner), record by record, none
+    kept. Cached by the file's path, size and mtime (and the reader's and cleaner's source): in
+    this process and as a small JSON file under cache_dir()/data-counts/, so that `runner
+    validate` and `runner plan` count a large file once. Raises as conversations_from_file."""
+    path = Path(path)
+    if not path.is_file():
+        read_records(path)  # raises the StageError naming the file
+    st = path.stat()
+    return copy.deepcopy(_count_cached(str(path.resolve()), st.st_size, st.st_mtime_ns))
+
+
+@lru_cache(maxsize=16)
+def _count_cached(path: str, size: int, mtime_ns: int) -> dict:
+    from eagle3_runner.data import records as records_mod
+    from eagle3_runner.runner.files import atomic_write, cache_dir
+    h = hashlib.sha256(json.dumps([path, size, mtime_ns]).encode())
+    for code in (records_mod.__file__, __file__):  # a changed rule is a new count
+        h.update(Path(code).read_bytes())
+    memo = cache_dir() / "data-counts" / f"{h.hexdigest()[:32]}.json"
+    try:
+        return json.loads(memo.read_text())
+    except (OSError, ValueError):
+        pass
+    info: dict = {"path": path}
+    cleaner, name, clean = Cleaner(), Path(path).name, 0
+    for rec, line in records_mod.iter_records(Path(path), info):
+        clean += cleaner.add(rec, f"{name}:{line}") is not None
+    rep = _file_report(info, cleaner.report(), clean)
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(memo, json.dumps(rep))
+    except OSError:  # a read-only cache only costs time
+        pass
+    return rep
 
 
 def _reasons(counts: dict, examples: dict | None = None) -> str:
@@ -267,34 +332,66 @@ def check_bad_fraction(report: dict, max_bad_fraction: float) -> None:
         "raise data.max_bad_fraction to accept the loss (docs/data.md).")
 
 
-def load_conversations(data) -> tuple[list[list[dict]], list[list[dict]], dict]:
-    """Read, clean, check and sample the spec's conversations.
-
-    data: runner.spec.Data (source, path, max_samples, holdout, seed, max_bad_fraction).
-    Returns (train, holdout, report): conversations_from_file's report + source,
-    max_bad_fraction, train, holdout. Raises StageError for a missing file, when nothing usable
-    remains, or above data.max_bad_fraction (check_bad_fraction)."""
+def data_file(data) -> Path:
+    """The file the spec's data block names: data.path, else (source sharegpt) the fetched
+    ShareGPT. Raises StageError when there is none."""
     from eagle3_runner.runner.files import expand_path
     if data.path:
-        path = expand_path(data.path)
-    elif data.source == "sharegpt":
+        return expand_path(data.path)
+    if data.source == "sharegpt":
         from eagle3_runner.runner.assets import FetchError, asset_path
         try:
-            path = asset_path("sharegpt")
+            return asset_path("sharegpt")
         except FetchError as e:
             raise StageError(f"data.source = sharegpt: {e}")
-    else:
-        raise StageError("data.path: required when data.source is jsonl")
-    convs, rep = conversations_from_file(path)
-    if not convs:
+    raise StageError("data.path: required when data.source is jsonl")
+
+
+def check_conversations(report: dict, data) -> None:
+    """The verdicts on a data file's report (conversations_from_file's, or count_file's), the
+    stages' and the plan's alike: no usable conversation; above data.max_bad_fraction
+    (check_bad_fraction); a data.holdout that leaves no conversation to train on. Raises
+    StageError naming the field, the counts and the fix."""
+    rep = report
+    if not rep["clean"]:
         skipped = ("; its last record was not valid JSON and was skipped" if rep["truncated"]
                    else "")
-        raise StageError(f"data: {path} has no usable conversation ({rep['records_read']} "
+        raise StageError(f"data: {rep['path']} has no usable conversation ({rep['records_read']} "
                          f"records read{skipped}; dropped "
                          f"{_reasons(rep['dropped'], rep['examples'])}"
                          f"{_hints(rep)}). Records need user and assistant turns (from/value or "
                          "role/content; docs/data.md).")
     check_bad_fraction(rep, data.max_bad_fraction)
+    if rep["clean"] <= data.holdout:  # data.max_samples >= 1: train gets what holdout leaves
+        raise StageError(f"data.holdout = {data.holdout}: leaves no training conversation "
+                         f"({rep['clean']} usable). Lower data.holdout.")
+
+
+def data_problems(data) -> list[str]:
+    """What check_conversations would refuse in the spec's data file, said before any stage
+    runs (`runner validate` and `runner plan`, through runner/stages.py): the file counted by
+    count_file (streamed, cached), held to the stages' own verdicts. [] when it passes, and for
+    a file over COUNT_MAX_BYTES (not counted before the run: the stage checks it)."""
+    try:
+        path = data_file(data)
+        if path.is_file() and path.stat().st_size > COUNT_MAX_BYTES:
+            return []
+        check_conversations(count_file(path), data)
+    except StageError as e:
+        return [str(e)]
+    return []
+
+
+def load_conversations(data) -> tuple[list[list[dict]], list[list[dict]], dict]:
+    """Read, clean, check and sample the spec's conversations.
+
+    data: runner.spec.schema.Data (source, path, max_samples, holdout, seed, max_bad_fraction).
+    Returns (train, holdout, report): conversations_from_file's report + source,
+    max_bad_fraction, train, holdout. Raises StageError for a missing file, when nothing usable
+    remains, above data.max_bad_fraction or when data.holdout leaves nothing to train on
+    (check_conversations)."""
+    convs, rep = conversations_from_file(data_file(data))
+    check_conversations(rep, data)
     order = list(range(len(convs)))
     random.Random(data.seed).shuffle(order)
     hold = copy.deepcopy([convs[i] for i in order[:data.holdout]])
@@ -302,9 +399,6 @@ def load_conversations(data) -> tuple[list[list[dict]], list[list[dict]], dict]:
     if data.max_samples is not None:
         rest = rest[:data.max_samples]
     train = copy.deepcopy([convs[i] for i in rest])
-    if not train:
-        raise StageError(f"data.holdout = {data.holdout}: leaves no training conversation "
-                         f"({len(convs)} usable). Lower data.holdout.")
     report = {"source": data.source, **rep, "max_bad_fraction": data.max_bad_fraction,
               "train": len(train), "holdout": len(hold)}
     return train, hold, report

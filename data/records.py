@@ -2,6 +2,7 @@
 record the reader cannot use counted by reason (never dropped or altered silently).
 
     read_records(path) -> (records, info)
+    iter_records(path, info) -> (record, line), one at a time; info filled once exhausted
 
 info: {"records_read": n parsed, "format": "json" | "jsonl", "compression": None | "gzip" |
 "zstd", "truncated": bool, "lines": [the line each record starts on], "stopped_at_byte": int |
@@ -36,7 +37,7 @@ import sys
 import zlib
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.files import GZIP_MAGIC, ZSTD_MAGIC
@@ -172,11 +173,12 @@ def _line_of(text: str, i: int) -> int:
     return text.count("\n", 0, i) + 1
 
 
-def parse_json_array(text: str, tally: _Tally) -> tuple[list[Any], dict]:
-    """Records of a JSON array (text starts with '[' after blanks); see the module docstring."""
+def _iter_json_array(text: str, tally: _Tally, info: dict) -> Iterator[tuple[Any, int]]:
+    """(record, line) of a JSON array (text starts with '[' after blanks), one at a time; sets
+    info["truncated"] and info["stopped_at_byte"] once exhausted. See the module docstring."""
     dec = json.JSONDecoder()
     i = _skip_ws(text, 0) + 1
-    records, lines, truncated, n = [], [], False, len(text)
+    truncated, n = False, len(text)
     line, at = 1, 0  # line number of text[at]
     while True:
         i = _skip_ws(text, i)
@@ -189,14 +191,14 @@ def parse_json_array(text: str, tally: _Tally) -> tuple[list[Any], dict]:
         line, at = line + text.count("\n", at, i), i
         try:
             obj, j = dec.raw_decode(text, i)
-            records.append(obj)
-            lines.append(line)
         except (json.JSONDecodeError, RecursionError) as e:
             j = _value_end(text, i)
             if j is None:
                 truncated = True
                 break
             tally.add("too_deep" if isinstance(e, RecursionError) else "malformed", f"{line}")
+        else:
+            yield obj, line
         i = _skip_ws(text, j)
         if i < n and text[i] == ",":
             i += 1
@@ -204,33 +206,47 @@ def parse_json_array(text: str, tally: _Tally) -> tuple[list[Any], dict]:
         tally.add("truncated", f"{_line_of(text, n)} (end of file)")
     elif _skip_ws(text, i) < n:
         tally.add("trailing_data", f"{_line_of(text, _skip_ws(text, i))}")
-    return records, {"truncated": truncated, "lines": lines, "stopped_at_byte": (
-        len(text[:i].encode("utf-8", "surrogateescape")) if truncated else None)}
+    info.update(truncated=truncated, stopped_at_byte=(
+        len(text[:i].encode("utf-8", "surrogateescape")) if truncated else None))
 
 
-def parse_jsonl(text: str, tally: _Tally, path: Path) -> tuple[list[Any], dict]:
-    """One JSON value per line (only \\n ends a line: U+2028 and friends may sit inside
-    strings). A bad last line is "truncated", any other bad line "malformed"."""
-    lines = text.split("\n")
-    last = max((k for k, line in enumerate(lines, 1) if line.strip()), default=0)
-    records, where, truncated = [], [], False
-    for k, line in enumerate(lines, 1):
+def _iter_jsonl(text: str, tally: _Tally, path: Path, info: dict) -> Iterator[tuple[Any, int]]:
+    """(record, line) of JSONL text, one at a time (only \\n ends a line: U+2028 and friends may
+    sit inside strings). A bad last line is "truncated", any other bad line "malformed"; sets
+    info["truncated"] and info["stopped_at_byte"] (None) once exhausted."""
+    pending = None  # (line number, error) of a bad line: malformed, or truncated if the last
+    start, k, n = 0, 0, len(text)
+    while start <= n:
+        end = text.find("\n", start)
+        end = n if end < 0 else end
+        line, start, k = text[start:end], end + 1, k + 1
         if not line.strip():
             continue
+        if pending is not None:  # a non-blank line follows it: not the last
+            tally.add("malformed", f"{pending[0]}")
+            pending = None
         try:
-            records.append(json.loads(line))
-            where.append(k)
+            rec = json.loads(line)
         except RecursionError:
             tally.add("too_deep", f"{k}")
         except json.JSONDecodeError as e:
-            if k == last:
-                truncated = True
-                tally.add("truncated", f"{k}")
-                print(f"data: {path}:{k}: the last line is not valid JSON ({e.msg}); skipped as "
-                      "a truncated record", file=sys.stderr)
-            else:
-                tally.add("malformed", f"{k}")
-    return records, {"truncated": truncated, "lines": where, "stopped_at_byte": None}
+            pending = (k, e)
+        else:
+            yield rec, k
+    if pending is not None:
+        k, e = pending
+        tally.add("truncated", f"{k}")
+        print(f"data: {path}:{k}: the last line is not valid JSON ({e.msg}); skipped as "
+              "a truncated record", file=sys.stderr)
+    info.update(truncated=pending is not None, stopped_at_byte=None)
+
+
+def _collect(pairs: Iterator[tuple[Any, int]]) -> tuple[list[Any], list[int]]:
+    records, lines = [], []
+    for rec, line in pairs:
+        records.append(rec)
+        lines.append(line)
+    return records, lines
 
 
 def read_records(path: Path) -> tuple[list[Any], dict]:
@@ -266,27 +282,48 @@ def read_records_head(path: Path, max_bytes: int) -> tuple[list[Any], dict]:
     return records, {**info, "whole": whole}
 
 
+def iter_records(path: Path, info: dict) -> Iterator[tuple[Any, int]]:
+    """read_records one record at a time: (record, the line it starts on), by the same rules,
+    without holding the records (a count over a large file: data/conversations.py count_file).
+    Once exhausted, info holds read_records' info but "lines". Raises as read_records."""
+    path = Path(path)
+    text, comp, cut = read_text(path)
+    return _iter_parse(path, text, comp, cut, info)
+
+
 def _parse(path: Path, text: str, comp: str | None, cut: bool) -> tuple[list[Any], dict]:
     """Records of the text of `path` and the read info (read_records)."""
-    tally = _Tally(path)
+    info: dict = {}
+    records, lines = _collect(_iter_parse(path, text, comp, cut, info))
+    return records, {**info, "lines": lines}
+
+
+def _iter_parse(path: Path, text: str, comp: str | None, cut: bool, info: dict
+                ) -> Iterator[tuple[Any, int]]:
+    """(record, line) of the text of `path`, one at a time; once exhausted, info holds the read
+    info (read_records' but "lines"). Raises StageError for a single JSON object."""
+    tally, n_read = _Tally(path), 0
     i = _skip_ws(text, 0)
-    if text.startswith("[", i):
-        fmt, (records, info) = "json", parse_json_array(text, tally)
-    else:
-        fmt, (records, info) = "jsonl", parse_jsonl(text, tally, path)
-        if not records and tally.counts["malformed"] and text.startswith("{", i):
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError:
-                obj = None
-            if isinstance(obj, dict):
-                keys = ", ".join(list(obj)[:5])
-                raise StageError(f"data.path: {path} holds one JSON object (keys: {keys}); "
-                                 "the reader wants JSONL (one record per line) or a JSON array "
-                                 "of records. Write its list of records out as either.")
+    fmt = "json" if text.startswith("[", i) else "jsonl"
+    pairs = (_iter_json_array(text, tally, info) if fmt == "json"
+             else _iter_jsonl(text, tally, path, info))
+    for pair in pairs:
+        n_read += 1
+        yield pair
+    if fmt == "jsonl" and not n_read and tally.counts["malformed"] and text.startswith("{", i):
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError:
+            obj = None
+        if isinstance(obj, dict):
+            keys = ", ".join(list(obj)[:5])
+            raise StageError(f"data.path: {path} holds one JSON object (keys: {keys}); "
+                             "the reader wants JSONL (one record per line) or a JSON array "
+                             "of records. Write its list of records out as either.")
     if cut and not info["truncated"]:
         info["truncated"] = True
         tally.add("truncated", "end of the gzip stream")
-    return records, {"records_read": len(records), "format": fmt, "compression": comp, **info,
-                     "unusable": dict(sorted(tally.counts.items())), "examples": tally.examples}
-
+    truncated, stopped = info.pop("truncated"), info.pop("stopped_at_byte")
+    info.update({"records_read": n_read, "format": fmt, "compression": comp,
+                 "truncated": truncated, "stopped_at_byte": stopped,
+                 "unusable": dict(sorted(tally.counts.items())), "examples": tally.examples})

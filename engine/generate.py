@@ -179,7 +179,8 @@ def decode_step(target: Llama, cur, pos, n_gen, limit, done, seed, out, kv_slots
 class Generator:
     """Continuous batching over `rows` rows of the target's static cache.
 
-    target: our Llama (jobs.llama.from_hf_model), whose cache this allocates ([rows, .., max_seq]).
+    target: our Llama (models.llama.from_hf_model), whose cache this allocates
+    ([rows, .., max_seq]).
     max_new: the widest request (out buffer width). cuda_graph (CUDA only): compile the decode
     step with mode="reduce-overhead" (inductor + CUDA graphs; state and caches are static
     addresses); compile_backend ("eager", "aot_eager", "inductor"): compile on any device

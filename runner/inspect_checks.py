@@ -214,7 +214,7 @@ def _check_against_target(view: dict, tgt: dict) -> Findings:
     t_theta, t_scal = target_rope(tgt)
     if view.get("rope_theta") is None and "rope_parameters" in view:
         W("W_ROPE_FORM", "config.json has rope_parameters but no top-level rope_theta; SGLang "
-          "0.5.6 reads only rope_theta/rope_scaling (models/llama.py) and would use rope_theta "
+          "0.5.6 reads only rope_theta/rope_scaling (srt/models/llama.py) and would use rope_theta "
           "10000 (0.5.14+ read rope_parameters). Write "
           f"rope_theta: {d_theta} at the top level.")
     if (t_theta is not None and d_theta != t_theta) or (t_scal or None) != (d_scal or None):

@@ -24,8 +24,9 @@ from eagle3_runner.runner.files import HASHED_BELOW, atomic_write, expand_path, 
 from eagle3_runner.runner.spec.load import variant_spec
 from eagle3_runner.runner.spec.schema import Spec
 from eagle3_runner.runner.stage import artifact_identity, read_manifest
-from eagle3_runner.runner.stages import (STAGE_ORDER, enabled_stages, stage_files, stage_kind,
-                                         stage_module, stage_needs, stage_slice)
+from eagle3_runner.runner.stages import (STAGE_ORDER, data_problems, enabled_stages, reads_data,
+                                         stage_files, stage_kind, stage_module, stage_needs,
+                                         stage_slice)
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository root = the package eagle3_runner
 PACKAGE = "eagle3_runner"  # every project module is PACKAGE.<folder>...; their sources are hashed
@@ -410,7 +411,9 @@ def stage_problems(spec: Spec, stage: str, manifests: dict | None = None,
                    sid: str | None = None) -> list[str]:
     """What would make `stage` fail at once, checkable now, each a line naming its field and
     the fix: an upstream stage it requires that the spec lacks (registry `requires`), an input
-    file (target.path, data.path, the fetched ShareGPT) that does not exist, the registry's
+    file (target.path, data.path, the fetched ShareGPT) that does not exist, what the stage's
+    own data check would refuse in the data file it reads (runner/stages.py data_problems: no
+    usable conversation, data.max_bad_fraction, data.holdout), the registry's
     `preflight` (bench: sglang importable), target.device: cuda on a machine without a GPU
     (runner/placement.py device_problem), and the registry's `check` of its upstream
     artifacts when every one is complete (manifests: {stage: artifact.json or None}; None = not
@@ -425,6 +428,7 @@ def stage_problems(spec: Spec, stage: str, manifests: dict | None = None,
                        f"stages.{need} block, or remove stages.{stage}.")
     for f in stage_files(spec, stage):
         declared = _declared(spec, f)
+        n = len(out)
         if declared is None and f == "data" and spec.data.source == "sharegpt":
             from eagle3_runner.runner.assets import asset_path
             from eagle3_runner.runner.errors import FetchError
@@ -441,6 +445,8 @@ def stage_problems(spec: Spec, stage: str, manifests: dict | None = None,
         elif f == "data" and declared is not None and expand_path(declared).is_dir():
             out.append(f"data.path = {declared!r}: a folder ({sid} reads one file); point it at "
                        "the JSONL or JSON file of conversations (plain, .gz or .zst).")
+        if f == "data" and len(out) == n and reads_data(spec, stage):
+            out += data_problems(spec)  # the stages' own count and verdicts, said the same way
     if (why := placement.device_problem(spec, stage, sid)) is not None:
         out.append(why)
     # (a module without it, a test's stand-in, has nothing to check; tests/test_plan.py holds

@@ -76,10 +76,11 @@ def latest_run_with_results(store: Store, spec_name: str) -> str | None:
 
 
 def print_results(db: Path, run_id: str | None = None, as_json: bool = False,
-                  spec_name: str | None = None) -> None:
+                  spec_name: str | None = None, skip_empty: bool = False) -> None:
     """The latest summary metric of each (run, variant, stage, name), and bench summaries: of
     run_id, or of every run. With spec_name, a run_id that computed nothing (every stage up to
-    date, or none finished) shows the newest run of that spec that stored some, said on stderr."""
+    date, or none finished) shows the newest run of that spec that stored some, said on stderr.
+    skip_empty: print nothing when there is nothing to show (a failed apply: no bare header)."""
     if not Path(db).exists():
         raise StoreError(f"no results at {db}; run `runner apply SPEC` first or pass --results")
     store = Store(db)
@@ -89,10 +90,11 @@ def print_results(db: Path, run_id: str | None = None, as_json: bool = False,
               f"results of {newest}, the newest run that stored some", file=sys.stderr)
         run_id = newest
     where = f"AND l.run_id = '{run_id}'" if run_id else ""
-    cols, rows = store.query(LATEST_METRICS.format(where=where))
-    bcols, brows = store.query(BENCH_SUMMARY.format(
-        where=f"WHERE run_id = '{run_id}' " if run_id else ""))
     only = f"WHERE run_id = '{run_id}' " if run_id else ""
+    cols, rows = store.query(LATEST_METRICS.format(where=where))
+    bcols, brows = store.query(BENCH_SUMMARY.format(where=only))
+    if skip_empty and not rows and not brows:
+        return
     ccols, crows = store.query(CURVE.format(where=only))
     if as_json:  # every column of the summaries (backend, per-position acceptance, ...)
         fcols, frows = store.query(f"SELECT * FROM bench_summary {only}ORDER BY run_id DESC, "

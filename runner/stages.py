@@ -500,6 +500,25 @@ def stage_module(name: str):
     return importlib.import_module(stage_kind(name).module)
 
 
+# The one reader, cleaner and verdicts of every stage's data (data/conversations.py): validate
+# and plan hold the data file to them before any stage runs. data/ stands above runner/, so it is
+# reached by name here, like the stage code.
+DATA_MODULE = "eagle3_runner.data.conversations"
+
+
+def reads_data(spec, name: str) -> bool:
+    """Whether stage `name` reads the data file itself (data.path or the fetched ShareGPT): it
+    lists "data" among its files and no regenerate stage feeds it (then it reads that)."""
+    return "data" in stage_files(spec, name) and "regenerate" not in stage_needs(spec, name)
+
+
+def data_problems(spec) -> list[str]:
+    """What the stages would refuse in spec.data's file (data/conversations.py data_problems:
+    no usable conversation, data.max_bad_fraction, a data.holdout that leaves nothing to train
+    on), from a streamed count cached by the file's path, size and mtime. Torch-free."""
+    return importlib.import_module(DATA_MODULE).data_problems(spec.data)
+
+
 def stage_nproc(spec, stage: str) -> int:
     """Ranks for `stage`: executor.nproc_per_node (or executor.stages.<stage>.nproc_per_node on
     Slurm) for the data-parallel stages, else 1."""

@@ -271,7 +271,7 @@ def read_gguf_config(path: Path) -> dict:
 @lru_cache(maxsize=1)
 def native_causal_lm_types() -> tuple[str | None, frozenset[str] | None]:
     """(transformers version, the model_types its AutoModelForCausalLM builds without remote
-    code), read from the installed transformers' models/auto/modeling_auto.py as text (importing
+    code), read from the installed transformers/models/auto/modeling_auto.py as text (importing
     transformers imports torch and takes seconds). (None, None) when it cannot tell."""
     spec = importlib.util.find_spec("transformers")
     if spec is None or not spec.submodule_search_locations:

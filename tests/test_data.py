@@ -415,6 +415,91 @@ def test_jsonl_edge_files(tmp_path, capsys):
         load_conversations(Data(source="jsonl", path=str(p)))
 
 
+def test_count_file_is_the_stages_report_streamed_and_cached(tmp_path, monkeypatch):
+    """Issue 48: validate and plan hold the data file to the stages' own verdicts. count_file
+    streams the file through the same reader and cleaner and gives conversations_from_file's
+    report, keeping none of the conversations; it is cached by path, size and mtime (in the
+    process and as JSON under cache_dir()/data-counts/), and a changed file is counted again."""
+    import os
+
+    from eagle3_runner.data import conversations as C
+    from eagle3_runner.data import records as R
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    C._count_cached.cache_clear()
+    good = [json.dumps(rec(i)) for i in range(30)]
+    files = {  # every kind of drop, in JSONL, JSON arrays and gzip
+        "mixed.jsonl": "\n".join(good[:10] + ["{oops", json.dumps(rec(3)), "[1, 2]",
+                                               json.dumps({"messages": [{"role": "alien",
+                                                                         "content": "x"}]}),
+                                               json.dumps({"messages": []})] + good[10:]
+                                 + ['{"cut": [']) + "\n",
+        "arr.json": "[" + ",\n".join(good[:5] + ["nope", json.dumps(rec(1))] + good[5:9]) + "]",
+        "cut.json": ("[" + ",\n".join(good[:6]))[:-9],
+        "two.json": json.dumps([rec(1)]) + "\n" + json.dumps([rec(2)]),
+        "blank.jsonl": "\n\n" + good[0] + "\n\n{x\n\n" + good[1] + "\n\n",
+    }
+    for name, text in files.items():
+        p = tmp_path / name
+        p.write_text(text)
+        assert C.count_file(p) == C.conversations_from_file(p)[1], name
+    gz = tmp_path / "d.jsonl.gz"
+    gz.write_bytes(gzip.compress(("\n".join(good) + "\n").encode())[:-40])  # cut short
+    rep = C.count_file(gz)
+    assert rep == C.conversations_from_file(gz)[1] and rep["unusable"] == {"truncated": 1}
+    p = tmp_path / "mixed.jsonl"
+    rep = C.count_file(p)
+    assert (rep["records_seen"], rep["unusable_records"], rep["clean"]) == (36, 4, 30)
+    assert rep["unusable"] == {"malformed": 2, "truncated": 1, "unknown_role": 1}
+    # cached: another process (an empty lru) reads the JSON, not the file
+    memos = list((tmp_path / "cache" / "data-counts").glob("*.json"))
+    assert len(memos) == len(files) + 1
+    C._count_cached.cache_clear()
+
+    def no_reading(*a, **k):
+        raise AssertionError("read the file again")
+    monkeypatch.setattr(R, "iter_records", no_reading)
+    assert C.count_file(p) == rep
+    # a changed file (size, mtime) is a new count
+    p.write_text("\n".join(good) + "\n")
+    os.utime(p, ns=(1, 1))
+    with pytest.raises(AssertionError, match="read the file again"):
+        C.count_file(p)
+    monkeypatch.undo()
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    assert C.count_file(p)["clean"] == 30 and C.count_file(p)["unusable_records"] == 0
+    C._count_cached.cache_clear()
+
+
+def test_data_problems_are_the_stages_verdicts(tmp_path, monkeypatch):
+    """The issue's file: 4 of 34 records unusable. data_problems gives exactly the StageError
+    that load_conversations (extract, regenerate, online train) raises on it, for
+    data.max_bad_fraction, a data.holdout that leaves nothing to train on and a file with no
+    usable conversation; nothing when the stages would pass."""
+    from eagle3_runner.data.conversations import data_problems
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    p = tmp_path / "chats.jsonl"
+    p.write_text("\n".join([json.dumps(rec(i)) for i in range(30)] + ["{oops"] * 3
+                           + [json.dumps(rec(40))[:-5] + "x"]) + "\n")
+
+    def stage_error(data):
+        with pytest.raises(StageError) as e:
+            load_conversations(data)
+        return [str(e.value)]
+    data = jsonl(p)
+    assert data_problems(data) == stage_error(data)
+    assert data_problems(data)[0].startswith("data.max_bad_fraction = 0.01: 4 of 34 records")
+    looser = Data(source="jsonl", path=str(p), max_bad_fraction=0.2)
+    assert data_problems(looser) == [] and load_conversations(looser)[0]
+    held = Data(source="jsonl", path=str(p), max_bad_fraction=0.2, holdout=30)
+    assert data_problems(held) == stage_error(held)
+    assert "data.holdout = 30: leaves no training conversation (30 usable)" in data_problems(held)[0]
+    assert data_problems(Data(source="jsonl", path=str(p), max_bad_fraction=0.2, holdout=29,
+                              max_samples=1)) == []
+    p.write_text(json.dumps({"messages": [{"role": "user", "content": "no answer"}]}) + "\n")
+    assert data_problems(data) == stage_error(data) and "no usable conversation" in \
+        data_problems(data)[0]
+
+
 def test_bench_tokenize_script(sharegpt_path, smollm2_path, capsys, tmp_path):
     """scripts/bench/bench_tokenize.py checks both paths' samples equal and reports their ratio; a
     bad count is a usage error naming the flag."""

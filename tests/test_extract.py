@@ -30,7 +30,7 @@ def make_spec(smollm2_path, tmp_path, **extract):
 
 
 def run_extract(spec, out, model=None):
-    """Run the stage into `out`; `model` = (model, tok, cfg) stands in for jobs.target.load_target
+    """Run the stage into `out`; `model` = (model, tok, cfg) stands in for targets.load.load_target
     (the loader itself is exercised by the smollm2 fixture) to keep the suite fast on 2 cores."""
     if model is not None:
         with pytest.MonkeyPatch.context() as mp:

@@ -318,7 +318,7 @@ def _round_reference(d, kc, vc, aux, best, pos, sel: int, K: int) -> list[int]:
 
 @needs_triton
 def test_draft_round_torch_and_triton_equal_the_cached_step_recurrence():
-    """jobs.engine_steps.draft_round_greedy (the engine's one implementation) with kernels
+    """engine.steps.draft_round_greedy (the engine's one implementation) with kernels
     "torch" and "triton" drafts the tokens of the cached_step recurrence written out (float32:
     the triton side through the interpreter only, TF32 on CUDA), root m = 1 of K + 1 = 3 rows."""
     from eagle3_runner.engine.steps import draft_round_greedy

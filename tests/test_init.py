@@ -125,6 +125,12 @@ def test_init_reads_the_data_it_is_given(tmp_path, capsys):
     broken.write_text("\n".join(lines[:5] + ["{oops"] * 3 + lines[5:6]) + "\n")
     text, facts = build(str(target), str(broken))
     assert facts["max_bad_fraction"] == 0.01 and "the first apply stops there" in text
+    # and validate and plan on the spec it wrote say so too, as the stage will (issue 48)
+    (tmp_path / "broken.yaml").write_text(text)
+    capsys.readouterr()
+    for cmd in ("validate", "plan"):
+        assert main([cmd, str(tmp_path / "broken.yaml")]) == 1
+        assert "error: data.max_bad_fraction = 0.01: 3 of 9 records" in capsys.readouterr().err
 
 
 def test_deepseek_family_without_tokenizer(tmp_path, capsys):

@@ -31,7 +31,8 @@ STAGES = ("extract", "train", "export", "bench")
 def make_spec(tmp: Path, overrides=(), variants=None):
     data_file = tmp / "data.jsonl"
     if not data_file.exists():
-        data_file.write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n')
+        data_file.write_text('{"conversations": [{"from": "human", "value": "hi"}, '
+                             '{"from": "gpt", "value": "hello"}]}\n')
     target = tmp / "target"  # plan refuses a missing input file; no weights are ever loaded
     if not target.exists():
         target.mkdir()
@@ -151,7 +152,8 @@ def test_spec_change_names_the_field_and_cascades(tmp_path, fake_stages):
 def test_input_file_change(tmp_path, fake_stages):
     spec = make_spec(tmp_path)
     apply(spec, build_plan(spec), quiet=True)
-    (tmp_path / "data.jsonl").write_text('{"conversations": []}\n')
+    (tmp_path / "data.jsonl").write_text('{"conversations": [{"from": "human", "value": "a"}, '
+                                         '{"from": "gpt", "value": "b"}]}\n')
     r = reasons(build_plan(make_spec(tmp_path)))
     assert r["extract"] == ("run", "input changed")
     assert r["train"] == ("run", "input changed")
@@ -505,6 +507,80 @@ def test_validate_sees_what_plan_sees(tmp_path):
                                                         "stages.export")] and errors
     with pytest.raises(PlanError, match="stages.bench: set, but the spec has no stages.export"):
         build_plan(no_export)
+
+
+def test_validate_and_plan_give_the_stages_data_verdict(tmp_path):
+    """Issue 48: `runner init` on a file with 4 of 34 records unusable said the first apply
+    would stop; validate and plan said ok, and apply stopped on data.max_bad_fraction. Now
+    validate and plan (torch-free) count the file with the stages' own reader and cleaner
+    (cached) and refuse it with the message the extract stage gives, and likewise a
+    data.holdout that leaves nothing to train on; a regenerate stage reads the data in place
+    of extract, and a stage that is not run checks nothing."""
+    from eagle3_runner.data.conversations import load_conversations
+    from eagle3_runner.runner.errors import StageError
+    cache = tmp_path / "cache"
+    env = {**os.environ, "EAGLE3_CACHE": str(cache)}
+    good = [json.dumps({"conversations": [{"from": "human", "value": f"q{i}"},
+                                          {"from": "gpt", "value": f"a{i}"}]}) for i in range(30)]
+    (tmp_path / "data.jsonl").write_text("\n".join(good[:12] + ["{oops"] * 3 + good[12:]
+                                                   + ['{"cut']) + "\n")
+    spec = make_spec(tmp_path)
+    with pytest.raises(StageError) as e:
+        load_conversations(spec.data)  # what the extract stage says
+    said = str(e.value)
+    assert said.startswith("data.max_bad_fraction = 0.01: 4 of 34 records")
+    code = ("import sys\nfrom eagle3_runner.runner.cli import main\n"
+            "rc = main(sys.argv[1:])\n"
+            "heavy = sorted(m for m in ('torch', 'transformers', 'safetensors') if m in sys.modules)\n"
+            "print('HEAVY', heavy, file=sys.stderr)\nsys.exit(rc)\n")
+    path = _write_spec(tmp_path, spec)
+    for cmd in ("validate", "plan"):
+        r = subprocess.run([sys.executable, "-c", code, cmd, str(path)], cwd=ROOT, env=env,
+                           capture_output=True, text=True)
+        assert r.returncode == 1 and f"error: {said}" in r.stderr, r.stderr
+        assert "HEAVY []" in r.stderr
+    assert list((cache / "data-counts").glob("*.json"))  # counted once, then read back
+    # a looser tolerance passes; a holdout that leaves nothing to train on does not
+    loose = make_spec(tmp_path, ["data.max_bad_fraction=0.2"])
+    assert build_plan(loose).stages
+    held = make_spec(tmp_path, ["data.max_bad_fraction=0.2", "data.holdout=30"])
+    with pytest.raises(StageError) as e:
+        load_conversations(held.data)
+    with pytest.raises(PlanError) as p:
+        build_plan(held)
+    assert str(p.value) == str(e.value) and "data.holdout = 30: leaves no training" in str(e.value)
+    assert plan_mod.input_problems(held)[0] == [str(e.value)]
+    # with a regenerate stage, regenerate reads the data (once said), extract reads its output
+    regen = make_spec(tmp_path, ["stages.regenerate={}"])
+    assert plan_mod.input_problems(regen)[0] == [said]
+    assert plan_mod.stage_problems(regen, "extract") == []
+    # a stage that is not run reads nothing: an up-to-date extract is not checked
+    assert plan_mod.stage_problems(make_spec(tmp_path, ["stages.extract=null",
+                                                        "stages.train.features=online"]),
+                                   "export") == []
+
+
+def test_a_failed_apply_prints_the_error_not_an_empty_table(tmp_path, fake_stages, capsys):
+    """Issue 48: a failed `runner apply` printed an empty metrics table (its header) before the
+    error. Now a run that stored nothing prints only the error; one whose earlier stages
+    finished prints what they stored (this run's, never an older run's), then the error."""
+    from eagle3_runner.runner.cli import main
+    path = _write_spec(tmp_path, make_spec(tmp_path))
+    fake_stages.setenv("FAIL_STAGE", "extract")
+    assert main(["apply", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and "error: stage extract failed: RuntimeError: extract failed on purpose" \
+        in err, (out, err)
+    fake_stages.setenv("FAIL_STAGE", "train")
+    assert main(["apply", str(path)]) == 1
+    out, err = capsys.readouterr()
+    rows = [ln.split() for ln in out.splitlines()[2:]]
+    assert out.startswith("run_id") and [r[2:4] for r in rows] == [["extract", "rows"]], out
+    assert [ln.split(":")[1].strip() for ln in err.splitlines() if ln.startswith("error:")] == \
+        ["stage train failed", "stage export skipped", "stage bench skipped"]
+    fake_stages.delenv("FAIL_STAGE")
+    assert main(["apply", str(path)]) == 0
+    assert "train" in capsys.readouterr().out
 
 
 def _write_spec(tmp_path: Path, spec) -> Path:

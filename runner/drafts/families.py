@@ -6,17 +6,17 @@ SGLang turns the draft's eagle_config layer ids into capture indices in the TARG
 sglang/srt/models/*.py). The classes fall into four groups; what each group does per version is a
 row field of runner/drafts/rules.py, this module only says which group a target is in:
 
-- "standard": `models/llama.py`'s rule, shared by every other class that has the method (Qwen2/2.5/3,
-  Qwen3-MoE/-Next/-VL/3.5, GLM4-MoE, Gemma 3/4, MiniMax-M2/M3, Apertus, Bailing, EXAONE-MoE,
-  LongCat, Llama-4, GLM-5-Next, ...): always id + 1.
-- "deepseek": `models/deepseek_v2.py` (DeepseekV2/V3/V32ForCausalLM; Kimi-K2 is a
+- "standard": `srt/models/llama.py`'s rule, shared by every other class that has the method
+  (Qwen2/2.5/3, Qwen3-MoE/-Next/-VL/3.5, GLM4-MoE, Gemma 3/4, MiniMax-M2/M3, Apertus, Bailing,
+  EXAONE-MoE, LongCat, Llama-4, GLM-5-Next, ...): always id + 1.
+- "deepseek": `srt/models/deepseek_v2.py` (DeepseekV2/V3/V32ForCausalLM; Kimi-K2 is a
   DeepseekV3ForCausalLM) and the classes built on it: MistralLarge3ForCausalLM
   (mistral_large_3.py), GlmMoeDsaForCausalLM (glm4_moe.py, GLM-5), KimiK25ForConditionalGeneration
   (kimi_k25.py, delegates to its DeepseekV3 language model), and Glm4MoeLiteForCausalLM
   (glm4_moe_lite.py, same rule; GLM-4.7-Flash). Kimi-VL and DeepSeek-VL2 wrap a DeepseekV2 language
   model too (they have no EAGLE-3 capture method in these versions, so SGLang refuses them loudly).
-- "gpt_oss": `models/gpt_oss.py` (0.5.23 keeps ids whose maximum is L as they are).
-- "minimax_m3_vl": `models/minimax_m3_vl.py` (0.5.23 only), whose DEFAULT ids differ.
+- "gpt_oss": `srt/models/gpt_oss.py` (0.5.23 keeps ids whose maximum is L as they are).
+- "minimax_m3_vl": `srt/models/minimax_m3_vl.py` (0.5.23 only), whose DEFAULT ids differ.
 
 Detection reads config.json `architectures` (SGLang dispatches on them), then `model_type`, at the
 top level and inside `text_config` (multimodal wrappers such as Kimi-K2.5), and for a GGUF file

@@ -50,7 +50,7 @@ class SglangRules:
     # -- aux layer ids (eagle_config id k = output of 0-based layer k = HF hidden_states[k+1]) --
     def capture(self, family: str, ids, num_layers: int) -> list[int]:
         """HF hidden_states indices SGLang captures for eagle_config `ids` on an L-layer target
-        (models/llama.py and family files: layers_to_capture = [k + 1 ...], except as noted)."""
+        (srt/models/llama.py and family files: layers_to_capture = [k + 1 ...], except as noted)."""
         ids = list(ids)
         if family == DEEPSEEK and self.deepseek_first_id_rule and not (ids and ids[0] == 1):
             return ids
@@ -361,7 +361,7 @@ def _family_why(c: AuxIdCheck, where: str, why: str | None) -> str:
     if c.family == DEEPSEEK:
         base += ("SGLang 0.5.6 adds 1 to every eagle_config id; 0.5.14 and later add 1 only when "
                  "the first id is 1 and otherwise use the ids as HF hidden_states indices "
-                 "(models/deepseek_v2.py set_eagle3_layers_to_capture). ")
+                 "(srt/models/deepseek_v2.py set_eagle3_layers_to_capture). ")
     cap = _capture_text(c, c.wrong)
     base += (f"{cap[0].upper() + cap[1:]}, but training captures HF {c.trained} "
              f"({_outputs(c.trained)}).")

@@ -221,7 +221,7 @@ def main(argv=None):
                     help="the engine's target forwards and chain draft steps: triton = the fused "
                     "kernels (kernels/), torch = the models' forward, auto = torch")
     ap.add_argument("--width", default="auto", help="rows of every engine target forward "
-                    "(engine/speculative.py Engine width): auto = jobs.engine.default_width (the largest "
+                    "(engine/speculative.py Engine width): auto = engine.speculative.default_width (the largest "
                     "num_draft_tokens in bf16/fp16 on the torch path, then a 1-row decode baseline "
                     "is timed too, as base_1row; none on the fused path), none = plain 1-row "
                     "decode, or N")

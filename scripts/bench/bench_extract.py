@@ -13,7 +13,7 @@ Measures (tokens/s, median over batches after one warm-up batch, CUDA synchronis
 - extract: jobs.extract.extract_samples end to end: forward, shard assembly, safetensors
            serialisation, sha256 and the atomic write of every shard (one shard per batch), and
            the one fsync pass over all shards at the end (reported alone as sync_s).
-- extract_no_wb: the same without jobs.shards.start_writeback (the shards stay in the page
+- extract_no_wb: the same without targets.shards.start_writeback (the shards stay in the page
            cache until the final fsync pass), the A/B for that choice; the two alternate in order.
 - write_only: the same bytes written by the same writer threads with no GPU work (the disk's
            ceiling on this machine).
@@ -21,7 +21,7 @@ Each of --rounds rounds runs plain, capture, both extracts, write-only, then pla
 the mean of its two timings, and the summary row is the median over rounds.
 ratio = extract / plain; the target is >= 0.70. Writes bench_extract.json and bench_extract.md
 into --out. Inputs are random token ids (throughput does not depend on content). The weights are
-the fetched SmolLM2 (jobs.target.load_target) or, with --random-init or when it is not fetched,
+the fetched SmolLM2 (targets.load.load_target) or, with --random-init or when it is not fetched,
 a randomly initialised model of the same geometry.
 """
 
@@ -70,7 +70,7 @@ def load_model(args):
 
 def write_only(out: Path, n: int, tokens: int, model, aux: list[int], writers: int | None) -> float:
     """Seconds to write n shards of `tokens` tokens each through the extract stage's own writer
-    (jobs.shards.write_shard on the same number of threads, then sync_shards), no GPU work: the
+    (targets.shards.write_shard on the same number of threads, then sync_shards), no GPU work: the
     disk's ceiling for extraction on this machine, measured in the same run."""
     import torch
     from concurrent.futures import ThreadPoolExecutor

@@ -4,7 +4,7 @@
   compare  the same chat prompts and the same answer lengths through
              hf      jobs.regenerate.generate_batch (HF generate, left padding) at --hf-batch,
                      the path the regenerate stage used before the embedded engine
-             engine  jobs.generate.Generator (continuous batching, --rows rows, CUDA graphs
+             engine  engine.generate.Generator (continuous batching, --rows rows, CUDA graphs
                      with --cuda-graph), each answer exactly as long as HF's answer to that
                      prompt (its count to EOS; no stop ids), so both make the same tokens
            -> new tokens/s of each (useful tokens / wall seconds after a warm-up) and the ratio
@@ -20,7 +20,7 @@
            conversations
 
 Prompts: the first user turns of ShareGPT conversations (the fetched asset), --prompts of them.
-Target: the fetched SmolLM2 GGUF through jobs.target (default), or random weights with
+Target: the fetched SmolLM2 GGUF through targets.load (default), or random weights with
 SmolLM2-135M's geometry (--random-target; --geometry tiny: 2 layers x 64 wide, for CPU tests);
 the tokenizer is always SmolLM2's. Writes OUT.json and OUT.md.
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Shard-writer benchmark (CPU only, no model): 12 shards of 8 x 2048 tokens in the H200's bf16
-layout (75.6 MB each) written by jobs.shards.write_shard, with a 30 ms pause between shards
+layout (75.6 MB each) written by targets.shards.write_shard, with a 30 ms pause between shards
 standing in for the GPU forward, then the final fsync pass (sync_shards); with and without
 start_writeback (asynchronous writeback right after each shard), alternating, same run.
 

