@@ -46,7 +46,8 @@ import sys
 from pathlib import Path
 
 from eagle3_runner.runner.errors import ReportError
-from eagle3_runner.runner.files import atomic_path, expand_path
+from eagle3_runner.runner.plots import legend, ok, runs_title, save_png
+from eagle3_runner.runner.files import expand_path
 from eagle3_runner.runner.spec.schema import Spec
 from eagle3_runner.runner.store import Store
 
@@ -148,16 +149,6 @@ def _per_pos(r: dict) -> list[float] | None:
         return None
 
 
-def _runs(rows: list[dict]) -> str:
-    """Title part naming the run(s) the rows come from."""
-    ids = list(dict.fromkeys(r["run_id"] for r in rows))
-    return f"run {ids[0]}" if len(ids) == 1 else f"latest row per config from {len(ids)} runs"
-
-
-def _ok(x) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
-
-
 # ----------------------------------------------------------------------------------------------
 # plots (matplotlib imported here only)
 
@@ -175,30 +166,6 @@ def _figure(title: str, xlabel: str, ylabel: str):
     return fig, ax
 
 
-def _legend(ax, **kw) -> None:
-    """Legend inside the axes when short, to the right of them when it would cover the data."""
-    n = len(ax.get_legend_handles_labels()[0])
-    if n > 4:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), **kw)
-    else:
-        ax.legend(fontsize=8, **kw)
-
-
-def _save(fig, path: Path) -> Path:
-    """Write the figure as PNG atomically (runner.files.atomic_path)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.tight_layout()
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format="png")
-    except OSError as e:  # --out is a file, unwritable, or the disk is full
-        why = "a file is in the way" if any(q.is_file() for q in (path.parent, *path.parents)) \
-            else e.strerror or str(e)
-        raise ReportError(f"--out {path.parent}: cannot write {path.name} ({why}); pass --out a "
-                          "writable folder")
-    return path
-
-
 # marker shapes and sizes per line, largest first and hollow: lines that coincide (a starved
 # drafter gives chains 3 and 5 the same tau) stay visible as nested markers
 MARKERS = (("o", 11), ("s", 8), ("^", 6), ("D", 4.5), ("v", 3.5), ("P", 3))
@@ -209,7 +176,7 @@ def plot_tau_vs_samples(rows: list[dict], spec_name: str, path: Path) -> Path | 
     One line per prompt set (and per config field that varies), each with its own hollow marker
     (MARKERS). None when no row has both, or when every row has the same train_samples (one
     point per line says nothing about data: it takes a data-scaling sweep)."""
-    rows = [r for r in rows if _ok(r.get("train_samples")) and _ok(r.get("tau"))]
+    rows = [r for r in rows if ok(r.get("train_samples")) and ok(r.get("tau"))]
     if len({r["train_samples"] for r in rows}) < 2:
         return None
     fig, ax = _figure(f"{spec_name}: accept length vs training data\n(latest row per variant)",
@@ -232,8 +199,8 @@ def plot_tau_vs_samples(rows: list[dict], spec_name: str, path: Path) -> Path | 
     ax.set_xticks(xs, [f"{x:,}" for x in xs])
     ax.margins(x=0.08, y=0.12)
     ax.axhline(1.0, color="grey", lw=0.8, ls=":", label="tau 1.0 = nothing accepted")
-    _legend(ax)
-    return _save(fig, path)
+    legend(ax)
+    return save_png(fig, path)
 
 
 def plot_accept_per_pos(rows: list[dict], spec_name: str, path: Path) -> Path | None:
@@ -242,7 +209,7 @@ def plot_accept_per_pos(rows: list[dict], spec_name: str, path: Path) -> Path | 
     rows = [r for r in rows if _per_pos(r)]
     if not rows:
         return None
-    fig, ax = _figure(f"{spec_name}: acceptance per draft position\n({_runs(rows)})",
+    fig, ax = _figure(f"{spec_name}: acceptance per draft position\n({runs_title(rows)})",
                       "draft position", "acceptance rate (fraction of rounds)")
     kmax = 1
     for label, rs in group(rows, ("num_steps",), ()).items():
@@ -250,26 +217,26 @@ def plot_accept_per_pos(rows: list[dict], spec_name: str, path: Path) -> Path | 
         kmax = max(kmax, len(p))
         tau = rs[-1].get("tau")
         ax.plot(range(1, len(p) + 1), p, "o-",
-                label=label + (f"  (tau {tau:.2f})" if _ok(tau) else ""))
+                label=label + (f"  (tau {tau:.2f})" if ok(tau) else ""))
     ax.set_xticks(range(1, kmax + 1))
     ax.set_ylim(0, 1.02)
-    _legend(ax)
-    return _save(fig, path)
+    legend(ax)
+    return save_png(fig, path)
 
 
 def plot_tok_s(rows: list[dict], spec_name: str, path: Path) -> Path | None:
     """Speculative tok/s against num_steps, one line per config group; each group's baseline
     (target-only, measured in the same run as its row) tok/s is a dashed horizontal line. None
     when no row has spec_tok_s."""
-    rows = [r for r in rows if _ok(r.get("spec_tok_s")) and r.get("num_steps") is not None]
+    rows = [r for r in rows if ok(r.get("spec_tok_s")) and r.get("num_steps") is not None]
     if not rows:
         return None
-    fig, ax = _figure(f"{spec_name}: decode speed vs num_steps\n({_runs(rows)}; "
+    fig, ax = _figure(f"{spec_name}: decode speed vs num_steps\n({runs_title(rows)}; "
                       "label = speedup over the baseline)", "num_steps", "tokens / s")
     # one line per tree shape: a chain's num_draft_tokens (K + 1) follows num_steps, a tree's not
     rows = [r if _tree(r) else {**r, "num_draft_tokens": None} for r in rows]
     groups = group(rows, (), ("num_steps",))
-    bases = {label: [r["base_tok_s"] for r in rs if _ok(r.get("base_tok_s"))]
+    bases = {label: [r["base_tok_s"] for r in rs if ok(r.get("base_tok_s"))]
              for label, rs in groups.items()}
     means = {k: sum(v) / len(v) for k, v in bases.items() if v}
     shared = bool(means) and max(means.values()) - min(means.values()) <= 0.01 * max(means.values())
@@ -278,7 +245,7 @@ def plot_tok_s(rows: list[dict], spec_name: str, path: Path) -> Path | None:
         (line,) = ax.plot([r["num_steps"] for r in rs], [r["spec_tok_s"] for r in rs], "o-",
                           label=f"EAGLE-3 ({label})")
         for r in rs:
-            if _ok(r.get("speedup")):
+            if ok(r.get("speedup")):
                 ax.annotate(f"{r['speedup']:.2f}x", (r["num_steps"], r["spec_tok_s"]), fontsize=7,
                             textcoords="offset points", xytext=(4, 4))
         if label in means and not shared:
@@ -290,8 +257,8 @@ def plot_tok_s(rows: list[dict], spec_name: str, path: Path) -> Path | None:
     ax.set_xticks(sorted({r["num_steps"] for r in rows}))
     ax.margins(x=0.12)
     ax.set_ylim(bottom=0)
-    _legend(ax)
-    return _save(fig, path)
+    legend(ax)
+    return save_png(fig, path)
 
 
 def plot_configs(rows: list[dict], spec_name: str, path: Path) -> Path | None:
@@ -299,7 +266,7 @@ def plot_configs(rows: list[dict], spec_name: str, path: Path) -> Path | None:
     labelled by its configuration (shape + whatever else differs); speedup and break-even tau
     written on the tok/s bars, each bar's same-run baseline tok/s dashed across it. None when no
     row has tau."""
-    rows = [r for r in rows if _ok(r.get("tau"))]
+    rows = [r for r in rows if ok(r.get("tau"))]
     if not rows:
         return None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -313,23 +280,23 @@ def plot_configs(rows: list[dict], spec_name: str, path: Path) -> Path | None:
     fig = Figure(figsize=(max(8, 0.9 * len(rows) + 3), 4.5), dpi=110)
     FigureCanvasAgg(fig)
     a1, a2 = fig.subplots(1, 2)
-    fig.suptitle(f"{spec_name}: tau and decode speed per configuration ({_runs(rows)})",
+    fig.suptitle(f"{spec_name}: tau and decode speed per configuration ({runs_title(rows)})",
                  fontsize=10)
     x = range(len(rows))
     a1.bar(x, [r["tau"] for r in rows], color=colors)
     a1.axhline(1.0, color="grey", lw=0.8, ls=":")
     a1.set_ylabel("tau = tokens per verify pass (incl. bonus)")
-    tok = [r.get("spec_tok_s") if _ok(r.get("spec_tok_s")) else 0.0 for r in rows]
+    tok = [r.get("spec_tok_s") if ok(r.get("spec_tok_s")) else 0.0 for r in rows]
     a2.bar(x, tok, color=colors)
     a2.set_ylabel("tokens / s")
     for i, r in enumerate(rows):
-        note = [f"{r['speedup']:.2f}x" if _ok(r.get("speedup")) else "",
-                f"pays at\ntau {r['break_even_tau']:.2f}" if _ok(r.get("break_even_tau"))
+        note = [f"{r['speedup']:.2f}x" if ok(r.get("speedup")) else "",
+                f"pays at\ntau {r['break_even_tau']:.2f}" if ok(r.get("break_even_tau"))
                 else ""]
-        top = max(tok[i], r["base_tok_s"] if _ok(r.get("base_tok_s")) else 0.0)
+        top = max(tok[i], r["base_tok_s"] if ok(r.get("base_tok_s")) else 0.0)
         a2.annotate("\n".join(n for n in note if n), (i, top), fontsize=7, ha="center",
                     textcoords="offset points", xytext=(0, 3))
-    base = [(i, r["base_tok_s"]) for i, r in enumerate(rows) if _ok(r.get("base_tok_s"))]
+    base = [(i, r["base_tok_s"]) for i, r in enumerate(rows) if ok(r.get("base_tok_s"))]
     if base:  # each bar's own same-run baseline: runs differ (machine, load), so no average
         a2.hlines([b for _, b in base], [i - 0.45 for i, _ in base], [i + 0.45 for i, _ in base],
                   colors="black", linestyles="--", lw=1)
@@ -340,7 +307,7 @@ def plot_configs(rows: list[dict], spec_name: str, path: Path) -> Path | None:
         ax.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=7)
         ax.grid(True, axis="y", alpha=0.3)
         ax.margins(y=0.15)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_variants(rows: list[dict], spec_name: str, path: Path) -> Path | None:
@@ -348,7 +315,7 @@ def plot_variants(rows: list[dict], spec_name: str, path: Path) -> Path | None:
     else varies but the variant), bars sorted by tau (highest on top), base dark, each bar
     annotated with tau and its difference to base's tau in the same panel. None when fewer than
     two variants have tau."""
-    rows = [r for r in rows if _ok(r.get("tau"))]
+    rows = [r for r in rows if ok(r.get("tau"))]
     if len({r.get("variant") for r in rows}) < 2:
         return None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -358,7 +325,7 @@ def plot_variants(rows: list[dict], spec_name: str, path: Path) -> Path | None:
     fig = Figure(figsize=(5.5 * len(panels), max(3.0, 0.35 * n + 1.5)), dpi=110)
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    fig.suptitle(f"{spec_name}: accept length per variant ({_runs(rows)})", fontsize=10)
+    fig.suptitle(f"{spec_name}: accept length per variant ({runs_title(rows)})", fontsize=10)
     for ax, (label, rs) in zip(axes, panels.items()):
         rs = sorted(rs, key=lambda r: r["tau"])
         base = next((r["tau"] for r in rs if r.get("variant") == "base"), None)
@@ -375,7 +342,7 @@ def plot_variants(rows: list[dict], spec_name: str, path: Path) -> Path | None:
         ax.set_xlim(max(0.0, lo - 0.1 * (max(r["tau"] for r in rs) - lo + 0.5)),
                     max(r["tau"] for r in rs) * 1.08)
         ax.grid(True, axis="x", alpha=0.3)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 # ----------------------------------------------------------------------------------------------

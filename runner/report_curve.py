@@ -17,7 +17,7 @@ import math
 import textwrap
 from pathlib import Path
 
-from eagle3_runner.runner import report
+from eagle3_runner.runner.plots import legend, ok, runs_title, save_png
 from eagle3_runner.runner.files import expand_path
 from eagle3_runner.runner.spec.schema import Spec
 from eagle3_runner.runner.store import Store
@@ -59,7 +59,7 @@ def lines(rows: list[dict]) -> dict[str, list[dict]]:
 
 def _points(rs: list[dict]) -> list[tuple]:
     return [(r.get("train_samples"), r["snapshot_step"], r["tau"]) for r in rs
-            if report._ok(r.get("tau")) and (r.get("snapshot_step") or 0) > 0]
+            if ok(r.get("tau")) and (r.get("snapshot_step") or 0) > 0]
 
 
 def _not_separable(points: list[tuple]) -> str | None:
@@ -113,7 +113,7 @@ def break_evens(rows: list[dict], summaries: list[dict]) -> dict[str, float]:
     for label, rs in lines(rows).items():
         key = tuple(rs[-1].get(f) for f in MATCH)
         be = [s["break_even_tau"] for s in summaries if tuple(s.get(f) for f in MATCH) == key
-              and report._ok(s.get("break_even_tau"))]
+              and ok(s.get("break_even_tau"))]
         if be:
             out[label] = be[-1]
     return out
@@ -131,7 +131,7 @@ def _n(x) -> str:
 
 def _reach(gap: float, slope: float, now, what: str) -> str:
     """"N doublings of WHAT alone (~X WHAT)" to close `gap` at `slope` per doubling."""
-    if not (report._ok(slope) and slope > 1e-9):
+    if not (ok(slope) and slope > 1e-9):
         return f"more {what} alone does not reach it (the fit's slope is {slope:+.3f} <= 0)"
     k = gap / slope
     if k > MAX_DOUBLINGS:
@@ -166,7 +166,7 @@ def _line_advice(label: str, rs: list[dict], be: float | None) -> str:
             out.append(f"Break-even takes {_reach(gap, f['a'], S, 'data')}, or "
                        f"{_reach(gap, f['b'], T, 'steps')}.")
         return " ".join(out)
-    if not report._ok(f["s"]):
+    if not ok(f["s"]):
         out.append(f"Data and steps were not separable ({f['why']}) and no slope can be fitted: "
                    "bench more snapshots (stages.bench.curve: 3 or more) to learn what more data "
                    "or steps buy.")
@@ -222,7 +222,7 @@ def plot_curve(rows: list[dict], summaries: list[dict], spec_name: str, path: Pa
     FigureCanvasAgg(fig)
     gs = fig.add_gridspec(2, 2, height_ratios=[4.2, 0.15 * n_text + 0.1])
     axes = [fig.add_subplot(gs[0, i]) for i in range(2)]
-    fig.suptitle(f"{spec_name}: learning curve ({report._runs(rows)}; dashed: each engine's "
+    fig.suptitle(f"{spec_name}: learning curve ({runs_title(rows)}; dashed: each engine's "
                  "break-even tau, thin: the fit)", fontsize=10)
     for i, (label, rs) in enumerate(lines(rows).items()):
         color, f = f"C{i}", fit(_points(rs))
@@ -236,7 +236,7 @@ def plot_curve(rows: list[dict], summaries: list[dict], spec_name: str, path: Pa
                     mew=1.6, color=color, label=f"{label} selected (exported)" if sel else None)
             fitted = [(r[key], predict(f, r.get("train_samples"), r["snapshot_step"]))
                       for r in ps if f["kind"] == "steps" or r.get("train_samples")]
-            if fitted and all(report._ok(y) for _, y in fitted):
+            if fitted and all(ok(y) for _, y in fitted):
                 ax.plot(*zip(*fitted), "-", lw=0.8, alpha=0.7, color=color)
             if label in bes:
                 ax.axhline(bes[label], color=color, ls="--", lw=1.2,
@@ -248,8 +248,8 @@ def plot_curve(rows: list[dict], summaries: list[dict], spec_name: str, path: Pa
         ax.set_xlabel(xlabel)
         ax.set_ylabel("tau = tokens per verify pass (incl. bonus)")
         ax.margins(y=0.12)
-    report._legend(axes[1])  # both panels have the same lines
+    legend(axes[1])  # both panels have the same lines
     tx = fig.add_subplot(gs[1, :])
     tx.axis("off")
     tx.text(0.0, 1.0, text, va="top", ha="left", fontsize=7.5, transform=tx.transAxes)
-    return report._save(fig, path)
+    return save_png(fig, path)

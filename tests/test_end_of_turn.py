@@ -158,7 +158,8 @@ def test_a_gguf_whose_converted_tokenizer_says_im_start_is_warned_about(smollm2_
 
 def _spec_data(tmp_path: Path, target: Path, stages: dict) -> dict:
     data = tmp_path / "data.jsonl"
-    data.write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n')
+    data.write_text('{"conversations": [{"from": "human", "value": "hi"}, '
+                    '{"from": "gpt", "value": "hello"}]}\n')
     return {"name": "eot", "work_dir": str(tmp_path / "work"),
             "target": {"path": str(target), "device": "cpu", "dtype": "float32"},
             "drafter": {"aux_layer_ids": [1, 14, 26], "draft_vocab_size": 2048},
@@ -236,7 +237,7 @@ def test_the_bench_stops_at_the_models_end_of_turn_on_both_backends(im_start, tm
     from eagle3_runner.targets.sglang_bench import record
     seen = {}
 
-    def sglang_part(ctx, export_dir, sets, stop_ids, dtype):
+    def sglang_part(ctx, export_dir, sets, stop_ids, dtype, snapshots=()):
         seen["sglang"] = tuple(stop_ids)
         raise Caught
 
@@ -246,7 +247,7 @@ def test_the_bench_stops_at_the_models_end_of_turn_on_both_backends(im_start, tm
     monkeypatch.setattr(bench, "sglang_part", sglang_part)
     monkeypatch.setattr(bench, "_embedded", embedded)
     monkeypatch.setattr(bench, "load_engine_parts",
-                        lambda spec, export_dir: (None, None, _tok(im_start), "cpu"))
+                        lambda spec, export_dir: (None, None, _tok(im_start), "cpu", None))
     for backend in ("sglang", "embedded"):
         spec = _bench_spec(tmp_path, im_start, backend)
         ctx = _ctx(spec, "bench", tmp_path / backend, export=tmp_path / "export")

@@ -167,7 +167,7 @@ def test_one_run_has_no_tau_vs_samples_plot_and_the_labels_say_what_they_are(tmp
     store.emit("bench_summary", [{**summary_row("a", "base", k, 54, 1.15, 30.0),
                                   "break_even_tau": 7.56} for k in (3, 5)])
     figs = []
-    monkeypatch.setattr(report, "_save", lambda fig, path: figs.append(fig) or path)
+    monkeypatch.setattr(report, "save_png", lambda fig, path: figs.append(fig) or path)
     assert report_cli(spec, tmp_path / "out") == 0
     err = capsys.readouterr().err
     assert "skipped tau_vs_samples" in err and "data-scaling sweep" in err
@@ -250,8 +250,8 @@ def test_variants_plot_of_a_recipe_sweep(tmp_path, monkeypatch):
                + [summary_row("a", v, 4, 8000, t + 0.2, 50.0, "humaneval")
                   for v, t in taus.items()])
     seen = []
-    orig = report._save
-    monkeypatch.setattr(report, "_save", lambda fig, path: seen.append(fig) or orig(fig, path))
+    orig = report.save_png
+    monkeypatch.setattr(report, "save_png", lambda fig, path: seen.append(fig) or orig(fig, path))
     assert report_cli(spec, tmp_path / "out") == 0
     assert_png(tmp_path / "out" / "rep_variants.png")
     fig = next(f for f in seen if "per variant" in f.get_suptitle())
@@ -281,8 +281,8 @@ def test_no_text_runs_off_a_plot(tmp_path, monkeypatch):
     """Every title, label and note of the five plots lies inside its PNG (the configs plot's
     right-hand title was clipped in the first-hour trial of 2026-12-04)."""
     from eagle3_runner.runner import report
-    figs, save = [], report._save
-    monkeypatch.setattr(report, "_save", lambda fig, path: figs.append(fig) or save(fig, path))
+    figs, save = [], report.save_png
+    monkeypatch.setattr(report, "save_png", lambda fig, path: figs.append(fig) or save(fig, path))
     fill(tmp_path / "r.duckdb")
     report.write_report(make_spec(tmp_path), tmp_path / "out")
     assert len(figs) == 5

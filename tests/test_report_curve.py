@@ -148,8 +148,10 @@ def test_first_epoch_only_says_data_and_steps_were_not_separable(tmp_path):
 def test_plot_is_written_atomically_with_everything_inside(tmp_path, monkeypatch):
     spec = make_spec(tmp_path)
     fill_curve(tmp_path / "r.duckdb")
-    figs, save = [], report._save
-    monkeypatch.setattr(report, "_save", lambda fig, path: figs.append(fig) or save(fig, path))
+    from eagle3_runner.runner import report_curve
+    figs, save = [], report_curve.save_png
+    monkeypatch.setattr(report_curve, "save_png",
+                        lambda fig, path: figs.append(fig) or save(fig, path))
     out = tmp_path / "out"
     p = plot_curve(curve_rows(spec), report.bench_rows(spec), "rep", out / "rep_curve.png")
     assert p == out / "rep_curve.png"
