@@ -53,24 +53,31 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
-import torch
-
-from eagle3_runner.engine.generate import M31, Generator, Request
 from eagle3_runner.data.regen_store import SYNTHETIC, ShardWriter, read_gz_jsonl, read_records, write_gz_jsonl
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.files import atomic_write
 from eagle3_runner.runner.stage import StageContext
 
+if TYPE_CHECKING:
+    from eagle3_runner.engine.generate import Generator
 
-@torch.inference_mode()
+# torch and the engine (engine/generate.py) are imported where generation starts
+
+
 def generate_batch(model, tok, prompts: list[list[dict]], max_new_tokens: int,
                    temperature: float, top_p: float, counts: list | None = None
                    ) -> tuple[list[str], int]:
     """HF generate (the stage's path before engine/generate.py; scripts/bench/bench_generate.py
     measures against it). One reply per prompt conversation. Returns (texts, generated token
     count); `counts`, when given, gets each reply's token count appended."""
+    import torch
+    with torch.inference_mode():
+        return _generate_batch(model, tok, prompts, max_new_tokens, temperature, top_p, counts)
+
+
+def _generate_batch(model, tok, prompts, max_new_tokens, temperature, top_p, counts):
     texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
              for p in prompts]
     side, pad = tok.padding_side, tok.pad_token
@@ -108,6 +115,7 @@ def generate_batch(model, tok, prompts: list[list[dict]], max_new_tokens: int,
 
 def seed_of(seed: int, *key) -> int:
     """A per-sequence sampling seed in [0, 2^31) from the stage seed and a key."""
+    from eagle3_runner.engine.generate import M31
     return zlib.crc32(":".join(map(str, (seed,) + key)).encode()) & M31
 
 
@@ -142,6 +150,7 @@ class Conv:
 def make_generator(target, params, max_length: int, compile_backend=None) -> Generator:
     """The Generator of the stage: params.batch_size rows, max_seq = data.max_length +
     max_new_tokens (a prompt below max_length always gets its whole answer budget)."""
+    from eagle3_runner.engine.generate import Generator
     width = max(params.max_new_tokens, params.synthetic_max_tokens if params.synthetic_prompts
                 else 1)
     return Generator(target, rows=params.batch_size, max_seq=max_length + width, max_new=width,
@@ -197,6 +206,7 @@ def warm_up(gen: Generator, tok, params) -> float:
     build and warm, and the 2026-12-02 scale run's regeneration, both compiles inside its 3.5-minute
     budget, averaged 8.8k tok/s). Returns the seconds it took."""
     from eagle3_runner.data.prompts import render
+    from eagle3_runner.engine.generate import Request
     t0 = time.perf_counter()
     ids = render(tok, [{"role": "user", "content": "Hello!"}])
     modes = [(params.temperature, params.top_p)]
@@ -217,6 +227,7 @@ def synthesize(gen: Generator, tok, params, guard, progress=True,
     budget = budget or Budget(None)
     from tqdm import tqdm
     from eagle3_runner.data.synthetic import select, user_turn_prefix
+    from eagle3_runner.engine.generate import Request
     prefix, stop = user_turn_prefix(tok)
     want, cands, tokens, secs = params.synthetic_prompts, [], 0, 0.0
     wait, row_steps = 0.0, 0
@@ -286,6 +297,7 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
     from tqdm import tqdm
     from eagle3_runner.data.chat import template_errors
     from eagle3_runner.data.prompts import render, render_batch
+    from eagle3_runner.engine.generate import Request
     budget = budget or Budget(None)
     if budget.end is None:
         jobs = sorted(jobs, key=lambda j: (-len(j.steps),
