@@ -289,6 +289,17 @@ def test_declaring_a_missing_set_keeps_a_finished_regeneration_and_the_plan_says
     # the reusing stage runs no target: no engine line, no memory estimate for it
     assert [e[0] for e in plan.engines] == ["extract"]
     assert "regenerate" not in [m["stage"] for m in plan.memory.get("stages", [])]
+    # reused, then another set staged under the same name: the reason says so
+    apply(spec, build_plan(spec, only=("regenerate",)))
+    recs = read_records(art)
+    f.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in recs[1:]).encode()))
+    carry.sidecar(f).write_text(f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {NAME}\n")
+    reg = build_plan(spec).stages[0]
+    assert (reg.action, reg.reason) == ("run", "input changed: stages.regenerate.reuse holds "
+                                               "another set")
+    # the set gone again: back to the finished regeneration, up to date
+    f.unlink()
+    assert build_plan(spec).stages[0].reason == "up to date"
 
 
 def test_a_missing_set_is_regenerated_by_the_stage(tmp_path, monkeypatch):
