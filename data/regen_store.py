@@ -27,6 +27,9 @@ from pathlib import Path
 
 from eagle3_runner.runner.files import atomic_path
 
+# the keys of a record (module docstring); a carried set (stages.regenerate.reuse) is checked
+# against them before it becomes a stage's output
+RECORD_KEYS = ("id", "source", "index", "messages", "finish", "answer_tokens", "cut", "dropped")
 SHARDS = "shards"
 SYNTHETIC = "synthetic_prompts.jsonl.gz"
 LEGACY = "conversations.jsonl"  # artifacts of the HF-generate stage (before shards)
@@ -108,6 +111,32 @@ def read_records(out_dir: Path) -> list[dict]:
                 for i, line in enumerate(legacy.read_text().split("\n")) if line.strip()]
     recs = [r for p in sorted(shard_dir.glob("part-*.jsonl.gz")) for r in read_gz_jsonl(p)]
     return sorted(recs, key=lambda r: (r["source"] != "real", r["index"]))
+
+
+def records_problem(records: list) -> str | None:
+    """Why `records` are not a regenerate stage's records (the keys of RECORD_KEYS, source real
+    or synthetic, an int index, each id once, messages in every record that was not dropped), or
+    None. Names the first bad record."""
+    seen = set()
+    for n, r in enumerate(records):
+        where = f"record {n + 1}"
+        if not isinstance(r, dict):
+            return f"{where} is not an object"
+        missing = [k for k in RECORD_KEYS if k not in r]
+        if missing:
+            return f"{where} has no {', '.join(missing)} (not a regenerate record)"
+        if not isinstance(r["id"], str) or r["source"] not in ("real", "synthetic") \
+                or not isinstance(r["index"], int) or isinstance(r["index"], bool):
+            return (f"{where}: id {r['id']!r}, source {r['source']!r}, index {r['index']!r} "
+                    "(a string; real or synthetic; an integer)")
+        if not all(isinstance(r[k], list) for k in ("messages", "finish", "answer_tokens")):
+            return f"{where} ({r['id']!r}): messages, finish and answer_tokens are not lists"
+        if not r["dropped"] and not r["messages"]:
+            return f"{where} ({r['id']!r}): neither dropped nor any messages"
+        if r["id"] in seen:
+            return f"{where}: id {r['id']!r} twice"
+        seen.add(r["id"])
+    return None
 
 
 def read_conversations(out_dir: Path) -> tuple[list[dict], dict]:

@@ -40,6 +40,12 @@ keeps the turns answered (the rest cut, `cut_time_budget`) and one never started
 dropped record (`dropped_time_budget`). With a budget the conversations start in a seeded
 shuffled order (real and synthetic mixed), so what fits is a uniform sample of the data; without
 one, the longest start first (no long tail).
+
+A set carried from an earlier GPU window (stages.regenerate.reuse, runner/carry.py: the shards
+of a run concatenated into one gzip JSONL file with its sha256 sidecar): when the file is there
+and its checksum right, the stage loads no target (nor torch: imported only where generation
+starts) and writes the set's records as its shards (`reuse`); when it is not there, the stage
+regenerates.
 """
 
 from __future__ import annotations
@@ -48,23 +54,27 @@ import itertools
 import json
 import math
 import random
+import sys
 import time
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
-import torch
-
-from eagle3_runner.engine.generate import M31, Generator, Request
-from eagle3_runner.data.regen_store import SYNTHETIC, ShardWriter, read_gz_jsonl, read_records, write_gz_jsonl
+from eagle3_runner.data.regen_store import (SYNTHETIC, ShardWriter, read_gz_jsonl, read_records,
+                                            records_problem, write_gz_jsonl)
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.files import atomic_write
 from eagle3_runner.runner.stage import StageContext
 
+if TYPE_CHECKING:
+    from eagle3_runner.engine.generate import Generator
 
-@torch.inference_mode()
+# torch and the engine (engine/generate.py) are imported where generation starts: a stage that
+# reuses a carried set (stages.regenerate.reuse) never imports them
+
+
 def generate_batch(model, tok, prompts: list[list[dict]], max_new_tokens: int,
                    temperature: float, top_p: float, counts: list | None = None, *,
                    stop_ids: tuple[int, ...]) -> tuple[list[str], int]:
@@ -73,6 +83,13 @@ def generate_batch(model, tok, prompts: list[list[dict]], max_new_tokens: int,
     (the target's end-of-turn ids, targets/load.py end_of_turn_ids) or max_new_tokens.
     Returns (texts, generated token count); `counts`, when given, gets each reply's token count
     appended."""
+    import torch
+    with torch.inference_mode():
+        return _generate_batch(model, tok, prompts, max_new_tokens, temperature, top_p, counts,
+                               stop_ids)
+
+
+def _generate_batch(model, tok, prompts, max_new_tokens, temperature, top_p, counts, stop_ids):
     texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
              for p in prompts]
     side, pad = tok.padding_side, tok.pad_token
@@ -111,6 +128,7 @@ def generate_batch(model, tok, prompts: list[list[dict]], max_new_tokens: int,
 
 def seed_of(seed: int, *key) -> int:
     """A per-sequence sampling seed in [0, 2^31) from the stage seed and a key."""
+    from eagle3_runner.engine.generate import M31
     return zlib.crc32(":".join(map(str, (seed,) + key)).encode()) & M31
 
 
@@ -145,6 +163,7 @@ class Conv:
 def make_generator(target, params, max_length: int, compile_backend=None) -> Generator:
     """The Generator of the stage: params.batch_size rows, max_seq = data.max_length +
     max_new_tokens (a prompt below max_length always gets its whole answer budget)."""
+    from eagle3_runner.engine.generate import Generator
     width = max(params.max_new_tokens, params.synthetic_max_tokens if params.synthetic_prompts
                 else 1)
     return Generator(target, rows=params.batch_size, max_seq=max_length + width, max_new=width,
@@ -200,6 +219,7 @@ def warm_up(gen: Generator, tok, params) -> float:
     build and warm, and the 2026-12-02 scale run's regeneration, both compiles inside its 3.5-minute
     budget, averaged 8.8k tok/s). Returns the seconds it took."""
     from eagle3_runner.data.prompts import render
+    from eagle3_runner.engine.generate import Request
     t0 = time.perf_counter()
     ids = render(tok, [{"role": "user", "content": "Hello!"}])
     modes = [(params.temperature, params.top_p)]
@@ -222,6 +242,7 @@ def synthesize(gen: Generator, tok, params, guard, stop_ids: tuple[int, ...], pr
     budget = budget or Budget(None)
     from tqdm import tqdm
     from eagle3_runner.data.synthetic import select, user_turn_prefix
+    from eagle3_runner.engine.generate import Request
     prefix, stop = user_turn_prefix(tok, stop_ids)
     want, cands, tokens, secs = params.synthetic_prompts, [], 0, 0.0
     wait, row_steps = 0.0, 0
@@ -292,6 +313,7 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
     from tqdm import tqdm
     from eagle3_runner.data.chat import template_errors
     from eagle3_runner.data.prompts import render, render_batch
+    from eagle3_runner.engine.generate import Request
     budget = budget or Budget(None)
     if budget.end is None:
         jobs = sorted(jobs, key=lambda j: (-len(j.steps),
@@ -483,7 +505,13 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
 
 def run(ctx: StageContext) -> dict:
     """Regenerate the spec's training conversations (+ synthetic ones) into ctx.out_dir/shards,
-    on the stage's engine (runner/engines.py stage_engine: embedded or sglang)."""
+    on the stage's engine (runner/engines.py stage_engine: embedded or sglang); or, when the
+    carried set of stages.regenerate.reuse is there, write its records instead (`reuse`)."""
+    from eagle3_runner.runner import carry
+    if (why := carry.problem(ctx.spec)) is not None:
+        raise StageError(why)
+    if (path := carry.present(ctx.spec)) is not None:
+        return reuse(ctx, path)
     from eagle3_runner.data.contamination import bench_guard
     from eagle3_runner.data.conversations import load_conversations, show_data_report
     from eagle3_runner.runner.engines import SGLANG, stage_engine
@@ -507,6 +535,55 @@ def run(ctx: StageContext) -> dict:
          "engine": {"engine": engine.engine, "why": engine.why, **info},
          "regenerate": {k: (v[0] if isinstance(v, tuple) else v) for k, v in m.items()}},
         indent=1, default=str))
+    return m
+
+
+def reuse(ctx: StageContext, path: Path) -> dict:
+    """The carried set at `path` (stages.regenerate.reuse, runner/carry.py; its checksum already
+    checked) as the stage's output, without the target: its records (data/regen_store.py's
+    reader), checked to be a regenerate stage's, are written as this stage's shards
+    (shard_conversations per shard, in the file's order; a resumed run keeps the shards it
+    wrote), so extract and online training read them as they read a regenerated artifact.
+    Returns summarize's metrics over the records (the generation's speeds and the data's drops
+    belong to the run that made the set) with reused = 1; report.json says `reused` (file,
+    sha256, records kept and dropped)."""
+    from eagle3_runner.runner.carry import FIELD, file_sha256
+    out, p = Path(ctx.out_dir), ctx.params
+    fix = f"stage it again with its .sha256, or remove {FIELD} to regenerate"
+    digest = file_sha256(path)
+    try:
+        records = read_gz_jsonl(path)
+    except ValueError as e:
+        raise StageError(f"{FIELD}: {e}; {fix}")
+    if (why := records_problem(records)) is not None:
+        raise StageError(f"{FIELD}: {path} is not a regenerated set ({why}); {fix}")
+    writer = ShardWriter(out, p.shard_conversations)
+    done = {r["id"] for r in writer.done}
+    for r in records:
+        if r["id"] not in done:
+            writer.add(r)
+    writer.flush()
+    written = read_records(out)
+    if sorted(r["id"] for r in written) != sorted(r["id"] for r in records):
+        raise StageError(f"regenerate: {out} holds {len(written)} records for the {len(records)} "
+                         f"of {path} (records of another set); remove the partial directory and "
+                         "run again")
+    m = summarize(written, Counter(), None)
+    del m["cut_max_turns"]  # counted by the run that made the set; not in its records
+    if not m["conversations"]:
+        raise StageError(f"{FIELD}: {path} holds {len(records)} records and every one was "
+                         f"dropped; {fix}")
+    m["reused"] = 1
+    m["resumed_conversations"] = writer.resumed
+    m["output_bytes"] = (writer.bytes, "B")
+    kept = sum(not r["dropped"] for r in written)
+    atomic_write(out / "report.json", json.dumps(
+        {"reused": {"file": str(path), "sha256": digest, "records": len(written), "kept": kept,
+                    "dropped": len(written) - kept},
+         "regenerate": {k: (v[0] if isinstance(v, tuple) else v) for k, v in m.items()}},
+        indent=1))
+    print(f"regenerate: reused {path} (sha256 {digest[:12]}...): {kept} conversations kept, "
+          f"{len(written) - kept} dropped records", file=sys.stderr, flush=True)
     return m
 
 

@@ -82,7 +82,8 @@ def cmd_validate(args) -> int:
 def _render_plan(plan) -> str:
     lines = [f"plan {plan.spec_name}  (work_dir {plan.work_dir}, executor {plan.executor})"]
     for i, p in enumerate(plan.stages, 1):
-        lines.append(f"  {i}. {p.id:<22} {p.action:<4}  key {p.key[:12]}  {p.reason}")
+        lines.append(f"  {i}. {p.id:<22} {p.action:<4}  key {p.key[:12]}  {p.reason}"
+                     + (f"; {p.note}" if p.note else ""))
     n = sum(p.action == "run" for p in plan.stages)
     lines.append(f"{n} stage(s) to run")
     lines += [f"warning: {w}" for w in plan.warnings]

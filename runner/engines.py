@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eagle3_runner.runner import carry
 from eagle3_runner.runner.errors import RunnerError
 from eagle3_runner.runner.files import expand_path
 from eagle3_runner.runner.target_config import read_target_config
@@ -48,9 +49,10 @@ class Choice:
 
 def stage_role(spec, stage: str) -> str | None:
     """GENERATE (regenerate), CAPTURE (extract, train with features: online) or None (the stage
-    does not run the target: train offline, export, bench)."""
+    does not run the target: train offline, export, bench, and a regenerate that reuses a
+    carried set that is there, runner/carry.py)."""
     if stage == "regenerate":
-        return GENERATE
+        return None if carry.present(spec) else GENERATE
     if stage == "extract" or (stage == "train" and spec.stages.train is not None
                               and spec.stages.train.features == "online"):
         return CAPTURE

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from eagle3_runner.runner import disk, engines, placement
+from eagle3_runner.runner import carry, disk, engines, placement
 from eagle3_runner.runner.errors import PlanError, RunnerError, StoreError
 from eagle3_runner.runner.files import HASHED_BELOW, atomic_write, expand_path, sha256_memo
 from eagle3_runner.runner.spec.load import variant_spec
@@ -44,6 +44,9 @@ class PlannedStage:
     needs: tuple[tuple[str, str], ...]  # (variant, stage) of upstream entries
     shared_with: str | None = None  # another variant computes this exact stage
     parts: dict = field(default_factory=dict, compare=False, hash=False)
+    # one line on what the stage will do beyond its reason (regenerate with
+    # stages.regenerate.reuse: `reuses PATH (sha256 ...)` or `regenerates: PATH not found`)
+    note: str | None = None
 
     @property
     def id(self) -> str:
@@ -198,6 +201,8 @@ def _flat(d, prefix="") -> dict:
 
 
 def _explain(old: dict, parts: dict) -> str:
+    if (why := carry.explain(old.get("spec", {}), parts["spec"])) is not None:
+        return why
     if old.get("spec") != parts["spec"]:
         a, b = _flat(old.get("spec", {})), _flat(parts["spec"])
         changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
@@ -245,6 +250,7 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
     by_key: dict[tuple[str, str], PlannedStage] = {}
     keys: dict[tuple[str, str], str] = {}
     entries = []  # (vname, stage, key, parts, needs, forced, selected) in plan order
+    notes: dict[tuple[str, str], str | None] = {}
     for vname, vspec in vspecs:
         for stage in enabled_stages(vspec):
             needs = tuple((vname, n) for n in stage_needs(vspec, stage))
@@ -255,6 +261,7 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
             key = _h(parts)
             keys[(vname, stage)] = key
             sid = stage if vname == "base" else f"{stage}@{vname}"
+            notes[(vname, stage)] = stage_note(vspec, stage)
             entries.append((vname, stage, key, parts, needs,
                             (stage in force or sid in force) and vname in picked,
                             (not only or stage in only or sid in only) and vname in picked))
@@ -275,7 +282,7 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
             first = by_key[(stage, key)]
             by_slot[(vname, stage)] = PlannedStage(
                 vname, stage, key, "skip", f"same as {first.id}", str(artifact), str(partial),
-                needs, first.variant, parts)
+                needs, first.variant, parts, notes[(vname, stage)])
             planned.append(by_slot[(vname, stage)])
             continue
         manifest = read_manifest(artifact)
@@ -297,7 +304,7 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
             action = "run"
             reason = "missing output" if state is None else _explain(state, parts)
         ps = PlannedStage(vname, stage, key, action, reason, str(artifact), str(partial),
-                          needs, None, parts)
+                          needs, None, parts, notes[(vname, stage)])
         by_key[(stage, key)] = by_slot[(vname, stage)] = ps
         planned.append(ps)
     # --only: a selected stage whose upstream is neither complete nor running is an error
@@ -358,6 +365,13 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
                 disk.report(extracts, online, work), placement.report(holds), tuple(chosen))
 
 
+def stage_note(spec: Spec, stage: str) -> str | None:
+    """The plan's note on `stage` (PlannedStage.note): for regenerate with
+    stages.regenerate.reuse, whether it reuses the carried set (its sha256) or regenerates
+    because the file is not there (runner/carry.py note)."""
+    return carry.note(spec) if stage == "regenerate" else None
+
+
 def _incomplete(stage: str, partial: Path) -> str:
     """The reason of a stage whose partial dir exists: it resumes, unless it never resumes
     (export, bench: the registry's `resumes`), resumes from a file (the registry's
@@ -413,8 +427,9 @@ def stage_problems(spec: Spec, stage: str, manifests: dict | None = None,
     the fix: an upstream stage it requires that the spec lacks (registry `requires`), an input
     file (target.path, data.path, the fetched ShareGPT) that does not exist, what the stage's
     own data check would refuse in the data file it reads (runner/stages.py data_problems: no
-    usable conversation, data.max_bad_fraction, data.holdout), the registry's
-    `preflight` (bench: sglang importable), target.device: cuda on a machine without a GPU
+    usable conversation, data.max_bad_fraction, data.holdout), the registry's `file_check`
+    (regenerate: the carried set's checksum, runner/carry.py), its `preflight`
+    (bench: sglang importable), target.device: cuda on a machine without a GPU
     (runner/placement.py device_problem), and the registry's `check` of its upstream
     artifacts when every one is complete (manifests: {stage: artifact.json or None}; None = not
     looked at, as in `runner validate`). sid names the stage in messages (stage@variant)."""
@@ -447,6 +462,8 @@ def stage_problems(spec: Spec, stage: str, manifests: dict | None = None,
                        "the JSONL or JSON file of conversations (plain, .gz or .zst).")
         if f == "data" and len(out) == n and reads_data(spec, stage):
             out += data_problems(spec)  # the stages' own count and verdicts, said the same way
+    if kind.file_check is not None and (why := kind.file_check(spec)) is not None:
+        out.append(why)  # regenerate: the carried set's checksum (runner/carry.py)
     if (why := placement.device_problem(spec, stage, sid)) is not None:
         out.append(why)
     # (a module without it, a test's stand-in, has nothing to check; tests/test_plan.py holds

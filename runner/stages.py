@@ -21,6 +21,7 @@ from typing import Annotated, Any, Callable, Literal, Optional
 
 from pydantic import Field, create_model, model_validator
 
+from eagle3_runner.runner import carry
 from eagle3_runner.runner.drafts.rules import chain_draft_tokens, spec_draft_tokens_problem
 from eagle3_runner.runner.errors import PlanError
 from eagle3_runner.runner.spec.base import Strict
@@ -66,6 +67,15 @@ class RegenerateStage(Strict):
     kernels: Literal["auto", "triton", "torch"] = Field(
         "torch", description="Decode attention: triton = kernels.attention (reads each row's own "
         "length), torch = SDPA over the longest live row, auto = torch (triton is opt-in).")
+    reuse: Optional[str] = Field(None, description=(
+        "A regenerated set carried from an earlier GPU window (runner/carry.py): a run's shards "
+        "concatenated into one gzip JSONL file (e.g. regen-NAME.jsonl.gz) with its sha256sum "
+        "sidecar PATH.sha256 next to it. When the file is there, its sha256 must be the "
+        "sidecar's (validate, plan and the stage refuse a missing sidecar or a mismatch) and "
+        "the stage writes its records as its output without running the target; its cache key "
+        "is then the file's sha256 (another set reruns what reads it). When it is not there, "
+        "the stage regenerates, with the key it has without this field. Relative = relative to "
+        "the spec file's folder; ${VAR} expanded."))
 
 
 class ExtractStage(Strict):
@@ -345,6 +355,10 @@ class StageKind:
     # RunnerError naming the fix, that validate and plan call: what this machine must have for
     # the stage to start (bench: sglang importable by stages.bench.sglang.python)
     preflight: Optional[str] = None
+    # spec -> why a file the stage reads besides target/data/drafter cannot be used, naming the
+    # field and the fix, or None; validate and plan call it (regenerate: the carried set's
+    # checksum, runner/carry.py), and the stage checks again when it runs
+    file_check: Optional[Callable[[Any], Optional[str]]] = None
 
     @property
     def module(self) -> str:
@@ -407,12 +421,24 @@ def _data(d: dict) -> dict:
     return {k: v for k, v in d["data"].items() if k != "max_bad_fraction"}
 
 
+def _regenerate_key(spec, d: dict) -> dict:
+    """A carried set that is there (stages.regenerate.reuse, runner/carry.py) is the stage's
+    output: the key is its sha256 (and the shard size it is written in), whatever the target,
+    data and generation settings. Otherwise the generation's inputs, without `reuse`: declaring
+    a set that is not there yet keeps a finished regeneration's key."""
+    regen = {k: v for k, v in d["stages"]["regenerate"].items() if k != "reuse"}
+    path = carry.present(spec)
+    if path is not None:
+        return {"reuse": {"sha256": carry.file_sha256(path)},
+                "shard_conversations": regen["shard_conversations"]}
+    return {"target": _target(d), "data": _data(d), "regenerate": regen}
+
+
 REGISTRY: tuple[StageKind, ...] = (
     StageKind("regenerate", RegenerateStage, "Regenerate the training responses with the target "
-              "(optional).", needs=lambda spec: (),
-              key=lambda spec, d: {"target": _target(d), "data": _data(d),
-                                   "regenerate": d["stages"]["regenerate"]},
-              files=("target", "data"), resumes=True),
+              "(optional).", needs=lambda spec: (), key=_regenerate_key,
+              files=lambda spec: () if carry.present(spec) else ("target", "data"),
+              resumes=True, file_check=carry.problem),
     StageKind("extract", ExtractStage, "Capture the target's aux hidden states for training.",
               needs=lambda spec: ("regenerate",),
               key=lambda spec, d: {"target": _target(d), "data": _data(d),

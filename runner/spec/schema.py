@@ -404,7 +404,7 @@ class Variant(Strict):
 # the spec's paths; relative ones resolve against the spec file's folder (runner/spec/load.py
 # resolve_spec_paths)
 PATH_FIELDS = ("work_dir", "results.path", "data.path", "target.path", "executor.log_dir",
-               "stages.bench.speed_profile", "stages.bench.drafter")
+               "stages.bench.speed_profile", "stages.bench.drafter", "stages.regenerate.reuse")
 
 
 class Spec(Strict):
