@@ -355,7 +355,7 @@ class StageKind:
     # RunnerError naming the fix, that validate and plan call: what this machine must have for
     # the stage to start (bench: sglang importable by stages.bench.sglang.python)
     preflight: Optional[str] = None
-    # spec -> why a file the stage reads besides target/data/drafter cannot be used, naming the
+    # spec -> why a file the stage reads besides the target, the data and the drafter cannot be used, naming the
     # field and the fix, or None; validate and plan call it (regenerate: the carried set's
     # checksum, runner/carry.py), and the stage checks again when it runs
     file_check: Optional[Callable[[Any], Optional[str]]] = None

@@ -326,7 +326,7 @@ def test_a_missing_set_is_regenerated_by_the_stage(tmp_path, monkeypatch):
     def embedded(ctx, train, guard):
         calls.append(len(train))
         return regen.regenerate(target, tok, train, ctx.params, ctx.spec.data.max_length,
-                                Path(ctx.out_dir), guard, progress=False)
+                                Path(ctx.out_dir), guard, progress=False, stop_ids=(2,))
     monkeypatch.setattr(regen, "_regenerate_embedded", embedded)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
