@@ -13,10 +13,16 @@
 #                                           # = `runner results --json` of the run
 # Overrides that enter cache keys (EXTRA_O, the online capture the tests picked) are kept in
 # ~/stage so every phase passes the same ones: a stage computed in one call is up to date in the next.
+# A regenerated set carried from an earlier window (regen-<name>.jsonl.gz and its .sha256 in
+# .stage/regen/ here, staged with `stage.sh regen`) goes where the spec's stages.regenerate.reuse
+# looks for it: the regenerate stage then reuses it instead of generating.
 source scripts/gpu/sglang_setup.sh
 mkdir -p "$OUT/r"
 SPEC=${SPEC:-specs/smollm2-pays-gpu.yaml}
 NAME=$(basename "$SPEC" .yaml)
+if [ -f ~/stage/regen-$NAME.jsonl.gz ] && [ ! -f "$EAGLE3_CACHE/regen/regen-$NAME.jsonl.gz" ]; then
+  mkdir -p "$EAGLE3_CACHE/regen" && cp ~/stage/regen-$NAME.jsonl.gz ~/stage/regen-$NAME.jsonl.gz.sha256 "$EAGLE3_CACHE/regen/"
+fi
 W=runs/$NAME
 RES=runs/results-pays.duckdb
 export PYTHONUNBUFFERED=1
