@@ -28,6 +28,9 @@ stopped before the engines decode; then SGLang's outputs are compared with the e
 greedy baseline, with margins from the target's own forward (divergence), and the embedded
 summaries get the speed SGLang would give (predicted_*) from the SGLang round-cost profile just
 measured (or stages.bench.speed_profile), next to what SGLang measured (view bench_parity).
+
+Torch's threads are sized to the cores this process gets, idle ones sleeping (runner/cpu.py
+stage_threads).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from pathlib import Path
 
 from eagle3_runner.runner.bench_rows import (config_fields, explain, first_divergence, prompt_row,
                                 save_results, summary_row, train_samples)
+from eagle3_runner.runner.cpu import stage_threads
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.files import atomic_write, expand_path
 from eagle3_runner.runner.stage import StageContext
@@ -250,6 +254,7 @@ def run(ctx: StageContext) -> dict:
     if p.backend == "sglang":
         return run_sglang_only(ctx, export_dir)
     import torch
+    stage_threads()  # torch is in now: its threads sized to this process's cores
 
     from eagle3_runner.data.prompts import load_prompt_set, render
 
