@@ -44,7 +44,8 @@ SCHEMA = {
         base_tok_s DOUBLE, speedup DOUBLE, draft_s DOUBLE, verify_s DOUBLE, other_s DOUBLE,
         lossless BOOLEAN, flags VARCHAR, kernels VARCHAR, diverge_at INTEGER,
         diverge_margin DOUBLE, diverge_runner_up BOOLEAN, server_accept_length DOUBLE,
-        ref_same BOOLEAN, ref_diverge_at INTEGER, ref_diverge_margin DOUBLE""",
+        ref_same BOOLEAN, ref_diverge_at INTEGER, ref_diverge_margin DOUBLE, cores INTEGER,
+        threads INTEGER, other_load DOUBLE, load_1m DOUBLE""",
     "bench_summary": """run_id VARCHAR, variant VARCHAR, config_id VARCHAR, backend VARCHAR,
         prompt_set VARCHAR, num_steps INTEGER, eagle_topk INTEGER, num_draft_tokens INTEGER,
         cuda_graph BOOLEAN, max_new_tokens INTEGER, temperature DOUBLE, train_samples BIGINT,
@@ -54,7 +55,8 @@ SCHEMA = {
         base_ms_per_token DOUBLE, break_even_tau DOUBLE, lossless BOOLEAN, flags VARCHAR,
         explanation VARCHAR, kernels VARCHAR, lossless_prompts INTEGER,
         server_accept_length DOUBLE, server_version VARCHAR, ref_same_prompts INTEGER,
-        ref_max_margin DOUBLE, predicted_speedup DOUBLE, predicted_break_even_tau DOUBLE""",
+        ref_max_margin DOUBLE, predicted_speedup DOUBLE, predicted_break_even_tau DOUBLE,
+        cores INTEGER, threads INTEGER, other_load DOUBLE, load_1m DOUBLE""",
 }
 
 # Views, (re)created at every ingest after the tables. bench_parity: one row per configuration

@@ -1,19 +1,22 @@
 """The CPU cores a stage gets (runner/cpu.py): torch's threads sized to the CPU affinity (SMT
 siblings once, a cgroup quota, the ranks of a node), EAGLE3_THREADS, idle threads that sleep,
-run_stage applying it before a stage's code (issue 48: one other CPU job made the demo's bench
-30-50x slower and reversed its break-even taus)."""
+run_stage applying it before a stage's code; and the machine's load measured next to the bench's
+timings, whose busy rows are flagged (issue 48: one other CPU job made the demo's bench 30-50x
+slower and reversed its break-even taus)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
 import pytest
 
 from eagle3_runner.runner import cpu
+from eagle3_runner.runner.bench_rows import config_fields, prompt_row, summary_row
 from eagle3_runner.runner.errors import StageError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -136,3 +139,86 @@ def test_run_stage_sizes_the_threads_before_the_stage_runs(machine, monkeypatch,
         assert seen == [1]  # the stage never ran
     finally:
         torch.set_num_threads(old)
+
+
+# ----------------------------------------------------------------------------------------------
+# the machine's load next to the bench's timings
+
+
+def test_meter_sees_another_process_on_its_cores():
+    """A busy loop in another process pinned to this process's first core shows as ~1 core of
+    other load; this process's own CPU time is not counted."""
+    if not Path("/proc/stat").exists():
+        pytest.skip("no /proc/stat")
+    core = min(os.sched_getaffinity(0))
+    hog = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})"
+                            "\nwhile True: pass"])
+    try:
+        time.sleep(0.5)
+        m = cpu.Meter()
+        a = m.snap()
+        t = time.perf_counter()
+        while time.perf_counter() - t < 1.0:  # this process busy too: not "other"
+            pass
+        w = m.window(a, m.snap())
+    finally:
+        hog.kill()
+        hog.wait()
+    cols = cpu.load_columns([w], 2, 2)
+    # the hog gets its core (shared with whatever else runs here): well above BUSY_CORES
+    assert 0.6 <= cols["other_load"] <= 2.2 and cpu.busy(cols)
+
+
+def _cfg():
+    c = types.SimpleNamespace(num_steps=3, eagle_topk=1, draft_tokens=4)
+    return config_fields(c, False, 48, 0.0, "embedded", "mtbench", 54, "torch")
+
+
+def _load(other, load_1m, threads=2, cores=2, wall=3.0):
+    win = {"wall_s": wall, "other_cpu_s": None if other is None else other * wall,
+           "load_1m": load_1m}
+    return cpu.load_columns([win], threads, cores)
+
+
+def test_a_summary_measured_on_a_busy_machine_is_flagged_and_an_idle_one_is_not():
+    cfg = _cfg()
+    idle, hot = _load(0.03, 2.1), _load(1.0, 3.2)  # one other CPU job: ~1 core of 2
+    assert idle == {"cores": 2, "threads": 2, "other_load": pytest.approx(0.03), "load_1m": 2.1}
+    rows = [prompt_row(cfg, f"p{i}", 1.2, 48, 40, 20.0, 25.0, True, load=ld)
+            for i, ld in enumerate([idle, hot])]
+    assert rows[0]["flags"] == "slower than baseline" and rows[0]["other_load"] < 0.05
+    assert rows[1]["flags"] == "busy machine, slower than baseline"
+    s = summary_row(cfg, rows, 1.2, 20.0, 25.0, 1.6, "chain 3/1/4: measured.", load=hot)
+    assert s["flags"].split(", ")[0] == "busy machine" and s["load_1m"] == 3.2
+    assert "other processes used 1.00 of this process's 2 cores" in s["explanation"]
+    assert "1/2 prompt rows flagged `busy machine`" in s["explanation"]
+    s = summary_row(cfg, rows[:1], 1.2, 20.0, 25.0, 1.6, "chain 3/1/4: measured.", load=idle)
+    assert "busy" not in s["flags"] and s["explanation"] == "chain 3/1/4: measured."
+    # no /proc/stat: the load average above this process's own threads says it
+    assert cpu.busy(_load(None, 3.1)) and not cpu.busy(_load(None, 1.9))
+    # unmeasured (the sglang backend): NULL columns, no flag
+    r = prompt_row(cfg, "p", 1.2, 48, 40, 30.0, 25.0, True)
+    assert r["flags"] == "" and "other_load" not in r
+
+
+def test_the_load_columns_land_in_an_old_results_file(tmp_path):
+    import duckdb
+    from eagle3_runner.runner.store import Store
+    db = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE bench_summary (run_id VARCHAR, flags VARCHAR)")
+    con.execute("INSERT INTO bench_summary VALUES ('old', '')")
+    con.close()
+    cfg = _cfg()
+    hot = _load(1.0, 3.2)
+    rows = [prompt_row(cfg, "p0", 1.2, 48, 40, 20.0, 25.0, True, load=hot)]
+    store = Store(db)
+    store.emit("bench", [{**r, "run_id": "new"} for r in rows])
+    store.emit("bench_summary", {**summary_row(cfg, rows, 1.2, 20.0, 25.0, 1.6, "x.", load=hot),
+                                 "run_id": "new"})
+    _, got = store.query("SELECT run_id, cores, threads, round(other_load, 2), load_1m, flags "
+                         "FROM bench_summary ORDER BY run_id")
+    assert got == [("new", 2, 2, 1.0, 3.2, "busy machine, slower than baseline"),
+                   ("old", None, None, None, None, "")]
+    _, got = store.query("SELECT cores, threads, other_load > 0.9 FROM bench")
+    assert got == [(2, 2, True)]
