@@ -14,9 +14,14 @@ small parallel regions, and each then waits for a scheduler time slice. So:
   and container cpusets; os.cpu_count counts the whole machine), SMT siblings counted once (as
   torch's own default, MKL's physical cores, does), at most a cgroup CPU quota (cpu.max), shared
   by the ranks of this node when they are not pinned (LOCAL_WORLD_SIZE);
-- waiting threads sleep instead of spinning (OMP_WAIT_POLICY=PASSIVE, read by libgomp once, when
-  it loads: so `stage_threads` runs before a stage process first imports torch, in
-  runner/job.py run_stage and runner/launch.py, and again once torch is in, to size it);
+- waiting threads sleep instead of spinning: OMP_WAIT_POLICY=PASSIVE, and for GNU OpenMP
+  GOMP_SPINCOUNT=1000 (a short spin before the sleep instead of 300,000; PASSIVE alone, spin
+  count 0, made the idle speculative decode ~20% slower). The demo's bench alone on 2 cores, s
+  per prompt of the 3-step chain, before -> after (BENCHMARKS.md, issue 48): idle 2.8 -> 2.8-3.0;
+  next to one `while 1: pass` 8.8-9.7 -> 4.0-4.1; next to a 2-thread torch job 14-15 -> 4.9-5.2.
+  libgomp reads these once, when it loads: so `stage_threads` runs before a stage process first
+  imports torch (runner/job.py run_stage, runner/launch.py), and again once torch is in, to size
+  it; a user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept;
 - EAGLE3_THREADS picks the count: `auto` (the default, the rule above), `load` (auto minus the
   cores other processes keep busy right now, measured over 0.3 s), or a number. An OMP_NUM_THREADS
   set by the user (Slurm jobs: cpus_per_task) is taken as that number when EAGLE3_THREADS is unset.
@@ -34,6 +39,7 @@ from pathlib import Path
 from eagle3_runner.runner.errors import StageError
 
 ENV = "EAGLE3_THREADS"
+WAITS = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"}  # module docstring: measured
 SYS_CPU = Path("/sys/devices/system/cpu")
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 PROC_STAT = Path("/proc/stat")
@@ -99,16 +105,18 @@ def cores(ranks: int | None = None, physical: bool = True) -> int:
 
 def stage_threads(environ=None) -> tuple[int | None, str]:
     """Make idle threads sleep and size torch's threads to the cores this process gets (module
-    docstring: why). Sets OMP_WAIT_POLICY=PASSIVE (unless set: libgomp reads it once, when torch
-    loads it), then, once torch is loaded, torch.set_num_threads(threads_wanted()). Nothing else
-    goes into the environment, so processes this one starts (SGLang servers) size their own.
+    docstring: why). Sets WAITS (OMP_WAIT_POLICY=PASSIVE, GOMP_SPINCOUNT=1000) unless the user set
+    either (libgomp reads them once, when torch loads it), then, once torch is loaded,
+    torch.set_num_threads(threads_wanted()). No thread count goes into the environment, so
+    processes this one starts (SGLang servers) size their own.
     Called by runner/job.py run_stage for every stage and rank before the stage's module is
     loaded (which imports torch) and again after; runner/launch.py before and after a rank
     imports torch; jobs/bench.py after its own (lazy) import of torch. Returns (threads, why),
     e.g. (2, "2 cores (EAGLE3_THREADS auto)"); (None, ...) while torch is not loaded. Raises
     StageError for a bad EAGLE3_THREADS."""
     env = os.environ if environ is None else environ
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if not any(k in env for k in WAITS):
+        env.update(WAITS)
     mode = _mode(env)
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "set_num_threads"):

@@ -79,31 +79,33 @@ def test_stage_threads_sizes_a_loaded_torch_and_makes_waits_passive(machine, mon
     monkeypatch.setitem(sys.modules, "torch", fake)
     env = {}
     assert cpu.stage_threads(env)[0] == 1 and calls == [1]
-    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}  # nothing else for the processes it starts
+    # short spins, then sleep; no thread count for the processes it starts
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"}
     monkeypatch.delitem(sys.modules, "torch")
-    env = {"OMP_WAIT_POLICY": "ACTIVE"}  # the user's choice stays
-    assert cpu.stage_threads(env)[0] is None and env == {"OMP_WAIT_POLICY": "ACTIVE"}
+    for users in ({"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "0"}):  # the user's choice
+        env = dict(users)
+        assert cpu.stage_threads(env)[0] is None and env == users
     with pytest.raises(StageError, match="EAGLE3_THREADS='0'"):  # refused before torch loads
         cpu.stage_threads({"EAGLE3_THREADS": "0"})
 
 
 def test_a_process_pinned_to_one_cpu_runs_torch_on_one_thread():
     """The real thing in a fresh process pinned to one CPU: before torch loads, the wait policy;
-    after, 1 thread (the affinity's, not os.cpu_count's); libgomp read OMP_WAIT_POLICY=PASSIVE."""
+    after, 1 thread (the affinity's, not os.cpu_count's); libgomp read the short spin count."""
     code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
             "from eagle3_runner.runner.cpu import stage_threads\n"
             "print(stage_threads()[0], os.environ['OMP_WAIT_POLICY'])\n"
             "import torch; torch.set_num_threads(4)\n"
             "print(stage_threads()[0], torch.get_num_threads(), 'OMP_NUM_THREADS' in os.environ)\n")
     env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "EAGLE3_THREADS")}
-    env["OMP_DISPLAY_ENV"] = "TRUE"  # libgomp prints what it read when it loads
+           if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "EAGLE3_THREADS")}
+    env["OMP_DISPLAY_ENV"] = "VERBOSE"  # libgomp prints what it read when it loads
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["None", "PASSIVE", "1", "1", "False"]
     if "OPENMP DISPLAY ENVIRONMENT" in out.stderr:  # GNU OpenMP (torch's Linux wheels)
-        assert "OMP_WAIT_POLICY = 'PASSIVE'" in out.stderr, out.stderr
+        assert "GOMP_SPINCOUNT = '1000'" in out.stderr, out.stderr
 
 
 def test_run_stage_sizes_the_threads_before_the_stage_runs(machine, monkeypatch, tmp_path):
