@@ -30,6 +30,12 @@ stopped before the engines decode; then SGLang's outputs are compared with the e
 greedy baseline, with margins from the target's own forward (divergence), and the embedded
 summaries get the speed SGLang would give (predicted_*) from the SGLang round-cost profile just
 measured (or stages.bench.speed_profile), next to what SGLang measured (view bench_parity).
+
+The embedded rows record the machine's load next to their timings (runner/cpu.py Meter: the CPU
+time other processes used on this process's cores while each prompt's baseline and speculative
+decodes ran; cores, torch threads, the 1-min load average); rows and summaries measured on a busy
+machine are flagged `busy machine`, and the stage prints a warning. Torch's threads are sized to
+the cores this process gets, idle ones sleeping (runner/cpu.py stage_threads).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from pathlib import Path
 from eagle3_runner.runner.bench_curve import curve_snapshots
 from eagle3_runner.runner.bench_rows import (config_fields, explain, first_divergence, prompt_row,
                                 save_results, summary_row, train_samples)
+from eagle3_runner.runner.cpu import BUSY_CORES, Meter, busy, cores, load_columns, stage_threads
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.files import atomic_write, expand_path
 from eagle3_runner.runner.stage import StageContext
@@ -66,9 +73,12 @@ def check_backend(spec) -> None:
                          "(stages.bench.backend: embedded; Llama-family targets).")
 
 
-def summarize(cfg: dict, rows: list[dict], base: list[dict]) -> dict:
+def summarize(cfg: dict, rows: list[dict], base: list[dict], threads: int | None = None,
+              n_cores: int | None = None) -> dict:
     """The bench_summary row of one configuration (cfg: bench_results.config_fields) from its
-    per-prompt rows and their baseline decodes (sums, not means of ratios)."""
+    per-prompt rows and their baseline decodes (sums, not means of ratios). The machine's load
+    over all of them: the rows' and baselines' `_window`/`window` (runner/cpu.py Meter), when
+    measured."""
     rounds = sum(r["verify_ct"] for r in rows)
     toks = sum(r["_tokens_in_rounds"] for r in rows)
     tau = toks / rounds if rounds else float("nan")
@@ -87,7 +97,10 @@ def summarize(cfg: dict, rows: list[dict], base: list[dict]) -> dict:
             f", kernels {kn}: " + text)
     text += (f" Measured end to end (prefill and first token included): {spec_tok_s:.1f} vs "
              f"{base_tok_s:.1f} tok/s = {spec_tok_s / base_tok_s:.2f}x.")
-    return summary_row(cfg, rows, tau, spec_tok_s, base_tok_s, be, text,
+    windows = [x for x in [*(r.get("_window") for r in rows), *(b.get("window") for b in base)]
+               if x is not None]
+    load = load_columns(windows, threads, n_cores) if windows else None
+    return summary_row(cfg, rows, tau, spec_tok_s, base_tok_s, be, text, load=load,
                        accept_per_pos=json.dumps(per_pos), draft_ms_per_round=dms,
                        verify_ms_per_round=vms, other_ms_per_round=oms)
 
@@ -115,17 +128,21 @@ def divergence(target, ids, spec: list[int], base: list[int]) -> dict | None:
                 diverge_runner_up=int(top.indices[1]) == spec[k] if k < len(spec) else None)
 
 
-def baseline_pass(engine, prompts: list, max_new: int, p, stop: tuple, desc: str) -> dict:
+def baseline_pass(engine, prompts: list, max_new: int, p, stop: tuple, desc: str,
+                  meter: Meter | None = None) -> dict:
     """The engine's no-speculation decode of every prompt, each with a fresh generator seeded
     p.seed. prompts: [(prompt_id, ids [1, T])]. Returns {prompt_id: {"tokens": list[int],
-    "total_s": seconds, "new_tokens": int}}."""
+    "total_s": seconds, "new_tokens": int, "window": the machine's load during the decode
+    (meter.window; None without a meter)}}."""
     import torch
     from tqdm import tqdm
     out = {}
     for pid, ids in tqdm(prompts, desc=desc, unit="prompt", leave=False):
         g = torch.Generator(device=ids.device).manual_seed(p.seed)
+        a = meter.snap() if meter else None
         toks, st = engine.generate_baseline(ids, max_new, p.temperature, g, stop)
-        out[pid] = {"tokens": toks, "total_s": st.total_s, "new_tokens": st.new_tokens}
+        out[pid] = {"tokens": toks, "total_s": st.total_s, "new_tokens": st.new_tokens,
+                    "window": meter.window(a, meter.snap()) if meter else None}
     return out
 
 
@@ -324,6 +341,7 @@ def run(ctx: StageContext) -> dict:
     if p.backend == "sglang":
         return run_sglang_only(ctx, export_dir)
     import torch
+    stage_threads()  # torch is in now: its threads sized to this process's cores
 
     from eagle3_runner.data.prompts import load_prompt_set, render
     from eagle3_runner.targets.load import end_of_turn_ids
@@ -412,6 +430,8 @@ def _embedded(ctx, export_dir: Path, target, drafter, device, sets: dict, stop: 
     p = ctx.params
     measured = None
     trained_on = train_samples(export_dir)
+    meter, threads, n_cores = Meter(), torch.get_num_threads(), cores()
+    print(f"bench: {threads} torch thread(s) on {n_cores} core(s)", flush=True)
     all_rows, summaries, ours = [], [], {}
     for cg in p.cuda_graph:
         plain, ref, engines, kn, width = build_engines(p, target, drafter, sets, stop, cg)
@@ -422,7 +442,8 @@ def _embedded(ctx, export_dir: Path, target, drafter, device, sets: dict, stop: 
                   flush=True)
         for set_name, prompts in sets.items():
             for max_new in p.max_new_tokens:
-                base = baseline_pass(plain, prompts, max_new, p, stop, f"bench {set_name} baseline")
+                base = baseline_pass(plain, prompts, max_new, p, stop, f"bench {set_name} baseline",
+                                     meter)
                 if ref is not plain:  # the bit-exact reference keeps its own tokens only
                     ref_toks = baseline_pass(ref, prompts, max_new, p, stop,
                                              f"bench {set_name} baseline, {width} rows")
@@ -437,7 +458,9 @@ def _embedded(ctx, export_dir: Path, target, drafter, device, sets: dict, stop: 
                     for pid, ids in tqdm(prompts, desc=f"bench {set_name} {cfg['config_id']}",
                                          unit="prompt", leave=False):
                         g = torch.Generator(device=device).manual_seed(p.seed)
+                        a = meter.snap()
                         toks, st = e.generate(ids, max_new, p.temperature, g, stop)
+                        w = meter.window(a, meter.snap())
                         b = base[pid]
                         same = (toks == b["tokens"]) if p.temperature == 0 else None
                         rows.append(prompt_row(
@@ -447,8 +470,10 @@ def _embedded(ctx, export_dir: Path, target, drafter, device, sets: dict, stop: 
                             accept_per_pos=json.dumps(st.accept_per_pos(c.num_steps)),
                             draft_s=st.draft_s, verify_s=st.verify_s,
                             other_s=st.total_s - st.draft_s - st.verify_s,
+                            load=load_columns([b["window"], w], threads, n_cores), _window=w,
                             _tokens_in_rounds=sum(st.accepted) + st.rounds, _total_s=st.total_s))
-                    summ = summarize(cfg, rows, [base[pid] for pid, _ in prompts])
+                    summ = summarize(cfg, rows, [base[pid] for pid, _ in prompts], threads,
+                                     n_cores)
                     if ref is not plain:
                         summ["explanation"] += (f" Baseline speed: the plain 1-row decode; lossless:"
                                                 f" tokens equal to the {width}-row decode's.")
@@ -457,4 +482,10 @@ def _embedded(ctx, export_dir: Path, target, drafter, device, sets: dict, stop: 
                                                               "cuda_graph ignored on cpu"] if x)
                     summaries.append(summ)
                     all_rows += rows
+    hot = [s for s in summaries if busy(s)]
+    if hot:
+        print(f"bench: WARNING: {len(hot)}/{len(summaries)} configuration(s) measured on a busy "
+              f"machine (other processes used >= {BUSY_CORES} of {n_cores} core(s)): flagged "
+              "`busy machine`; their times measure the machine, not the drafter. Bench again on "
+              "an idle machine: runner apply SPEC --force bench --only bench", flush=True)
     return all_rows, summaries, ours, measured

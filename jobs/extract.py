@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from eagle3_runner.runner import dist as D
+from eagle3_runner.runner.cpu import cores, local_ranks
 from eagle3_runner.targets.capture import (as_target, capture, capture_engine, capture_manifest,
                                           load_target_data, write_json)
 from eagle3_runner.targets.features import FORMAT, MANIFEST
@@ -92,15 +93,13 @@ def default_writers(target) -> int:
 
 
 def _local_ranks() -> int:
-    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return local_ranks()
 
 
 def _my_cores() -> int:
-    """Cores for this process: its CPU affinity, or the node's cores / local ranks when it is
-    not pinned (the local launcher and torchrun do not pin)."""
-    total = os.cpu_count() or 2
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else total
-    return max(1, cores // _local_ranks() if cores >= total else cores)
+    """Logical CPUs for this process (runner/cpu.py cores: its CPU affinity, or the node's
+    CPUs / local ranks when it is not pinned: the local launcher and torchrun do not pin)."""
+    return cores(physical=False)
 
 
 def inflight_budget() -> int:
@@ -278,8 +277,6 @@ def run(ctx: StageContext) -> dict:
     spec, p, out = ctx.spec, ctx.params, Path(ctx.out_dir)
     rank, world = D.check(ctx)
     out.mkdir(parents=True, exist_ok=True)
-    if not torch.cuda.is_available():
-        torch.set_num_threads(min(torch.get_num_threads(), os.cpu_count() or 1))
     with capture_engine(ctx):
         td = load_target_data(ctx)
         samples, tok_report, aux_ids = td.samples, td.tok_report, list(spec.aux_ids)

@@ -19,6 +19,10 @@ against the embedded engine's (targets/sglang_bench.py). Speed model calibrated 
 round-cost profile measured by the sglang backend (speed_profile, written as
 sglang_profile.json; stages.bench.speed_profile reads one) gives the embedded rows the speedup and
 break-even tau SGLang would give (predicted_speedup, predicted_break_even_tau).
+The machine's load next to the timings (the embedded backend): cores, threads, other_load (cores'
+worth of CPU other processes used on this process's cores while the row was measured), load_1m;
+a row measured on a busy machine is flagged `busy machine` (runner/cpu.py busy, BUSY_CORES), so
+a slow row is never taken for a slow drafter.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import json
 import statistics
 from pathlib import Path
 
+from eagle3_runner.runner.cpu import busy, busy_text
 from eagle3_runner.runner.files import atomic_write
 
 
@@ -62,10 +67,12 @@ def first_divergence(spec: list[int], base: list[int]) -> int | None:
 
 
 def flags_for(tau: float, speedup: float | None, lossless: bool | None,
-              margin: float | None = None) -> list[str]:
+              margin: float | None = None, busy_machine: bool = False) -> list[str]:
     """margin: the (worst) first-divergence logit margin of a row that is not lossless; None =
-    unknown (no target forward: sglang), flagged "not lossless" as a margin >= NEAR_TIE is."""
-    out = []
+    unknown (no target forward: sglang), flagged "not lossless" as a margin >= NEAR_TIE is.
+    busy_machine: other processes used the cores while it was measured (runner/cpu.py busy):
+    its times and speedup say more about the machine than about the drafter."""
+    out = ["busy machine"] if busy_machine else []
     if tau == tau and tau < 1.05:
         out.append("drafter broken")
     if speedup is not None and speedup < 1:
@@ -142,11 +149,12 @@ def config_fields(c, cuda_graph: bool, max_new: int, temperature: float, backend
 
 
 def _measured(cfg: dict, tau: float, spec_tok_s: float, base_tok_s: float,
-              lossless: bool | None, margin: float | None) -> dict:
+              lossless: bool | None, margin: float | None, load: dict | None) -> dict:
     speedup = spec_tok_s / base_tok_s
     return dict(tau=tau, mean_accepted=tau - 1, accept_rate=tau / cfg["num_draft_tokens"],
                 spec_tok_s=spec_tok_s, base_tok_s=base_tok_s, speedup=speedup, lossless=lossless,
-                flags=", ".join(flags_for(tau, speedup, lossless, margin)))
+                flags=", ".join(flags_for(tau, speedup, lossless, margin, busy(load))),
+                **(load or {}))
 
 
 NO_DIVERGENCE = dict(diverge_at=None, diverge_margin=None, diverge_runner_up=None)
@@ -154,27 +162,34 @@ NO_DIVERGENCE = dict(diverge_at=None, diverge_margin=None, diverge_runner_up=Non
 
 def prompt_row(cfg: dict, prompt_id: str, tau: float, new_tokens: int, verify_ct: int,
                spec_tok_s: float, base_tok_s: float, lossless: bool | None,
-               divergence: dict | None = None, **extra) -> dict:
+               divergence: dict | None = None, load: dict | None = None, **extra) -> dict:
     """One `bench` row: one prompt under configuration `cfg` (config_fields). divergence: the
     NO_DIVERGENCE keys of a temperature-0 row that is not lossless (jobs.bench.divergence);
-    None = NULLs (lossless, temperature > 0, or no target forward: sglang). extra: more
+    None = NULLs (lossless, temperature > 0, or no target forward: sglang). load: the machine's
+    load while it was measured (runner/cpu.py load_columns; None = NULLs, no flag). extra: more
     columns (accept_per_pos, draft_s, verify_s, other_s) and `_private` keys a backend keeps
     for its summary (save_results drops them)."""
     div = {**NO_DIVERGENCE, **(divergence or {})}
     return {**cfg, "prompt_id": prompt_id, "new_tokens": new_tokens, "verify_ct": verify_ct,
-            **_measured(cfg, tau, spec_tok_s, base_tok_s, lossless, div["diverge_margin"]),
+            **_measured(cfg, tau, spec_tok_s, base_tok_s, lossless, div["diverge_margin"], load),
             **div, **extra}
 
 
 def summary_row(cfg: dict, rows: list[dict], tau: float, spec_tok_s: float, base_tok_s: float,
-                break_even_tau: float, explanation: str, **extra) -> dict:
+                break_even_tau: float, explanation: str, load: dict | None = None,
+                **extra) -> dict:
     """One `bench_summary` row: configuration `cfg` over its `bench` rows (prompt_row; sums, not
     means of ratios). lossless, lossless_prompts and the near-tie flag come from the rows
-    (lossless_verdict), whose sentence ends the explanation. extra: more columns
+    (lossless_verdict), whose sentence ends the explanation. load: the machine's load over the
+    whole measurement (baseline and speculative decodes; runner/cpu.py load_columns): on a busy
+    machine, flag `busy machine` and a sentence with the numbers. extra: more columns
     (accept_per_pos, draft/verify/other_ms_per_round)."""
     lossless, n_lossless, margin, why = lossless_verdict(rows)
+    if busy(load):
+        n = sum("busy machine" in r["flags"] for r in rows)
+        why += busy_text(load) + f" {n}/{len(rows)} prompt rows flagged `busy machine`."
     return {**cfg, "n_prompts": len(rows),
-            **_measured(cfg, tau, spec_tok_s, base_tok_s, lossless, margin),
+            **_measured(cfg, tau, spec_tok_s, base_tok_s, lossless, margin, load),
             "lossless_prompts": n_lossless, "base_ms_per_token": 1000 / base_tok_s,
             "break_even_tau": break_even_tau, "explanation": explanation + why, **extra}
 

@@ -17,6 +17,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle3_runner.runner.cpu import stage_threads
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.spec.schema import Spec
 from eagle3_runner.runner.stage import StageContext, finalize, read_manifest
@@ -132,11 +133,12 @@ def run_stage(job: StageJob, rank: int = 0, world_size: int = 1) -> dict:
     its `stages` row (done or failed, with host, job id and duration). Raises whatever the
     stage raised after recording it. With world_size > 1 (called by runner/launch.py in every
     rank, the process group already joined): every rank runs the stage; after a barrier rank 0
-    alone finalizes the artifact and records rows; other ranks record nothing."""
+    alone finalizes the artifact and records rows; other ranks record nothing. Torch's threads
+    are sized to the cores this process gets (_load_stage)."""
     if rank != 0:
         check_inputs(job)
         ctx = make_context(job, rank, world_size)
-        stage_module(job.stage).run(ctx)
+        _load_stage(job.stage).run(ctx)
         _barrier(world_size)
         return {}
     store = Store(job.db_path)
@@ -150,7 +152,7 @@ def run_stage(job: StageJob, rank: int = 0, world_size: int = 1) -> dict:
                                      job_id=job_id))
         check_inputs(job)
         ctx = make_context(job, rank, world_size)
-        metrics = stage_module(job.stage).run(ctx) or {}
+        metrics = _load_stage(job.stage).run(ctx) or {}
         _barrier(world_size)  # every rank finished writing before the partial dir is renamed
         finalize(ctx, job.key, job.parts, Path(job.artifact), metrics)
         for name, v in metrics.items():
@@ -177,6 +179,17 @@ def run_stage(job: StageJob, rank: int = 0, world_size: int = 1) -> dict:
     store.emit("stages", job_row(job, "done", started_at=started, job_id=job_id,
                                  duration_s=time.time() - t0))
     return {k: (v[0] if isinstance(v, (tuple, list)) else v) for k, v in metrics.items()}
+
+
+def _load_stage(stage: str):
+    """The stage's module, with torch's threads sized to the cores this process gets and
+    waiting without spinning: set before the module loads torch, sized once it has (runner/cpu.py
+    stage_threads; on a shared CPU, spinning threads made the bench 30-50x slower). Raises
+    StageError for a bad EAGLE3_THREADS, before the stage runs."""
+    stage_threads()
+    module = stage_module(stage)
+    stage_threads()
+    return module
 
 
 def _barrier(world_size: int) -> None:

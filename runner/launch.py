@@ -27,6 +27,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
+from eagle3_runner.runner.cpu import stage_threads
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.files import atomic_write
 from eagle3_runner.runner.job import StageJob, error_text, job_row, run_stage
@@ -49,18 +50,18 @@ def init_rank(rank: int, world: int, local_rank: int, init_method: str | None = 
     replica_gpus); its current device is the group's first.
 
     Raises StageError when the visible GPUs cannot serve the local ranks that way."""
-    import torch
-    import torch.distributed as dist
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("LOCAL_WORLD_SIZE", str(_local_world(world)))  # cores/memory shares
+    stage_threads()  # idle threads sleep: set before this rank first imports torch
+    import torch
+    import torch.distributed as dist
+    stage_threads()  # this rank's share of the cores
     if torch.cuda.is_available():
         n, local = torch.cuda.device_count(), _local_world(world)
         problem = layout_problem(n, local, split, f"rank {rank}")
         if problem:
             raise StageError(problem + " (the GPUs this job sees)")
         torch.cuda.set_device(replica_gpus(local_rank, local, n, split)[0])
-    else:  # CPU ranks share the cores
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // _local_world(world)))
     dist.init_process_group(_backend(), init_method=init_method or "env://", rank=rank,
                             world_size=world, timeout=datetime.timedelta(minutes=TIMEOUT_MIN))
 
@@ -168,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("jobfile", type=Path)
     a = ap.parse_args(argv)
     job = StageJob(**json.loads(a.jobfile.read_text()))
+    try:
+        stage_threads()  # before torch loads here: spawned ranks inherit OMP_WAIT_POLICY
+    except StageError:
+        pass  # a bad EAGLE3_THREADS: each rank's init_rank reports it
     ranks = env_ranks()
     if ranks is not None:
         if "SLURM_PROCID" in os.environ and "RANK" not in os.environ:

@@ -6,7 +6,8 @@
 #
 # Debian 12 packages: munge slurmctld slurmd slurm-client (Slurm 22.05), no recommends (the
 # slurm-wlm metapackage pulls 40+ packages). State, spool, pid and log files live in a FRESH
-# temporary dir per start (job ids restart at 1), named in /run/eagle3-slurm/current.
+# temporary dir per start (job ids restart at 1), named in /run/eagle3-slurm/current;
+# slurm-down.sh removes it.
 #
 # Accounting: none. submitit follows jobs through `sacct`, which fails without slurmdbd; tests put
 # scripts/sacct-shim/ first on PATH (a stand-in answering from `squeue -t all`), and the runner
@@ -19,7 +20,7 @@ set -euo pipefail
 # the daemons live in /usr/sbin, which a minimal PATH (env -i, some CI images) lacks
 export PATH="$PATH:/usr/sbin:/sbin"
 
-RUN=/run/eagle3-slurm
+RUN="${EAGLE3_SLURM_RUN:-/run/eagle3-slurm}"
 CONF=/etc/slurm/slurm.conf
 MARK="# written by eagle3-runner scripts/slurm-up.sh"
 T=timeout

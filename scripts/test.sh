@@ -12,6 +12,7 @@ if [ -f scripts/slurm-up.sh ] && [ "$(id -u)" = 0 ] && [ "${NO_SLURM:-0}" != 1 ]
     case "$up" in *"already running"*) ;; *) trap 'bash scripts/slurm-down.sh || true' EXIT ;; esac
   else
     echo "$up" >&2; echo "slurm-up failed: Slurm tests will be skipped" >&2
+    bash scripts/slurm-down.sh || true  # what the failed start left (daemons, state folder)
     if [ "${CI:-}" = true ]; then echo "CI needs the real Slurm cluster" >&2; exit 1; fi
   fi
 fi

@@ -241,7 +241,7 @@ def load_target(target: Any, device: str | None = None, dtype: Any = None,
     is a transformers *ForCausalLM (or the multimodal wrapper of one); decoder_parts finds its
     layers. Raises StageError for a missing/unloadable path, a CUDA request without CUDA, or a
     split that had to spill onto disk or CPU memory nobody asked for."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
     _, spec_dtype, spec_device = _target_fields(target)
     dev = resolve_device(device if device is not None else spec_device)
     dt = resolve_dtype(dtype if dtype is not None else spec_dtype, dev)
@@ -250,6 +250,21 @@ def load_target(target: Any, device: str | None = None, dtype: Any = None,
     kw: dict = {"dtype": dt, "trust_remote_code": trust, **(split or {})}
     if _option(target, "attn_implementation", "auto") not in (None, "auto"):
         kw["attn_implementation"] = _option(target, "attn_implementation")
+    offload = (split or {}).get("offload_folder")
+    try:
+        model = _from_pretrained(folder, kw, trust, dev, split)
+    except BaseException:  # no model holds the offload folder: it goes now
+        if offload:
+            shutil.rmtree(offload, ignore_errors=True)
+        raise
+    tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust)
+    return model, tok, _config_dict(model.config, type(model).__name__)
+
+
+def _from_pretrained(folder: Path, kw: dict, trust: bool, dev, split: dict | None):
+    """load_target's model: from_pretrained (a multimodal wrapper's class when the causal-LM
+    one refuses it), on `dev` or dispatched by `split`, eval, no grad."""
+    from transformers import AutoModelForCausalLM
     try:
         try:
             model = AutoModelForCausalLM.from_pretrained(str(folder), **kw)
@@ -271,8 +286,7 @@ def load_target(target: Any, device: str | None = None, dtype: Any = None,
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust)
-    return model, tok, _config_dict(model.config, type(model).__name__)
+    return model
 
 
 def _config_dict(config, arch: str | None = None) -> dict:
@@ -437,12 +451,12 @@ def split_plan(target: Any, gpus: list[int], headroom: int = 0,
     - {layers: device}: decoder layers -> gpus[i] / cpu / disk (placement.layer_devices); the
       modules before the layers (embedding) go with layer 0, those after (norm, lm_head) with
       the last layer (a tied lm_head stays with the embedding it shares).
-    An offload_folder (a temp dir) is always given, so disk entries work. Raises StageError for
-    a GPU index outside the group or GPUs asked for without CUDA."""
+    An offload_folder (a temp dir, made last: a refused plan leaves none) is always given, so
+    disk entries work; load_target removes it with the model, or when the load fails. Raises
+    StageError for a GPU index outside the group or GPUs asked for without CUDA."""
     import torch
     from eagle3_runner.runner.placement import GIB, USABLE, layer_devices
     dm, mm = _option(target, "device_map"), _option(target, "max_memory") or {}
-    off = {"offload_folder": tempfile.mkdtemp(prefix="eagle3-offload-")}
     cuda = torch.cuda.is_available()
     if dm == "auto":
         budget: dict = {}
@@ -456,7 +470,7 @@ def split_plan(target: Any, gpus: list[int], headroom: int = 0,
                                 - (first_gpu_reserve if j == 0 else 0))
         if "cpu" in mm or not cuda:
             budget["cpu"] = int(mm["cpu"] * GIB) if "cpu" in mm else _ram()
-        return {"device_map": "auto", "max_memory": budget, **off}
+        return {"device_map": "auto", "max_memory": budget, **_offload_folder()}
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
     trust = bool(_option(target, "trust_remote_code"))
@@ -488,7 +502,11 @@ def split_plan(target: Any, gpus: list[int], headroom: int = 0,
     if getattr(text_cfg, "tie_word_embeddings", False) and head is not None:  # one tensor: keep
         names = {id(m): n for n, m in meta.named_modules()}       # it where the embedding is
         out[names[id(head)]] = first
-    return {"device_map": out, **off}
+    return {"device_map": out, **_offload_folder()}
+
+
+def _offload_folder() -> dict:
+    return {"offload_folder": tempfile.mkdtemp(prefix="eagle3-offload-")}
 
 
 def _ram() -> int:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +20,67 @@ def _interpret_triton_without_cuda() -> None:
 
 
 _interpret_triton_without_cuda()
+
+
+# ---- this session's temporary files --------------------------------------------------------------
+# Everything this session and its child processes write through tempfile (TMPDIR) lands in one
+# private folder, removed when the session ends, so the suite leaves nothing in /tmp but pytest's
+# own last three basetemps (pyproject: tmp_path_retention_policy "failed"). A folder of the
+# project's own (LEAK_PREFIXES: the target's offload folders, the launcher's job files, ...)
+# still there at the end is a leak that would stay behind on a user's machine: the session fails,
+# naming it. Only this session writes into its folder, so runs sharing the machine cannot make
+# the check flake. pytest's basetemp and torch's compile cache stay where they were.
+
+LEAK_PREFIXES = ("eagle3-", "bad-inputs-", "profile-train-", "bench-sglang-")
+
+
+def _private_tmp() -> Path:
+    real = tempfile.gettempdir()
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", real)  # pytest's basetemp: not in ours
+    try:  # torch's compile cache under the real temp dir (it lasts across sessions)
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    except ImportError:
+        pass
+    d = Path(tempfile.mkdtemp(prefix="eagle3-tests-", dir=real))
+    os.environ["TMPDIR"] = str(d)  # child processes (runner apply, ranks, Slurm jobs)
+    tempfile.tempdir = str(d)  # this process
+    return d
+
+
+SESSION_TMP = _private_tmp()
+
+
+def leftovers(folder: Path) -> tuple[list[str], list[str]]:
+    """(the project's folders and files left in `folder`: LEAK_PREFIXES, anything else left)."""
+    names = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    ours = [n for n in names if n.startswith(LEAK_PREFIXES)]
+    return ours, [n for n in names if n not in ours]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    ours, other = leftovers(SESSION_TMP)
+    shutil.rmtree(SESSION_TMP, ignore_errors=True)
+    if ours:
+        session.config._eagle3_leaks = ours
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if other:
+        session.config._eagle3_other_tmp = other
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    ours = getattr(config, "_eagle3_leaks", None)
+    other = getattr(config, "_eagle3_other_tmp", None)
+    if ours:
+        terminalreporter.section("temporary files left behind", red=True)
+        terminalreporter.write_line(
+            f"FAILED: the tests left {len(ours)} of the project's temporary folder(s) in TMPDIR "
+            f"(removed now; on a user's machine they would stay): {', '.join(ours)}. Remove "
+            "them where they are made (tests/conftest.py LEAK_PREFIXES).")
+    if other:
+        terminalreporter.section("temporary files left behind (not the project's)")
+        terminalreporter.write_line(f"{len(other)} left in TMPDIR, removed now: "
+                                    + ", ".join(other[:20]))
 # specs/drafter-v2.yaml names ${USER}, and an unset variable in a spec path is an error; some CI
 # containers do not set USER
 os.environ.setdefault("USER", __import__("getpass").getuser())

@@ -14,40 +14,36 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def cases_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("bad")
-
-
-def _cases():
-    import tempfile
-    d = Path(tempfile.mkdtemp(prefix="bad-inputs-"))
+def cases(tmp_path_factory):
+    """(their folder, the generated spec cases), made once for the module under pytest's tmp
+    (never a folder of their own in /tmp, which nothing removed)."""
+    d = tmp_path_factory.mktemp("bad")
     return d, spec_cases(d)
 
 
-_DIR, _CASES = _cases()
-
-
-def test_the_generator_covers_the_classes():
-    classes = {c.cls.split(":")[0] for c in _CASES}
+def test_the_generator_covers_the_classes(cases):
+    specs = cases[1]
+    classes = {c.cls.split(":")[0] for c in specs}
     assert {"schema", "schema-slurm", "names", "paths", "yaml", "overrides", "stages"} <= classes
-    assert len(_CASES) > 500
-    kinds = {c.cls for c in _CASES}
+    assert len(specs) > 500
+    kinds = {c.cls for c in specs}
     for k in ("unknown_key", "null", "nan", "bool", "huge", "bogus_choice", "ge_violated"):
         assert f"schema:{k}" in kinds
 
 
-def test_every_bad_spec_gets_a_clear_error_or_a_correct_result():
+def test_every_bad_spec_gets_a_clear_error_or_a_correct_result(cases):
+    folder, specs = cases
     failures = []
-    for case in _CASES:
-        why = check_spec_case(case, _DIR)
+    for case in specs:
+        why = check_spec_case(case, folder)
         if why:
             failures.append(f"{case.cls} {case.id}: {why}")
-    assert not failures, f"{len(failures)} of {len(_CASES)} cases:\n" + "\n".join(failures[:40])
+    assert not failures, f"{len(failures)} of {len(specs)} cases:\n" + "\n".join(failures[:40])
 
 
 @pytest.mark.parametrize("tag", ["python_tag", "alias_bomb", "binary", "deep_nesting"])
-def test_bad_spec_files_through_the_cli_exit_1_without_a_traceback(tag, tmp_path):
-    case = next(c for c in _CASES if c.cls == "yaml" and c.id == tag)
+def test_bad_spec_files_through_the_cli_exit_1_without_a_traceback(tag, tmp_path, cases):
+    case = next(c for c in cases[1] if c.cls == "yaml" and c.id == tag)
     spec = tmp_path / "spec.yaml"
     spec.write_bytes(case.payload if isinstance(case.payload, bytes) else case.payload.encode())
     for cmd in ("validate", "plan"):

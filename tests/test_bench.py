@@ -83,8 +83,13 @@ def test_bench_stage_on_smollm2_stores_all_metrics(smollm2, smollm2_path, tmp_pa
     assert r["spec_tok_s"] > 0 and r["base_tok_s"] > 0 and r["verify_ct"] >= 1
     assert r["speedup"] == pytest.approx(r["spec_tok_s"] / r["base_tok_s"])
     assert min(r["draft_s"], r["verify_s"], r["other_s"]) >= 0
+    # the machine's load next to the timings (runner/cpu.py): cores, torch threads, the others'
+    assert r["cores"] >= 1 and r["threads"] >= 1 and r["load_1m"] is not None
+    assert r["other_load"] is None or r["other_load"] >= 0
     cols, rows = store.query("SELECT * FROM bench_summary WHERE eagle_topk = 1")
     s = dict(zip(cols, rows[0]))
+    assert s["threads"] == r["threads"] and (s["other_load"] is None) == (r["other_load"] is None)
+    assert ("busy machine" in s["flags"]) == ("Busy machine" in s["explanation"])
     assert len(rows) == 1 and s["n_prompts"] == 2 and s["kernels"] == "torch"
     # a random drafter accepts ~nothing: flagged broken, and slower than the baseline
     assert s["tau"] < 1.05 and "drafter broken" in s["flags"]

@@ -36,10 +36,13 @@ TRAIN = dict(batch_size=4, max_steps=4, eval_every=2, checkpoint_every=2, eval_s
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     """1 thread in this process, as each CPU rank gets (runner/launch.py): 2 OpenMP threads on
-    a shared 2-core box can run 30x slower than 1 while another process holds a core."""
+    a shared 2-core box can run 30x slower than 1 while another process holds a core.
+    EAGLE3_THREADS=1: run_stage sizes a stage's threads (runner/cpu.py stage_threads)."""
     old = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EAGLE3_THREADS", "1")
+        yield
     torch.set_num_threads(old)
 
 

@@ -52,6 +52,38 @@ def slurm():
     os.environ["PATH"] = old
 
 
+def test_slurm_down_stops_the_daemons_and_removes_the_state_folder(tmp_path):
+    """scripts/slurm-down.sh (no cluster needed): the daemons named by the pid files stop, and
+    the state folder slurm-up.sh made (/tmp/eagle3-slurm.*) goes; a `current` naming any other
+    folder keeps it (issue 48: the suite left the state folder behind)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    env = {**os.environ, "EAGLE3_SLURM_RUN": str(run)}
+    state = tmp_path / "eagle3-slurm.abc123"
+    (state / "ctld").mkdir(parents=True)
+    (state / "slurmctld.log").write_text("log\n")
+    daemon = subprocess.Popen(["sleep", "300"])
+    try:
+        (state / "slurmd.pid").write_text(f"{daemon.pid}\n")
+        (run / "current").write_text(f"{state}\n")
+        r = subprocess.run(["bash", str(ROOT / "scripts" / "slurm-down.sh")], env=env,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert daemon.wait(timeout=10) is not None
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+    assert not state.exists() and not (run / "current").exists()
+    assert f"removed {state}" in r.stderr
+    other = tmp_path / "not-ours"
+    other.mkdir()
+    (run / "current").write_text(f"{other}\n")
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "slurm-down.sh")], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and other.is_dir() and not (run / "current").exists()
+
+
 def _pickle_by_value():
     import cloudpickle
     cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -297,6 +297,38 @@ def test_gpu_index_outside_the_group_or_without_cuda_is_refused(folder):
         split_plan(target(folder, device_map={"0-1": 0, "2-3": 1}), [])
 
 
+def test_offload_folders_go_with_the_model_a_refused_plan_or_a_failed_load(folder, tmp_path,
+                                                                          monkeypatch):
+    """split_plan's offload folder (/tmp/eagle3-offload-*, issue 48: the test suite left them
+    behind): none for a refused plan, removed when the load fails and when the model goes."""
+    import gc
+    import tempfile
+
+    import transformers
+    from eagle3_runner.runner.errors import StageError
+    from eagle3_runner.targets.load import load_target, split_plan
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def offload_folders():
+        return list(tmp_path.glob("eagle3-offload-*"))
+    with pytest.raises(StageError):
+        split_plan(target(folder, device_map={"0-1": 0, "2-3": 1}), [])
+    assert offload_folders() == []
+    t = target(folder, device_map={"0-1": "cpu", "2-3": "disk"})
+    model = load_target(t, split=split_plan(t, []))[0]
+    assert len(offload_folders()) == 1
+    del model
+    gc.collect()
+    assert offload_folders() == []
+
+    def refuse(*a, **k):
+        raise OSError("no weights here")
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    with pytest.raises(StageError, match="no weights here"):
+        load_target(t, split=split_plan(t, []))
+    assert offload_folders() == []
+
+
 # ----------------------------------------------------------------------------------------------
 # on the GPU: a SmolLM2-like random Llama over cuda:0 and CPU memory
 
