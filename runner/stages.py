@@ -173,7 +173,7 @@ class TrainStage(Strict):
         "snapshots: true."))
     select_num_steps: int = Field(3, ge=1, le=16, description=(
         "The chain length (SGLang --speculative-num-steps) whose simulated tau select: tau "
-        "compares; at most ttt_steps."))
+        "compares; at most ttt_steps (read only with select: tau)."))
 
     @model_validator(mode="after")
     def _selection(self):
@@ -183,7 +183,7 @@ class TrainStage(Strict):
         if self.select == "tau" and self.eval_samples == 0:
             raise ValueError("stages.train.select: tau needs held-out samples to simulate on; "
                              "set stages.train.eval_samples (e.g. 256), or select: last.")
-        if self.select_num_steps > self.ttt_steps:
+        if self.select == "tau" and self.select_num_steps > self.ttt_steps:
             raise ValueError(f"stages.train.select_num_steps = {self.select_num_steps} exceeds "
                              f"ttt_steps = {self.ttt_steps}: the chain can only be simulated "
                              "for the trained steps. Lower it or raise ttt_steps.")

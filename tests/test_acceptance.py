@@ -124,4 +124,5 @@ def test_select_tau_needs_snapshots_and_held_out_samples():
     with pytest.raises(SpecError, match="eval_samples"):
         train_spec(select="tau", snapshots=True, eval_samples=0)
     with pytest.raises(SpecError, match="select_num_steps = 9 exceeds ttt_steps"):
-        train_spec(select_num_steps=9)
+        train_spec(select="tau", snapshots=True, eval_samples=3, select_num_steps=9)
+    train_spec(ttt_steps=2)  # select: last reads no chain length: the default 3 is no error

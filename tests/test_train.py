@@ -349,17 +349,19 @@ def test_non_finite_loss_fails_naming_the_step_and_its_samples(tmp_path):
     holds it, names the step and the batch's sample ids, and leaves no checkpoint behind."""
     from safetensors.torch import save_file
     from eagle3_runner.targets.features import open_features
-    from eagle3_runner.trainer.sources import batch_indices
+    from eagle3_runner.trainer.sources import batch_indices, split_samples
     ex = tiny_extract(tmp_path / "x", n_samples=6, shard_samples=6)
-    bad = 3
+    spec = train_spec(max_steps=100, eval_every=50, checkpoint_every=100)
+    train_ids, _ = split_samples(len(open_features(ex)), spec.stages.train)
+    bad = train_ids[1]  # a training sample (the held-out ones are a seeded draw)
     f = next(ex.glob("shard-*.safetensors"))
     t = load_file(str(f))
     j = t["sample_ids"].tolist().index(bad)
     t["aux_hidden"][t["offsets"][j]:t["offsets"][j + 1]] = float("inf")
     save_file(t, str(f))
-    n_train = len(open_features(ex)) - 2
-    step = next(s for s in range(100) if bad in batch_indices(s, n_train, 2, 0))
-    ids = batch_indices(step, n_train, 2, 0)
+    n_train = len(train_ids)
+    step = next(s for s in range(100) if 1 in batch_indices(s, n_train, 2, 0))
+    ids = [train_ids[i] for i in batch_indices(step, n_train, 2, 0)]
     spec = train_spec(max_steps=step + 3, eval_every=50, checkpoint_every=step + 1)
     with pytest.raises(StageError, match=rf"non-finite loss at step {step + 1} .*samples "
                                          rf"\[{ids[0]}, {ids[1]}\]"):
