@@ -17,7 +17,15 @@ A temperature-0 prompt that is not lossless gets one more plain target forward (
 its tokens first leave the baseline's and the target's own top1 - top2 logit gap there, so the
 summary tells bf16 near-ties from bugs (runner.bench_rows.lossless_verdict, NEAR_TIE).
 
-The drafter: the export stage's artifact, or stages.bench.drafter (`drafter_dir`). Every decode,
+The drafter: the export stage's artifact, or stages.bench.drafter (`drafter_dir`).
+
+A bench cut short (Ctrl-C, a Slurm or device time limit) resumes: each SGLang server's recording
+is marked complete once it answered every request (targets/sglang_bench.py keep_measured), each
+embedded baseline and configuration is kept as it completes (runner/bench_rows.py save_part, in
+out_dir/parts/), and a rerun the plan calls `incomplete: resuming partial output` measures only
+the rest. Only parts measured on this machine as booted now are kept (runner/bench_rows.py
+machine), so no speed ratio mixes two machines; a fresh run (--force, another drafter or spec)
+drops them. Every decode,
 on either backend, stops at the target's end-of-turn ids (targets/load.py end_of_turn_ids: the
 generation config's, not the tokenizer's eos), sent to SGLang as stop_token_ids.
 
@@ -45,9 +53,10 @@ import statistics
 import time
 from pathlib import Path
 
-from eagle3_runner.runner.bench_curve import curve_snapshots
-from eagle3_runner.runner.bench_rows import (config_fields, explain, first_divergence, prompt_row,
-                                save_results, summary_row, train_samples)
+from eagle3_runner.runner.bench_curve import curve_snapshots, predicted
+from eagle3_runner.runner.bench_rows import (PARTS, config_fields, config_id, explain,
+                                             first_divergence, load_part, prompt_row, save_part,
+                                             save_results, summary_row, train_samples)
 from eagle3_runner.runner.cpu import BUSY_CORES, Meter, busy, cores, load_columns, stage_threads
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.files import atomic_write, expand_path
@@ -199,7 +208,7 @@ def sglang_part(ctx, export_dir: Path, sets: dict, stop_ids, dtype: str | None,
     if simulated:
         raise StageError(f"bench: {simulated}")
     return SglangBench(ctx.spec, ctx.params, Path(ctx.out_dir), str(hf_folder(ctx.spec)),
-                       export_dir, sets, stop_ids, dtype, snapshots)
+                       export_dir, sets, stop_ids, dtype, snapshots, resume=ctx.resuming)
 
 
 def finish(ctx, export_dir: Path, rows: list[dict], summaries: list[dict], measured,
@@ -251,69 +260,6 @@ def finish(ctx, export_dir: Path, rows: list[dict], summaries: list[dict], measu
             "lossless": all(s["lossless"] is not False for s in done)}
 
 
-def predicted(summaries: list[dict], export_dir: Path, sims: dict) -> None:
-    """Each chain summary gets what the drafter's training predicts (runner/bench_curve.py):
-    heldout_* (the train stage's simulation on its held-out samples) and, where this stage
-    simulated it, sim_* (on its own plain decode; sims {(prompt_set, max_new, num_steps):
-    trainer/acceptance.py summarize}); an engine that accepts well below sim_* is flagged."""
-    from eagle3_runner.runner.bench_curve import heldout_chain, mismatch_flag
-    for s in summaries:
-        if s.get("eagle_topk") != 1 or not s.get("n_prompts"):
-            continue
-        held = heldout_chain(export_dir, s["num_steps"])
-        if held:
-            s["heldout_tau"], s["heldout_accept_per_pos"] = (held["tau"],
-                                                             json.dumps(held["accept_per_pos"]))
-        sim = sims.get((s["prompt_set"], s["max_new_tokens"], s["num_steps"]))
-        if not sim:
-            continue
-        s["sim_tau"], s["sim_accept_per_pos"] = sim["tau"], json.dumps(sim["accept_per_pos"])
-        if s["backend"] == "embedded":  # SGLang's own text differs from ours at near-ties
-            flag = mismatch_flag(json.loads(s["accept_per_pos"]), sim["accept_per_pos"])
-            if flag:
-                s["flags"] = ", ".join(x for x in [s.get("flags"), flag] if x)
-        s["explanation"] += (f" Simulated on the plain decode's text (trainer/acceptance.py, "
-                             f"what serving accepts when training and serving agree): tau "
-                             f"{sim['tau']:.3f}, per position "
-                             f"{[round(a, 3) for a in sim['accept_per_pos']]}"
-                             + (f"; on held-out training text {held['tau']:.3f}" if held else "")
-                             + ".")
-
-
-def simulated(p, hf, target, drafter, device, sets: dict, ours: dict, snapshots: list[dict]
-              ) -> tuple[dict, list[dict]]:
-    """trainer/acceptance.py over this stage's plain greedy decode (the first cuda_graph
-    setting's `ours`): {(prompt_set, max_new, num_steps): summarize} of the exported drafter
-    for every chain configuration, and the learning curve's embedded rows (each snapshot at
-    configs[0]). Greedy only (temperature 0: sampled text is not what greedy serving sees)."""
-    from eagle3_runner.models.draft_model import load_exported
-    from eagle3_runner.runner.bench_curve import curve_row
-    from eagle3_runner.trainer.acceptance import simulate, summarize
-    if p.temperature != 0:
-        return {}, []
-    eps = float(getattr(hf.config, "rms_norm_eps", 1e-5))
-    aux, cg, c0 = list(target.aux_ids), p.cuda_graph[0], p.configs[0]
-    steps = sorted({c.num_steps for c in p.configs if c.eagle_topk == 1})
-    sims, curve = {}, []
-    for set_name, prompts in sets.items():
-        for mx in p.max_new_tokens:
-            texts = [(ids[0].tolist() + ours[cg, set_name, mx, pid], ids.shape[1])
-                     for pid, ids in prompts]
-            if steps:
-                for n, h in simulate(drafter, hf, texts, aux, steps, eps).items():
-                    sims[set_name, mx, n] = summarize(h)
-            for snap in snapshots:
-                d = load_exported(snap["dir"], target.embed_tokens.weight, device=device,
-                                  dtype=drafter.fc.weight.dtype)
-                h = simulate(d, hf, texts, aux, [c0.num_steps], eps)[c0.num_steps]
-                sm = summarize(h)
-                cfg = config_fields(c0, cg, mx, p.temperature, "embedded", set_name,
-                                    snap.get("samples"))
-                curve.append(curve_row(cfg, snap, "embedded", "simulated", sm["tau"],
-                                       sm["accept_per_pos"], sm["rounds"], len(texts)))
-    return sims, curve
-
-
 def run_sglang_only(ctx: StageContext, export_dir: Path) -> dict:
     """backend sglang: no torch in this process, only the servers (no divergence margins)."""
     from eagle3_runner.data.prompts import load_prompt_set, render
@@ -338,6 +284,9 @@ def run(ctx: StageContext) -> dict:
     p, spec = ctx.params, ctx.spec
     export_dir = drafter_dir(ctx)
     check_backend(spec)
+    if not ctx.resuming:  # a fresh bench (--force, a new drafter): nothing an earlier run kept
+        import shutil
+        shutil.rmtree(Path(ctx.out_dir) / PARTS, ignore_errors=True)
     if p.backend == "sglang":
         return run_sglang_only(ctx, export_dir)
     import torch
@@ -363,7 +312,8 @@ def run(ctx: StageContext) -> dict:
     finally:
         if sgl is not None:
             sgl.close()
-    sims, curve = simulated(p, hf, target, drafter, device, sets, ours, snaps)
+    from eagle3_runner.trainer.acceptance import bench_simulations
+    sims, curve = bench_simulations(p, hf, target, drafter, device, sets, ours, snaps)
     compare = None
     if measured is not None:
         from eagle3_runner.targets.sglang_bench import Compare
@@ -372,13 +322,16 @@ def run(ctx: StageContext) -> dict:
     return finish(ctx, export_dir, rows, summaries, measured, sgl_sets, compare, sims, curve)
 
 
-def build_engines(p, target, drafter, sets: dict, stop: tuple, cg: bool) -> tuple:
+def build_engines(p, target, drafter, sets: dict, stop: tuple, cg: bool, configs=None,
+                  baseline: bool = True) -> tuple:
     """The bench's engines for one cuda_graph setting, built and warmed up (compiled when cg):
-    the plain decode for speed, the W-row reference for tokens (the same engine when width is
-    None), and one speculative engine per configuration. p: stages.bench; sets: {prompt_set:
-    [(prompt_id, ids [1, T])]}. Returns (plain, ref, {SpecParams: Engine}, kernels, width).
-    scripts/bench/warm_bench.py calls it with a random drafter of the same geometry, so a later
-    bench finds inductor's compiled graphs in its on-disk cache (the shapes are the same).
+    the plain decode for speed and the W-row reference for tokens (the same engine when width
+    is None; both None without `baseline`), and one speculative engine per configuration of
+    `configs` (default p.configs; a resumed bench builds only what it has left). p: stages.bench;
+    sets: {prompt_set: [(prompt_id, ids [1, T])]}. Shapes (width, max_seq) always follow all of
+    p.configs, so every engine is the one a whole bench builds. Returns (plain, ref, {SpecParams:
+    Engine}, kernels, width). scripts/bench/warm_bench.py calls it with a random drafter of the
+    same geometry, so a later bench finds inductor's compiled graphs in its on-disk cache.
     Raises StageError for kernels the target or drafter cannot run."""
     from eagle3_runner.engine.speculative import Engine, default_width, engine_kernels, slots_needed
     Kmax = max(c.num_steps for c in p.configs)
@@ -399,15 +352,17 @@ def build_engines(p, target, drafter, sets: dict, stop: tuple, cg: bool) -> tupl
     warm = next(iter(sets.values()))[0][1]
     t0 = time.perf_counter()
     kw = dict(max_seq=max_seq, cuda_graph=cg, kernels=kn)
-    plain = Engine(target, None, num_steps=Kmax, **kw)  # speed
-    ref = plain if width is None else Engine(target, None, num_steps=Kmax, width=width,
-                                             **kw)  # tokens
-    for b in [plain] if ref is plain else [plain, ref]:
-        b.generate_baseline(warm, 4, stop_ids=stop)  # warm-up (compiles when cg)
-    print(f"bench: baseline engine(s) built and warmed in {time.perf_counter() - t0:.1f} s "
-          f"(max_seq {max_seq}, width {width}, kernels {kn}, cuda_graph {cg})", flush=True)
+    plain = ref = None
+    if baseline:
+        plain = Engine(target, None, num_steps=Kmax, **kw)  # speed
+        ref = plain if width is None else Engine(target, None, num_steps=Kmax, width=width,
+                                                 **kw)  # tokens
+        for b in [plain] if ref is plain else [plain, ref]:
+            b.generate_baseline(warm, 4, stop_ids=stop)  # warm-up (compiles when cg)
+        print(f"bench: baseline engine(s) built and warmed in {time.perf_counter() - t0:.1f} s "
+              f"(max_seq {max_seq}, width {width}, kernels {kn}, cuda_graph {cg})", flush=True)
     engines = {}
-    for c in p.configs:
+    for c in (p.configs if configs is None else configs):
         t0 = time.perf_counter()
         e = Engine(target, drafter, num_steps=c.num_steps, eagle_topk=c.eagle_topk,
                    num_draft_tokens=c.draft_tokens, sampling=p.temperature > 0,
@@ -417,6 +372,34 @@ def build_engines(p, target, drafter, sets: dict, stop: tuple, cg: bool) -> tupl
         print(f"bench: engine {c.num_steps}/{c.eagle_topk}/{c.draft_tokens} built and warmed "
               f"in {time.perf_counter() - t0:.1f} s", flush=True)
     return plain, ref, engines, kn, width
+
+
+def _measure_config(cfg: dict, c, e, target, prompts: list, base: dict, max_new: int, p,
+                    stop: tuple, device, meter, threads: int, n_cores: int) -> list[dict]:
+    """The `bench` rows of configuration c (engine e) over `prompts`, against their baseline
+    decodes `base` (baseline_pass): tau, speed, losslessness (with the divergence margins) and
+    the machine's load per prompt."""
+    import torch
+    from tqdm import tqdm
+    rows = []
+    for pid, ids in tqdm(prompts, desc=f"bench {cfg['prompt_set']} {cfg['config_id']}",
+                         unit="prompt", leave=False):
+        g = torch.Generator(device=device).manual_seed(p.seed)
+        a = meter.snap()
+        toks, st = e.generate(ids, max_new, p.temperature, g, stop)
+        w = meter.window(a, meter.snap())
+        b = base[pid]
+        same = (toks == b["tokens"]) if p.temperature == 0 else None
+        rows.append(prompt_row(
+            cfg, pid, st.tau, st.new_tokens, st.rounds, st.new_tokens / st.total_s,
+            b["new_tokens"] / b["total_s"], same,
+            divergence(target, ids, toks, b["tokens"]) if same is False else None,
+            accept_per_pos=json.dumps(st.accept_per_pos(c.num_steps)),
+            draft_s=st.draft_s, verify_s=st.verify_s,
+            other_s=st.total_s - st.draft_s - st.verify_s,
+            load=load_columns([b["window"], w], threads, n_cores), _window=w,
+            _tokens_in_rounds=sum(st.accepted) + st.rounds, _total_s=st.total_s))
+    return rows
 
 
 def _embedded(ctx, export_dir: Path, target, drafter, device, sets: dict, stop: tuple, sgl):
@@ -432,9 +415,19 @@ def _embedded(ctx, export_dir: Path, target, drafter, device, sets: dict, stop: 
     trained_on = train_samples(export_dir)
     meter, threads, n_cores = Meter(), torch.get_num_threads(), cores()
     print(f"bench: {threads} torch thread(s) on {n_cores} core(s)", flush=True)
+    out = Path(ctx.out_dir)
     all_rows, summaries, ours = [], [], {}
     for cg in p.cuda_graph:
-        plain, ref, engines, kn, width = build_engines(p, target, drafter, sets, stop, cg)
+        # parts an earlier run of this stage measured on this machine (runner/bench_rows.py
+        # save_part): a bench cut short goes on where it stopped
+        base_part = {(s, mx): load_part(out, f"embedded-cg{int(cg)}-{s}-m{mx}-baseline")
+                     for s in sets for mx in p.max_new_tokens}
+        cfg_part = {(c, s, mx): load_part(out, f"embedded-{config_id(c, cg, mx)}-{s}")
+                    for c in p.configs for s in sets for mx in p.max_new_tokens}
+        todo = [c for c in p.configs if any(cfg_part[c, s, mx] is None for s in sets
+                                            for mx in p.max_new_tokens)]
+        plain, ref, engines, kn, width = build_engines(
+            p, target, drafter, sets, stop, cg, todo, any(v is None for v in base_part.values()))
         if sgl is not None and measured is None:  # this process idles while SGLang decodes
             t0 = time.perf_counter()
             measured = sgl.measure()
@@ -442,41 +435,38 @@ def _embedded(ctx, export_dir: Path, target, drafter, device, sets: dict, stop: 
                   flush=True)
         for set_name, prompts in sets.items():
             for max_new in p.max_new_tokens:
-                base = baseline_pass(plain, prompts, max_new, p, stop, f"bench {set_name} baseline",
-                                     meter)
-                if ref is not plain:  # the bit-exact reference keeps its own tokens only
-                    ref_toks = baseline_pass(ref, prompts, max_new, p, stop,
-                                             f"bench {set_name} baseline, {width} rows")
-                    for pid in base:
-                        base[pid]["tokens"] = ref_toks[pid]["tokens"]
+                kept = base_part[set_name, max_new]
+                if kept is not None:
+                    base = kept["base"]
+                else:
+                    base = baseline_pass(plain, prompts, max_new, p, stop,
+                                         f"bench {set_name} baseline", meter)
+                    if ref is not plain:  # the bit-exact reference keeps its own tokens only
+                        ref_toks = baseline_pass(ref, prompts, max_new, p, stop,
+                                                 f"bench {set_name} baseline, {width} rows")
+                        for pid in base:
+                            base[pid]["tokens"] = ref_toks[pid]["tokens"]
+                    save_part(out, f"embedded-cg{int(cg)}-{set_name}-m{max_new}-baseline",
+                              {"base": base})
                 for pid in base:
                     ours[cg, set_name, max_new, pid] = base[pid]["tokens"]
-                for c, e in engines.items():
+                for c in p.configs:
                     cfg = config_fields(c, cg, max_new, p.temperature, "embedded", set_name,
                                         trained_on, kn)
-                    rows = []
-                    for pid, ids in tqdm(prompts, desc=f"bench {set_name} {cfg['config_id']}",
-                                         unit="prompt", leave=False):
-                        g = torch.Generator(device=device).manual_seed(p.seed)
-                        a = meter.snap()
-                        toks, st = e.generate(ids, max_new, p.temperature, g, stop)
-                        w = meter.window(a, meter.snap())
-                        b = base[pid]
-                        same = (toks == b["tokens"]) if p.temperature == 0 else None
-                        rows.append(prompt_row(
-                            cfg, pid, st.tau, st.new_tokens, st.rounds, st.new_tokens / st.total_s,
-                            b["new_tokens"] / b["total_s"], same,
-                            divergence(target, ids, toks, b["tokens"]) if same is False else None,
-                            accept_per_pos=json.dumps(st.accept_per_pos(c.num_steps)),
-                            draft_s=st.draft_s, verify_s=st.verify_s,
-                            other_s=st.total_s - st.draft_s - st.verify_s,
-                            load=load_columns([b["window"], w], threads, n_cores), _window=w,
-                            _tokens_in_rounds=sum(st.accepted) + st.rounds, _total_s=st.total_s))
+                    part = cfg_part[c, set_name, max_new]
+                    rows = part["rows"] if part is not None else _measure_config(
+                        cfg, c, engines[c], target, prompts, base, max_new, p, stop, device,
+                        meter, threads, n_cores)
+                    if part is None:
+                        save_part(out, f"embedded-{cfg['config_id']}-{set_name}", {"rows": rows})
                     summ = summarize(cfg, rows, [base[pid] for pid, _ in prompts], threads,
                                      n_cores)
-                    if ref is not plain:
+                    if width is not None:
                         summ["explanation"] += (f" Baseline speed: the plain 1-row decode; lossless:"
                                                 f" tokens equal to the {width}-row decode's.")
+                    if kept is not None or part is not None:
+                        summ["explanation"] += (" Resumed: parts measured by an earlier run of "
+                                                "this stage on this machine (same boot).")
                     if cg and device.type != "cuda":
                         summ["flags"] = ", ".join(x for x in [summ["flags"],
                                                               "cuda_graph ignored on cpu"] if x)

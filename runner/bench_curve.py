@@ -98,3 +98,31 @@ def curve_row(cfg: dict, snap: dict, backend: str, how: str, tau: float,
         "selected": snap.get("selected"), "n_prompts": n_prompts, "rounds": rounds, "tau": tau,
         "accept_per_pos": json.dumps(accept_per_pos),
         "server_accept_length": server_accept_length, "heldout_tau": held.get("tau")}
+
+
+def predicted(summaries: list[dict], export_dir: Path, sims: dict) -> None:
+    """Each chain summary gets what the drafter's training predicts (in place):
+    heldout_* (the train stage's simulation on its held-out samples) and, where this stage
+    simulated it, sim_* (on its own plain decode; sims {(prompt_set, max_new, num_steps):
+    trainer/acceptance.py summarize}); an engine that accepts well below sim_* is flagged."""
+    for s in summaries:
+        if s.get("eagle_topk") != 1 or not s.get("n_prompts"):
+            continue
+        held = heldout_chain(export_dir, s["num_steps"])
+        if held:
+            s["heldout_tau"], s["heldout_accept_per_pos"] = (held["tau"],
+                                                             json.dumps(held["accept_per_pos"]))
+        sim = sims.get((s["prompt_set"], s["max_new_tokens"], s["num_steps"]))
+        if not sim:
+            continue
+        s["sim_tau"], s["sim_accept_per_pos"] = sim["tau"], json.dumps(sim["accept_per_pos"])
+        if s["backend"] == "embedded":  # SGLang's own text differs from ours at near-ties
+            flag = mismatch_flag(json.loads(s["accept_per_pos"]), sim["accept_per_pos"])
+            if flag:
+                s["flags"] = ", ".join(x for x in [s.get("flags"), flag] if x)
+        s["explanation"] += (f" Simulated on the plain decode's text (trainer/acceptance.py, "
+                             f"what serving accepts when training and serving agree): tau "
+                             f"{sim['tau']:.3f}, per position "
+                             f"{[round(a, 3) for a in sim['accept_per_pos']]}"
+                             + (f"; on held-out training text {held['tau']:.3f}" if held else "")
+                             + ".")

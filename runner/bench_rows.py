@@ -290,3 +290,39 @@ def save_results(ctx, rows: list[dict], summaries: list[dict], curve: list[dict]
     atomic_write(Path(ctx.out_dir) / "bench.json",
                  json.dumps({"summary": summaries, "rows": rows, "curve": list(curve)}, indent=1,
                             default=str))
+
+
+# ----------------------------------------------------------------------------------------------
+# a bench that resumes: the parts it measured, kept as they complete
+
+
+PARTS = "parts"  # the bench stage's folder of completed parts (embedded baselines and configs)
+
+
+def machine() -> str:
+    """This machine as it is booted now: /proc/sys/kernel/random/boot_id (another machine, or
+    the same one rebooted, gives another), else the host name. A resumed bench keeps only the
+    parts measured under the same value, so no speed ratio mixes two machines."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        import socket
+        return socket.gethostname()
+
+
+def save_part(out_dir: Path, name: str, obj: dict) -> None:
+    """Keep one completed part of the bench (JSON, atomic) with this machine's `machine()`."""
+    (Path(out_dir) / PARTS).mkdir(parents=True, exist_ok=True)
+    atomic_write(Path(out_dir) / PARTS / f"{name}.json",
+                 json.dumps({"machine": machine(), **obj}, default=str))
+
+
+def load_part(out_dir: Path, name: str) -> dict | None:
+    """A part `save_part` kept on this machine, else None (missing, unreadable, or measured on
+    another machine or boot)."""
+    try:
+        got = json.loads((Path(out_dir) / PARTS / f"{name}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return got if got.get("machine") == machine() else None
+

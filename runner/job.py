@@ -75,7 +75,8 @@ def error_text(e: BaseException) -> str:
 def interrupted_text(job: StageJob) -> str:
     """What a stage stopped by Ctrl-C (SIGINT) reports: it was cancelled, not broken."""
     return (f"{job.id} interrupted (Ctrl-C); the next `runner apply` runs it again (regenerate "
-            "and extract resume after their last shard, train from its last checkpoint)")
+            "and extract resume after their last shard, train from its last checkpoint, bench "
+            "from the parts it measured on this machine)")
 
 
 def make_context(job: StageJob, rank: int = 0, world_size: int = 1) -> StageContext:
@@ -84,7 +85,7 @@ def make_context(job: StageJob, rank: int = 0, world_size: int = 1) -> StageCont
     return StageContext(spec=spec, stage=job.stage, variant=job.variant, run_id=job.run_id,
                         inputs={k: Path(v) for k, v in job.inputs.items()},
                         out_dir=Path(job.partial), db_path=Path(job.db_path), rank=rank,
-                        world_size=world_size)
+                        world_size=world_size, reason=job.reason)
 
 
 def lock_stage(job: StageJob):

@@ -374,7 +374,7 @@ def stage_note(spec: Spec, stage: str) -> str | None:
 
 def _incomplete(stage: str, partial: Path) -> str:
     """The reason of a stage whose partial dir exists: it resumes, unless it never resumes
-    (export, bench: the registry's `resumes`), resumes from a file (the registry's
+    (export: the registry's `resumes`), resumes from a file (the registry's
     resume_file: train's checkpoint) that is not there yet, or kept nothing."""
     kind = stage_kind(stage)
     if not kind.resumes:

@@ -42,6 +42,13 @@ class StageContext:
     rank: int = 0
     world_size: int = 1
     file_hashes: dict[str, str] = field(default_factory=dict)  # optional precomputed sha256
+    reason: str = ""  # the plan's reason to run it ("incomplete: resuming partial output", ...)
+
+    @property
+    def resuming(self) -> bool:
+        """Whether the plan resumes this stage's partial output (a stage whose runs keep parts
+        as they go uses it only then: --force, a changed spec or input starts afresh)."""
+        return self.reason.startswith("incomplete")
 
     @property
     def params(self) -> Any:

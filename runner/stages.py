@@ -339,8 +339,8 @@ class StageKind:
     data_parallel: bool = False  # runs executor.nproc_per_node ranks (one per GPU)
     checkpointable: bool = False  # a Slurm timeout/preemption requeues it; it resumes
     # whether a rerun continues what an interrupted run left in its partial dir (regenerate and
-    # extract after their last complete shard, train from its checkpoint); export and bench
-    # start over, and the plan says which
+    # extract after their last complete shard, train from its checkpoint, bench from the parts
+    # it measured on the same machine); export starts over, and the plan says which
     resumes: bool = False
     # the file in its partial dir that a resumed run starts from (train: the checkpoint); the
     # plan says when there is none yet, so "resuming" never hides a restart from step 0
@@ -452,7 +452,7 @@ REGISTRY: tuple[StageKind, ...] = (
     StageKind("export", ExportStage, "Write the SGLang draft directory.",
               needs=lambda spec: ("train", "extract"), requires=lambda spec: ("train",),
               key=lambda spec, d: {"drafter": d["drafter"], "export": d["stages"]["export"]}),
-    StageKind("bench", BenchStage, "Measure accept length (tau) and tok/s.",
+    StageKind("bench", BenchStage, "Measure accept length (tau) and tok/s.", resumes=True,
               needs=lambda spec: () if _external_drafter(spec) else ("export",),
               requires=lambda spec: () if _external_drafter(spec) else ("export",),
               preflight="check_backend",

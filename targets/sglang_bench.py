@@ -34,6 +34,9 @@ scripts/gpu/sglang_fixtures.py turns it into fixtures):
   sglang/<server>/server_info.json GET /server_info once ready (version, speculative_*)
   sglang/<server>/generate.jsonl   per request: prompt_set, prompt_id, max_new_tokens,
                                    request {input_ids, sampling_params}, response, client_s
+  sglang/<server>/measured.json    written once the server answered every request (its info,
+                                   readiness, decode-log accept lens, the machine): a resumed
+                                   bench reads the server back instead of launching it
   sglang_profile.json              the round-cost profile (bench_rows.speed_profile)
 """
 
@@ -47,7 +50,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from eagle3_runner.runner.bench_rows import (config_fields, failed_summary_row, lossless_verdict,
-                                             prompt_row, round_cost, summary_row)
+                                             machine, prompt_row, round_cost, summary_row)
 from eagle3_runner.runner.errors import ServerError
 from eagle3_runner.runner.files import atomic_write
 from eagle3_runner.targets.sglang import (Server, generate, launch, parse_accept_lens,
@@ -120,12 +123,19 @@ class SglangBench:
     tokens."""
 
     def __init__(self, spec, p, out_dir: Path, model: str, export_dir: Path, sets: dict,
-                 stop_ids=(), dtype: str | None = None, snapshots: list[dict] = ()):
+                 stop_ids=(), dtype: str | None = None, snapshots: list[dict] = (),
+                 resume: bool = False):
         self.spec, self.p, self.o = spec, p, p.sglang
         self.root = Path(out_dir) / "sglang"
         self.model, self.export_dir, self.sets = model, Path(export_dir), sets
         self.stop_ids, self.dtype = tuple(stop_ids), dtype
         plan = plan_servers(p, snapshots)
+        # resume: the servers an earlier run of this stage measured completely on this machine
+        # are read back from their recordings, the others measured
+        self.done = {pl.name: m for pl in plan
+                     if (m := load_measured(self.root, pl, sets, p.max_new_tokens) if resume
+                         else _forget(self.root, pl)) is not None}
+        plan = [pl for pl in plan if pl.name not in self.done]
         n = self.o.parallel
         self.waves = [plan[i:i + n] for i in range(0, len(plan), n)]
         self.started: list[Server] | None = None
@@ -174,7 +184,7 @@ class SglangBench:
         snapshot servers all at once after the others: their tau does not depend on time),
         stop them. Returns {server name: Measured}. The servers are stopped whatever happens."""
         from concurrent.futures import ThreadPoolExecutor
-        out = {}
+        out = dict(self.done)
         for i, wave in enumerate(self.waves):
             servers = self.started if i == 0 and self.started is not None else self._launch(wave)
             try:
@@ -191,6 +201,8 @@ class SglangBench:
                 stop_all(servers)
             for pl, srv in zip(wave, servers):
                 out[pl.name].accept_lens = parse_accept_lens(srv.log_text())
+                if out[pl.name].error is None:
+                    keep_measured(self.root, out[pl.name])
         self.started = None
         return out
 
@@ -219,6 +231,46 @@ class SglangBench:
                 f"sglang server {pl.name}: {type(e).__name__}: {e}; log {srv.log_path}:\n"
                 f"{srv.log_tail()}")
         return m
+
+
+MEASURED = "measured.json"  # a server's folder: written once its every request was answered
+
+
+def keep_measured(root: Path, m: Measured) -> None:
+    """Mark server m.planned's recording complete (its info, readiness and decode-log accept
+    lengths, and this machine: runner/bench_rows.py machine), so that a resumed bench reads it
+    back instead of measuring again."""
+    atomic_write(Path(root) / m.planned.name / MEASURED, json.dumps(
+        {"machine": machine(), "info": m.info, "ready_s": m.ready_s,
+         "accept_lens": m.accept_lens}))
+
+
+def load_measured(root: Path, pl: Planned, sets: dict, max_new: list[int]) -> Measured | None:
+    """Server pl's measurement from its recording (generate.jsonl + measured.json), when
+    keep_measured marked it complete on this machine and it answered every request of `sets`
+    x max_new; else None (it is measured again)."""
+    d = Path(root) / pl.name
+    try:
+        meta = json.loads((d / MEASURED).read_text())
+        lines = (d / "generate.jsonl").read_text().splitlines()
+        recs = [json.loads(x) for x in lines if x.strip()]
+    except (OSError, ValueError):
+        return None
+    if meta.get("machine") != machine():
+        return None
+    m = Measured(pl, info=meta.get("info") or {}, accept_lens=meta.get("accept_lens") or [],
+                 ready_s=meta.get("ready_s"))
+    for r in recs:
+        m.responses[r["prompt_set"], r["max_new_tokens"], r["prompt_id"]] = (r["response"],
+                                                                            r["client_s"])
+    want = {(s, mx, pid) for s, prompts in sets.items() for mx in max_new for pid, _ in prompts}
+    return m if want <= set(m.responses) else None
+
+
+def _forget(root: Path, pl: Planned) -> None:
+    """A fresh (not resumed) bench: an earlier run's completion mark goes (the recording itself
+    is rewritten when the server is measured). Returns None."""
+    (Path(root) / pl.name / MEASURED).unlink(missing_ok=True)
 
 
 def record(prompt_set: str, prompt_id: str, max_new: int, ids: list, temperature: float,

@@ -564,3 +564,50 @@ def test_bench_simulates_its_chains_and_benches_the_curve(smollm2, smollm2_path,
                               ("embedded", "simulated", 8, 64, True),
                               ("embedded", "simulated", 12, 96, False)]
     assert all(g["tau"] >= 1.0 and g["heldout_tau"] == 1.25 and g["n_prompts"] == 2 for g in got)
+
+
+@pytest.mark.slow
+def test_a_bench_cut_short_resumes_its_parts_on_the_same_machine(smollm2, smollm2_path,
+                                                                 tmp_path, monkeypatch):
+    """The embedded side keeps each baseline and configuration as it completes
+    (runner/bench_rows.py save_part): resumed, a run measures only what is missing, and rows read
+    back are the ones measured; parts of another machine (or boot), or any part of a fresh run
+    (--force, a new drafter: not `incomplete`), are measured again."""
+    from eagle3_runner.jobs import bench
+    from eagle3_runner.runner import bench_rows
+    from eagle3_runner.runner.stage import StageContext
+    from eagle3_runner.runner.store import Store
+    hf, _, _ = smollm2
+    spec = _spec(smollm2_path)
+    export = export_drafter(tmp_path / "export", hf.config, spec.aux_ids, draft_vocab=2048)
+    out = tmp_path / "out"
+    out.mkdir()
+    calls = []
+    for name in ("baseline_pass", "_measure_config"):
+        real = getattr(bench, name)
+        monkeypatch.setattr(bench, name, lambda *a, _r=real, _n=name, **k: (calls.append(_n),
+                                                                           _r(*a, **k))[1])
+
+    def run(reason):
+        calls.clear()
+        ctx = StageContext(spec=spec, stage="bench", variant="base", run_id=reason[:6],
+                           inputs={"export": export}, out_dir=out,
+                           db_path=tmp_path / "r.duckdb", reason=reason)
+        bench.run(ctx)
+        _, rows = Store(tmp_path / "r.duckdb").query(
+            f"SELECT tau, explanation FROM bench_summary WHERE run_id = '{reason[:6]}'")
+        return rows[0], list(calls)
+
+    first, n = run("missing output")
+    assert n == ["baseline_pass", "_measure_config"]  # float32 on the CPU: one baseline pass
+    again, n = run("incomplete: resuming partial output")
+    assert n == [] and again[0] == first[0] and "Resumed" in again[1]
+    part = next((out / bench_rows.PARTS).glob("embedded-s2-*.json"))
+    part.unlink()  # cut after the baseline: only the configuration is measured again
+    _, n = run("incomplete: resuming partial output")
+    assert n == ["_measure_config"]
+    monkeypatch.setattr(bench_rows, "machine", lambda: "another-boot")
+    _, n = run("incomplete: resuming partial output")
+    assert n == ["baseline_pass", "_measure_config"]
+    _, n = run("forced")
+    assert n == ["baseline_pass", "_measure_config"]

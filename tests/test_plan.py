@@ -19,7 +19,7 @@ import pytest
 import eagle3_runner.runner.plan as plan_mod
 from eagle3_runner.runner.apply import apply
 from eagle3_runner.runner.errors import PlanError
-from eagle3_runner.runner.plan import build_plan
+from eagle3_runner.runner.plan import _incomplete, build_plan
 from eagle3_runner.runner.spec.load import load_spec
 from eagle3_runner.runner.stage import MANIFEST, read_manifest
 from eagle3_runner.runner.store import Store
@@ -674,10 +674,12 @@ def test_auto_device_without_a_gpu_plans_the_cpu(tmp_path, monkeypatch):
     assert "x 1 GPU" in placement.stage_memory(spec, "extract", None)["layout"]
 
 
-def test_an_interrupted_bench_is_planned_as_starting_over(tmp_path, fake_stages):
-    """After Ctrl-C in bench the plan said "resuming partial output" (first-hour trial of
-    2026-12-04), though export and bench never resume: it now says the stage starts over, as
-    the interrupted stage's own message does."""
+def test_an_interrupted_bench_resumes_what_it_kept_and_export_starts_over(tmp_path, fake_stages):
+    """A bench cut short (Ctrl-C, a call's time limit) keeps each part it measured and resumes
+    (jobs/bench.py: the SGLang servers' recordings and the embedded parts, on the same machine
+    only); the plan says so, and the stage sees the reason (StageContext.resuming). Export never
+    resumes: its plan says it starts over, as its own message does (first-hour trial of
+    2026-12-04)."""
     fake_stages.setenv("FAIL_STAGE", "bench")
     spec = make_spec(tmp_path)
     plan = build_plan(spec)
@@ -685,10 +687,14 @@ def test_an_interrupted_bench_is_planned_as_starting_over(tmp_path, fake_stages)
     bench = next(p for p in plan.stages if p.stage == "bench")
     assert Path(bench.partial).exists()
     r = reasons(build_plan(make_spec(tmp_path)))
-    assert r["bench"] == ("run", "incomplete: an earlier run stopped; it runs again from the "
-                                 "beginning")
+    assert r["bench"] == ("run", "incomplete: resuming partial output")
+    from eagle3_runner.runner.stage import StageContext
+    ctx = StageContext(spec=spec, stage="bench", variant="base", run_id="r", inputs={},
+                       out_dir=tmp_path, db_path=tmp_path / "r.duckdb", reason=r["bench"][1])
+    assert ctx.resuming and not StageContext(**{**ctx.__dict__, "reason": "forced"}).resuming
     from eagle3_runner.runner.stages import REGISTRY
-    assert [k.name for k in REGISTRY if k.resumes] == ["regenerate", "extract", "train"]
+    assert [k.name for k in REGISTRY if k.resumes] == ["regenerate", "extract", "train", "bench"]
+    assert "it runs again from the beginning" in _incomplete("export", Path(bench.partial))
 
 
 def test_a_slurm_job_without_gpus_plans_the_cpu(tmp_path):

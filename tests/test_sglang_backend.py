@@ -306,3 +306,39 @@ def test_fixture_script_keeps_what_the_tests_read(tmp_path):
                       for i in range(100)] + ["[t] boring"] * 50 + ["[t] RuntimeError: boom"])
     kept = mod.trim_log(long, 5)
     assert len(parse_accept_lens(kept)) == 5 and "RuntimeError: boom" in kept
+
+
+@pytest.mark.parametrize("rec", SETS, ids=lambda p: p.name)
+def test_a_resumed_bench_reads_back_the_servers_it_measured(rec, tmp_path, monkeypatch):
+    """A bench cut short resumes (jobs/bench.py): a server whose recording was marked complete
+    (keep_measured) on this machine is read back, answers and all, and not launched again; one
+    marked on another machine or boot, one missing a request, or any when not resuming, is
+    measured again."""
+    import shutil
+    from eagle3_runner.runner import bench_rows
+    from eagle3_runner.targets import sglang_bench as B
+    measured, p, sets = _measured(rec)
+    root = tmp_path / "sglang"
+    for name, m in measured.items():
+        shutil.copytree(rec / name, root / name)
+        B.keep_measured(root, m)
+    got = B.load_measured(root, measured["plain-cg1"].planned, sets, p.max_new_tokens)
+    assert got.responses == measured["plain-cg1"].responses and got.info
+    spec_name = next(n for n in measured if n != "plain-cg1")
+    assert B.load_measured(root, measured[spec_name].planned, sets,
+                           p.max_new_tokens).accept_lens == measured[spec_name].accept_lens
+    # the bench's own constructor: nothing left to launch when every server is there
+    opts = SimpleNamespace(parallel=2, port=None, host="127.0.0.1")
+    bp = SimpleNamespace(**vars(p), sglang=opts)
+    bench = B.SglangBench(None, bp, tmp_path, "m", tmp_path, sets, resume=True)
+    assert set(bench.done) == set(measured) and bench.waves == []
+    assert bench.measure().keys() == measured.keys()
+    # a request missing from the recording, or another machine: measured again
+    lines = (root / spec_name / "generate.jsonl").read_text().splitlines()
+    (root / spec_name / "generate.jsonl").write_text("\n".join(lines[:-1]) + "\n")
+    assert B.load_measured(root, measured[spec_name].planned, sets, p.max_new_tokens) is None
+    monkeypatch.setattr(B, "machine", lambda: "another-boot")
+    assert B.load_measured(root, measured["plain-cg1"].planned, sets, p.max_new_tokens) is None
+    monkeypatch.setattr(B, "machine", bench_rows.machine)
+    fresh = B.SglangBench(None, bp, tmp_path, "m", tmp_path, sets, resume=False)
+    assert fresh.done == {} and not (root / "plain-cg1" / B.MEASURED).exists()

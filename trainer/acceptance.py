@@ -109,3 +109,37 @@ def simulate(draft, model, texts: list[tuple[list[int], int]], aux_ids: list[int
             for n, h in chain_histograms(st["hit"], st["sup0"], steps).items():
                 hists[n] += h
     return hists
+
+
+def bench_simulations(p, hf, target, drafter, device, sets: dict, ours: dict,
+                      snapshots: list[dict]) -> tuple[dict, list[dict]]:
+    """The bench stage's simulations (jobs/bench.py; p: stages.bench) over its plain greedy decode (the first cuda_graph
+    setting's `ours`): {(prompt_set, max_new, num_steps): summarize} of the exported drafter
+    for every chain configuration, and the learning curve's embedded rows (each snapshot at
+    configs[0]). Greedy only (temperature 0: sampled text is not what greedy serving sees)."""
+    from eagle3_runner.models.draft_model import load_exported
+    from eagle3_runner.runner.bench_curve import curve_row
+    from eagle3_runner.runner.bench_rows import config_fields
+    if p.temperature != 0:
+        return {}, []
+    eps = float(getattr(hf.config, "rms_norm_eps", 1e-5))
+    aux, cg, c0 = list(target.aux_ids), p.cuda_graph[0], p.configs[0]
+    steps = sorted({c.num_steps for c in p.configs if c.eagle_topk == 1})
+    sims, curve = {}, []
+    for set_name, prompts in sets.items():
+        for mx in p.max_new_tokens:
+            texts = [(ids[0].tolist() + ours[cg, set_name, mx, pid], ids.shape[1])
+                     for pid, ids in prompts]
+            if steps:
+                for n, h in simulate(drafter, hf, texts, aux, steps, eps).items():
+                    sims[set_name, mx, n] = summarize(h)
+            for snap in snapshots:
+                d = load_exported(snap["dir"], target.embed_tokens.weight, device=device,
+                                  dtype=drafter.fc.weight.dtype)
+                h = simulate(d, hf, texts, aux, [c0.num_steps], eps)[c0.num_steps]
+                sm = summarize(h)
+                cfg = config_fields(c0, cg, mx, p.temperature, "embedded", set_name,
+                                    snap.get("samples"))
+                curve.append(curve_row(cfg, snap, "embedded", "simulated", sm["tau"],
+                                       sm["accept_per_pos"], sm["rounds"], len(texts)))
+    return sims, curve

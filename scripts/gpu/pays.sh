@@ -5,12 +5,14 @@
 #   bash scripts/gpu/pays.sh regen SECONDS  # setup, versions; the embedded capture's GPU tests in
 #                                           # the background (their verdict picks
 #                                           # stages.train.online_capture for the train phase);
-#                                           # regenerate; the regenerated set comes back
+#                                           # regenerate, then scripts/bench/warm_bench.py (the
+#                                           # bench's compiles); the regenerated set comes back
 #                                           # compressed with its sha256 (regen-*.jsonl.gz*)
-#   bash scripts/gpu/pays.sh train SECONDS  # train + export, and beside them
-#                                           # scripts/bench/warm_bench.py (the bench's compiles)
-#   bash scripts/gpu/pays.sh bench SECONDS  # the bench (both engines, the curve); results.json
-#                                           # = `runner results --json` of the run
+#   bash scripts/gpu/pays.sh train SECONDS  # train + export (checkpoints every 2 minutes: a call
+#                                           # cut short resumes in the next)
+#   bash scripts/gpu/pays.sh bench SECONDS  # the bench (both engines, the curve; it resumes what
+#                                           # an earlier call measured); results.json =
+#                                           # `runner results --json` of the run
 # Overrides that enter cache keys (EXTRA_O, the online capture the tests picked) are kept in
 # ~/stage so every phase passes the same ones: a stage computed in one call is up to date in the next.
 # A regenerated set carried from an earlier window (regen-<name>.jsonl.gz and its .sha256 in
@@ -33,15 +35,17 @@ left() { echo $((LIMIT - (SECONDS - T0))); }
 overrides() {  # the cache-key overrides every phase passes alike
   echo "${EXTRA_O:-} $(cat ~/stage/pays_o 2>/dev/null)"
 }
-apply() {  # runner apply within the phase's time; progress bars dropped
+L=/tmp/pays-logs  # the phase's own output (apply's, the tests', warm_bench's): in state-<phase>.tgz
+mkdir -p $L
+apply() {  # runner apply within the phase's time; progress bars dropped; the whole output kept
   timeout --signal=INT "$(left)" python3 -m eagle3_runner.runner apply "$SPEC" $(overrides) "$@" \
-    2>&1 | tr '\r' '\n' | grep -v "it/s\]$\|tok/s\]$\|prompt/s\]$\|s/it\]$\|step/s\]$" | tail -60
+    2>&1 | tr '\r' '\n' | grep -v "it/s\]$\|tok/s\]$\|prompt/s\]$\|s/it\]$\|step/s\]$" \
+    | tee -a "$L/$phase.apply.log" | tail -60
 }
 bring_back() {
-  cp "$RES" "$OUT/r/" 2>/dev/null
-  tar czf "$OUT/r/state-$phase.tgz" runs/*.duckdb.spool $W/logs $W/state $W/*/*/report.json \
+  tar czf "$OUT/r/state-$phase.tgz" runs/*.duckdb.spool $W/logs $W/state $W/*/*/report.json $L \
     $W/train/*/train_metrics.json $W/export/*/inspect*.json $W/export/*/provenance.json \
-    $W/bench/*/bench.json $W/bench/*/sglang_profile.json 2>/dev/null
+    $W/bench/*/bench.json $W/bench/*/sglang_profile.json $W/bench/.partial-*/*.json 2>/dev/null
   {
     q "SELECT variant, stage, status, round(duration_s,1) s, left(error, 400) error FROM stages ORDER BY started_at"
     q "SELECT name, round(value, 4) v, unit FROM metrics WHERE step IS NULL AND stage IN ('regenerate', 'train', 'export') ORDER BY stage, name"
@@ -49,6 +53,7 @@ bring_back() {
     q "SELECT backend, snapshot_step, train_samples, selected, round(tau,3) tau, round(heldout_tau,3) held, round(server_accept_length,3) sgl_al FROM bench_curve ORDER BY 1, 2"
     echo "phase $phase: $((SECONDS - T0)) s"
   } >> "$TXT" 2>&1
+  cp "$RES" "$OUT/r/" 2>/dev/null  # after the queries: they ingest the stages' last rows
   tail -45 "$TXT"
 }
 trap bring_back EXIT
@@ -59,34 +64,33 @@ case $phase in
       python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)"
       ~/sglang-python -c "import sglang; print('sglang', sglang.__version__)" 2>&1 | tail -1
       nproc; df -h /tmp | tail -1
-    } | tee "$OUT/r/versions.txt"
+    } | tee "$L/versions.txt"
     # the embedded capture's GPU tests (never run on a GPU before 2026-12-07) beside the
     # regeneration: train online with it when they pass, else with transformers' capture
     ( timeout 240 python3 -m pytest tests/test_capture_embedded.py -m gpu -v -p no:cacheprovider \
-        --tb=short > "$OUT/r/gputests.txt" 2>&1
+        --tb=short > "$L/gputests.txt" 2>&1
       # the features must agree with transformers'; a host sync in the step only costs speed
-      if grep -q "test_gpu_compiled_capture_equals_the_hf_capture PASSED" "$OUT/r/gputests.txt"
+      if grep -q "test_gpu_compiled_capture_equals_the_hf_capture PASSED" "$L/gputests.txt"
       then echo "" > ~/stage/pays_o
       else echo "-o stages.train.online_capture=hf -o stages.train.prefetch=false" > ~/stage/pays_o
       fi ) &
     apply --only regenerate
     wait
     echo "train overrides: $(cat ~/stage/pays_o)"
+    # the bench's compiles, with a random drafter of the same geometry, while nothing else runs
+    # (beside the train stage they cost its set-up 3 minutes on 2026-12-07)
+    timeout $(( $(left) - 30 )) python3 scripts/bench/warm_bench.py "$SPEC" $(overrides) \
+      > "$L/warm_bench.txt" 2>&1; tail -3 "$L/warm_bench.txt"
     # the regenerated set (its gzip shards are one gzip stream end to end), with its checksum:
     # carry it to the next window (DEVELOPERS.md: .stage/regen/, stages.regenerate.reuse)
     R=/tmp/regen-$NAME.jsonl.gz
     cat $W/regenerate/*/shards/part-*.jsonl.gz > "$R" 2>/dev/null \
       && (cd /tmp && sha256sum "$(basename "$R")" > "$R.sha256") \
       && split -b 15M -d "$R" "$OUT/r/$(basename "$R")." && cp "$R.sha256" "$OUT/r/" ;;
-  train)
-    # the bench's compiles, with a random drafter of the same geometry, while the drafter trains
-    ( timeout $(( $(left) - 20 )) python3 scripts/bench/warm_bench.py "$SPEC" $(overrides) \
-        > "$OUT/r/warm_bench.txt" 2>&1 ) &
-    apply --only train --only export
-    wait ;;
+  train) apply --only train --only export ;;
   bench)
     apply --only bench
     python3 -m eagle3_runner.runner results --json --results "$RES" > "$OUT/r/results.json"
-    tar czf "$OUT/r/sglang-rec.tgz" $W/bench/*/sglang 2>/dev/null ;;
+    tar czf "$OUT/r/sglang-rec.tgz" $W/bench/*/sglang $W/bench/.partial-*/sglang 2>/dev/null ;;
   *) echo "usage: pays.sh regen|train|bench SECONDS"; exit 2 ;;
 esac
