@@ -199,7 +199,7 @@ class SglangBench:
                             out[pl.name] = m
             finally:
                 stop_all(servers)
-            for pl, srv in zip(wave, servers):
+            for pl, srv in zip(wave, servers):  # the logs are complete once stopped
                 out[pl.name].accept_lens = parse_accept_lens(srv.log_text())
                 if out[pl.name].error is None:
                     keep_measured(self.root, out[pl.name])
@@ -225,6 +225,9 @@ class SglangBench:
                             rec.write(json.dumps(record(s, pid, mx, ids, p.temperature,
                                                         self.stop_ids, r, dt)) + "\n")
                             rec.flush()
+            # complete: kept at once, so a bench stopped later in this wave resumes without it
+            m.accept_lens = parse_accept_lens(srv.log_text())
+            keep_measured(self.root, m)
         except (ServerError, OSError, ValueError) as e:  # at startup wait_ready's message has
             # the log tail; after it (a request failed, the server died) the tail is added
             m.error = str(e) if srv.ready_s is None else (
