@@ -76,7 +76,8 @@ def interrupted_text(job: StageJob) -> str:
     """What a stage stopped by Ctrl-C (SIGINT) reports: it was cancelled, not broken."""
     return (f"{job.id} interrupted (Ctrl-C); the next `runner apply` runs it again (regenerate "
             "and extract resume after their last shard, train from its last checkpoint, bench "
-            "from the parts it measured on this machine)")
+            "from the parts it measured on this machine), unless an earlier complete result of "
+            "the same settings is there: then it is up to date, and --force starts it over")
 
 
 def make_context(job: StageJob, rank: int = 0, world_size: int = 1) -> StageContext:

@@ -126,3 +126,26 @@ def test_select_tau_needs_snapshots_and_held_out_samples():
     with pytest.raises(SpecError, match="select_num_steps = 9 exceeds ttt_steps"):
         train_spec(select="tau", snapshots=True, eval_samples=3, select_num_steps=9)
     train_spec(ttt_steps=2)  # select: last reads no chain length: the default 3 is no error
+
+
+def test_the_curve_needs_kept_drafters_a_chain_first_and_the_export():
+    """stages.bench.curve: each way to misread it is one error naming the fix."""
+    from eagle3_runner.runner.spec.load import load_spec
+
+    def spec(train: dict, bench: dict):
+        return load_spec(data={
+            "name": "c", "target": {"path": "/nonexistent/t", "num_hidden_layers": 4,
+                                    "hidden_size": 32, "vocab_size": 96,
+                                    "max_position_embeddings": 512, "device": "cpu"},
+            "drafter": {"draft_vocab_size": 40, "aux_layer_ids": [0, 1, 2]},
+            "stages": {"extract": {}, "train": train, "export": {},
+                       "bench": {"configs": [{"num_steps": 3}], "curve": 2, **bench}}},
+            check_target=False)
+    spec({"snapshots": True}, {})
+    with pytest.raises(SpecError, match="set stages.train.snapshots: true, or curve: 0"):
+        spec({}, {})
+    with pytest.raises(SpecError, match="remove stages.bench.drafter, or set curve: 0"):
+        spec({"snapshots": True}, {"drafter": "/nonexistent/d"})
+    with pytest.raises(SpecError, match="put a chain first"):
+        spec({"snapshots": True}, {"configs": [{"num_steps": 3, "eagle_topk": 2,
+                                                "num_draft_tokens": 4}]})

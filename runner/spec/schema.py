@@ -603,10 +603,14 @@ class Spec(Strict):
                 problems.append(f"stages.bench.curve = {bench.curve}: the curve benches the "
                                 "first configuration, and only a chain (eagle_topk 1) can be "
                                 "simulated; put a chain first in stages.bench.configs.")
-            if bench.drafter is not None or train is None or not train.snapshots:
+            if bench.drafter is not None:
                 problems.append(f"stages.bench.curve = {bench.curve}: it benches the train "
-                                "stage's kept drafters; set stages.train.snapshots: true (and "
-                                "bench the export, not stages.bench.drafter), or curve: 0.")
+                                "stage's kept drafters, and stages.bench.drafter benches another "
+                                "draft; remove stages.bench.drafter, or set curve: 0.")
+            elif train is None or not train.snapshots:
+                problems.append(f"stages.bench.curve = {bench.curve}: it benches the train "
+                                "stage's kept drafters; set stages.train.snapshots: true, or "
+                                "curve: 0.")
         for stage in STAGE_ORDER:  # what the declared target.engine cannot run, before any plan
             if getattr(self.stages, stage) is not None:
                 try:

@@ -47,8 +47,10 @@ what it measured); cases left when --budget seconds are spent are listed as skip
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
+import shutil
 import sys
 import tempfile
 import time
@@ -254,6 +256,7 @@ def spec_setup(a):
     from eagle3_runner.trainer.recipe import setup
     spec = load_spec(a.spec, a.overrides)
     tmp = Path(tempfile.mkdtemp(prefix="profile-train-"))
+    atexit.register(shutil.rmtree, tmp, True)  # the setup's scratch goes whatever happens
     ctx = StageContext(spec=spec, stage="train", variant="base", run_id="profile", inputs={},
                        out_dir=tmp / "train", db_path=tmp / "profile.duckdb")
     return setup(ctx)
