@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from eagle3_runner.models.draft_model import DraftConfig
+from eagle3_runner.runner.bench_curve import SNAPSHOTS, snapshot_name, snapshot_step
 from eagle3_runner.runner.drafts.families import target_family
 from eagle3_runner.runner.drafts.layout import (AUX_IDS_KEY, config_aux_ids, expected_shapes, fc_norm_shapes,
                                   speculators_name, target_rope, to_hf_indices)
@@ -175,11 +176,11 @@ def export_snapshots(tr: Path, out: Path, cfg: dict, metrics: dict) -> int:
     train_samples / train_steps at that step, what the bench rows read). Returns how many."""
     from safetensors.torch import load_file
     hist = {h["step"]: h for h in metrics.get("history", [])}
-    files = sorted((tr / "snapshots").glob("step-*.safetensors"))
+    files = sorted((tr / SNAPSHOTS).glob("step-*.safetensors"))
     selected = (metrics.get("selected") or {}).get("step")
     for f in files:
-        step = int(f.stem.removeprefix("step-"))
-        d = out / "snapshots" / f.stem
+        step = snapshot_step(f.stem)
+        d = out / SNAPSHOTS / snapshot_name(step)
         d.mkdir(parents=True, exist_ok=True)
         _save_atomic(sglang_tensors(load_file(str(f)), cfg), d / "model.safetensors")
         atomic_write(d / "config.json", json.dumps(cfg, indent=2))

@@ -54,7 +54,6 @@ import itertools
 import json
 import math
 import random
-import sys
 import time
 import zlib
 from collections import Counter
@@ -63,7 +62,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
 from eagle3_runner.data.regen_store import (SYNTHETIC, ShardWriter, read_gz_jsonl, read_records,
-                                            records_problem, write_gz_jsonl)
+                                            reuse_set, summarize, write_gz_jsonl)
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.files import atomic_write
 from eagle3_runner.runner.stage import StageContext
@@ -395,32 +394,6 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
     return {**st, "by_source": dict(by_source)}
 
 
-def summarize(records: list, pre: Counter, syn: dict | None) -> dict:
-    """Stage metrics over ALL records (resumed ones included): conversations, turns and answer
-    tokens per source, mean answer length, EOS vs length-cap fractions, drops by reason."""
-    m: dict = {}
-    for src in ("real", "synthetic"):
-        rs = [r for r in records if r["source"] == src and not r["dropped"]]
-        m[f"conversations_{src}"] = len(rs)
-        m[f"turns_{src}"] = sum(len(r["finish"]) for r in rs)
-        m[f"answer_tokens_{src}"] = (sum(sum(r["answer_tokens"]) for r in rs), "tok")
-    fin = [f for r in records for f in r["finish"]]
-    toks = [t for r in records for t in r["answer_tokens"]]
-    m["conversations"] = m["conversations_real"] + m["conversations_synthetic"]
-    m["turns"] = len(fin)
-    m["mean_answer_tokens"] = (sum(toks) / max(len(toks), 1), "tok")
-    m["eos_fraction"] = sum(f == "stop" for f in fin) / max(len(fin), 1)
-    m["length_cap_fraction"] = sum(f == "length" for f in fin) / max(len(fin), 1)
-    drops = Counter({f"dropped_{k}": v for k, v in pre.items() if k != "cut_max_turns"})
-    drops.update(f"dropped_{r['dropped']}" for r in records if r["dropped"])
-    drops.update(f"cut_{r['cut']}" for r in records if r["cut"])
-    for k, v in (syn or {}).get("dropped", {}).items():
-        drops[f"dropped_synthetic_{k}"] += v
-    m["cut_max_turns"] = pre.get("cut_max_turns", 0)
-    m.update(sorted(drops.items()))
-    return m
-
-
 def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path, guard=None,
                progress: bool = True, compile_backend=None,
                clock: Callable[[], float] = time.monotonic, gen=None, *,
@@ -511,7 +484,7 @@ def run(ctx: StageContext) -> dict:
     if (why := carry.problem(ctx.spec)) is not None:
         raise StageError(why)
     if (path := carry.present(ctx.spec)) is not None:
-        return reuse(ctx, path)
+        return reuse_set(path, Path(ctx.out_dir), ctx.params.shard_conversations)
     from eagle3_runner.data.contamination import bench_guard
     from eagle3_runner.data.conversations import load_conversations, show_data_report
     from eagle3_runner.runner.engines import SGLANG, stage_engine
@@ -535,55 +508,6 @@ def run(ctx: StageContext) -> dict:
          "engine": {"engine": engine.engine, "why": engine.why, **info},
          "regenerate": {k: (v[0] if isinstance(v, tuple) else v) for k, v in m.items()}},
         indent=1, default=str))
-    return m
-
-
-def reuse(ctx: StageContext, path: Path) -> dict:
-    """The carried set at `path` (stages.regenerate.reuse, runner/carry.py; its checksum already
-    checked) as the stage's output, without the target: its records (data/regen_store.py's
-    reader), checked to be a regenerate stage's, are written as this stage's shards
-    (shard_conversations per shard, in the file's order; a resumed run keeps the shards it
-    wrote), so extract and online training read them as they read a regenerated artifact.
-    Returns summarize's metrics over the records (the generation's speeds and the data's drops
-    belong to the run that made the set) with reused = 1; report.json says `reused` (file,
-    sha256, records kept and dropped)."""
-    from eagle3_runner.runner.carry import FIELD, file_sha256
-    out, p = Path(ctx.out_dir), ctx.params
-    fix = f"stage it again with its .sha256, or remove {FIELD} to regenerate"
-    digest = file_sha256(path)
-    try:
-        records = read_gz_jsonl(path)
-    except ValueError as e:
-        raise StageError(f"{FIELD}: {e}; {fix}")
-    if (why := records_problem(records)) is not None:
-        raise StageError(f"{FIELD}: {path} is not a regenerated set ({why}); {fix}")
-    writer = ShardWriter(out, p.shard_conversations)
-    done = {r["id"] for r in writer.done}
-    for r in records:
-        if r["id"] not in done:
-            writer.add(r)
-    writer.flush()
-    written = read_records(out)
-    if sorted(r["id"] for r in written) != sorted(r["id"] for r in records):
-        raise StageError(f"regenerate: {out} holds {len(written)} records for the {len(records)} "
-                         f"of {path} (records of another set); remove the partial directory and "
-                         "run again")
-    m = summarize(written, Counter(), None)
-    del m["cut_max_turns"]  # counted by the run that made the set; not in its records
-    if not m["conversations"]:
-        raise StageError(f"{FIELD}: {path} holds {len(records)} records and every one was "
-                         f"dropped; {fix}")
-    m["reused"] = 1
-    m["resumed_conversations"] = writer.resumed
-    m["output_bytes"] = (writer.bytes, "B")
-    kept = sum(not r["dropped"] for r in written)
-    atomic_write(out / "report.json", json.dumps(
-        {"reused": {"file": str(path), "sha256": digest, "records": len(written), "kept": kept,
-                    "dropped": len(written) - kept},
-         "regenerate": {k: (v[0] if isinstance(v, tuple) else v) for k, v in m.items()}},
-        indent=1))
-    print(f"regenerate: reused {path} (sha256 {digest[:12]}...): {kept} conversations kept, "
-          f"{len(written) - kept} dropped records", file=sys.stderr, flush=True)
     return m
 
 

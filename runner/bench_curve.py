@@ -23,6 +23,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+SNAPSHOTS = "snapshots"  # the kept drafters' folder, in the train artifact and in the export's
+
+
+def snapshot_name(step: int) -> str:
+    """The name of optimizer step `step`'s kept drafter: step-NNNNNN (a .safetensors file in
+    the train artifact, an SGLang draft folder in the export's)."""
+    return f"step-{step:06d}"
+
+
+def snapshot_step(name: str) -> int:
+    """The optimizer step of a kept drafter's file or folder stem (snapshot_name's inverse)."""
+    return int(name.removeprefix("step-"))
+
+
 MISMATCH_REL = 0.15  # a measured position this far below the simulation (relative) ...
 MISMATCH_ABS = 0.03  # ... and this far in absolute terms (~7 standard errors at 80 x 256 tokens)
 
@@ -66,14 +80,14 @@ def curve_snapshots(export_dir: Path, n: int) -> list[dict]:
     position in step order, always with the last and the selected one: [{step, dir, samples,
     tokens, selected, heldout (the evaluation's simulated chains)}] in step order; [] when n is
     0 or the export has none."""
-    dirs = sorted(Path(export_dir).glob("snapshots/step-*/"))
+    dirs = sorted(Path(export_dir).glob(f"{SNAPSHOTS}/step-*/"))
     if n <= 0 or not dirs:
         return []
     snaps = []
     for d in dirs:
         prov = read_provenance(d)
         h = prov.get("snapshot") or {}
-        snaps.append({"step": int(d.name.removeprefix("step-")), "dir": d,
+        snaps.append({"step": snapshot_step(d.name), "dir": d,
                       "samples": h.get("samples"), "tokens": h.get("tokens"),
                       "selected": bool(prov.get("selected")), "heldout": h.get("chain") or {}})
     if len(snaps) <= n:

@@ -9,7 +9,7 @@ and staged again with its sidecar.
 - File there: its sha256 must be the sidecar's (`problem`: validate and plan, through the
   registry row's `file_check`, and the stage itself, say a missing sidecar or a mismatch, naming
   both hashes and the fix). The stage loads no target and generates nothing: it writes the
-  set's records as its shards (jobs/regenerate.py `reuse`). Its cache key is the file's sha256
+  set's records as its shards (data/regen_store.py `reuse_set`). Its cache key is the file's sha256
   (runner/stages.py), so another carried set reruns what reads it, and it runs no target
   (runner/engines.py stage_role: no engine, no memory estimate, no GPU check).
 - File missing: the stage regenerates, with the key it has without the field (declaring a set

@@ -1,4 +1,4 @@
-"""stages.regenerate.reuse (runner/carry.py, jobs/regenerate.py `reuse`): a regenerated set
+"""stages.regenerate.reuse (runner/carry.py, data/regen_store.py `reuse_set`): a regenerated set
 carried from one GPU window into the next. The carried file is made as scripts/gpu/pays.sh makes
 it: a real (tiny-target) regenerate artifact's shards concatenated, with a sha256sum sidecar."""
 

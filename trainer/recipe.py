@@ -50,6 +50,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from eagle3_runner.runner import dist as D
+from eagle3_runner.runner.bench_curve import SNAPSHOTS, snapshot_name
 from eagle3_runner.trainer import acceptance as A
 from eagle3_runner.trainer import fast_step as F
 from eagle3_runner.trainer import vocab as V
@@ -421,30 +422,30 @@ def record_eval(run: TrainRun) -> None:
         save_snapshot(run)
 
 
-SNAPSHOTS = "snapshots"  # the train artifact's folder of kept drafters (stages.train.snapshots)
-
-
 def snapshot_path(out: Path, step: int) -> Path:
-    """Where the drafter of optimizer step `step` is kept: snapshots/step-NNNNNN.safetensors."""
-    return Path(out) / SNAPSHOTS / f"step-{step:06d}.safetensors"
+    """Where the drafter of optimizer step `step` is kept (stages.train.snapshots):
+    snapshots/step-NNNNNN.safetensors (runner/bench_curve.py, the layout export reads too)."""
+    return Path(out) / SNAPSHOTS / f"{snapshot_name(step)}.safetensors"
 
 
-def _drafter_state(learner: Learner) -> dict:
-    return {k: v.detach().to("cpu").contiguous() for k, v in learner.model.state_dict().items()}
+def save_drafter(run: TrainRun, path: Path, **meta) -> None:
+    """The drafter's state dict (Eagle3Draft.state_dict(), on the CPU) as safetensors at `path`,
+    written atomically, with the format and the run's fingerprint (and `meta`) in its header:
+    draft.safetensors and every kept snapshot."""
+    from safetensors.torch import save_file
+    sd = {k: v.detach().to("cpu").contiguous() for k, v in run.learner.model.state_dict().items()}
+    with atomic_path(path) as tmp:
+        save_file(sd, str(tmp), metadata={"format": "eagle3-draft/1", "fingerprint": run.fp,
+                                          **meta})
 
 
 def save_snapshot(run: TrainRun) -> None:
-    """Keep the drafter of the current step (rank 0; the ranks hold the same weights), in
-    draft.safetensors's format, written atomically."""
+    """Keep the drafter of the current step (rank 0; the ranks hold the same weights)."""
     if run.learner.rank != 0:
         return
-    from safetensors.torch import save_file
     path = snapshot_path(run.out, run.step)
     path.parent.mkdir(exist_ok=True)
-    with atomic_path(path) as tmp:
-        save_file(_drafter_state(run.learner), str(tmp),
-                  metadata={"format": "eagle3-draft/1", "fingerprint": run.fp,
-                            "step": str(run.step)})
+    save_drafter(run, path, step=str(run.step))
 
 
 def pick(run: TrainRun) -> dict:
@@ -665,10 +666,7 @@ def finish(run: TrainRun) -> dict:
     if learner.rank != 0:
         D.barrier()  # rank 0 writes the outputs
         return summary
-    sd = _drafter_state(learner)
-    from safetensors.torch import save_file
-    with atomic_path(out / "draft.safetensors") as tmp:
-        save_file(sd, str(tmp), metadata={"format": "eagle3-draft/1", "fingerprint": run.fp})
+    save_drafter(run, out / "draft.safetensors")
     atomic_write(out / "draft_config.json", json.dumps(run.cfg.as_dict(), indent=1))
     atomic_write(out / "train_metrics.json", json.dumps(
         {"summary": {k: v[0] for k, v in summary.items()},

@@ -45,7 +45,7 @@ apply() {  # runner apply within the phase's time; progress bars dropped; the wh
 bring_back() {
   tar czf "$OUT/r/state-$phase.tgz" runs/*.duckdb.spool $W/logs $W/state $W/*/*/report.json $L \
     $W/train/*/train_metrics.json $W/export/*/inspect*.json $W/export/*/provenance.json \
-    $W/bench/*/bench.json $W/bench/*/sglang_profile.json $W/bench/.partial-*/*.json 2>/dev/null
+    $W/bench/*/bench.json $W/bench/*/sglang_profile.json $W/bench/.partial-*/parts 2>/dev/null
   {
     q "SELECT variant, stage, status, round(duration_s,1) s, left(error, 400) error FROM stages ORDER BY started_at"
     q "SELECT name, round(value, 4) v, unit FROM metrics WHERE step IS NULL AND stage IN ('regenerate', 'train', 'export') ORDER BY stage, name"
