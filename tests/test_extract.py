@@ -359,7 +359,8 @@ def test_shards_are_fsynced_once_at_the_end(tiny, tmp_path, monkeypatch):
 
 
 def test_target_loader_caches_gguf_as_hf_folder(smollm2, smollm2_path, tmp_path):
-    from eagle3_runner.targets.load import converted_dir, load_tokenizer, resolve_dtype, target_config
+    from eagle3_runner.targets.load import (converted_dir, end_of_turn_ids, load_tokenizer,
+                                            resolve_dtype, target_config)
     from eagle3_runner.runner.spec.schema import Target
     folder = converted_dir(smollm2_path)
     cfg = json.loads((folder / "config.json").read_text())
@@ -367,7 +368,10 @@ def test_target_loader_caches_gguf_as_hf_folder(smollm2, smollm2_path, tmp_path)
     assert json.loads((folder / "source.json").read_text())["sha256"].startswith(folder.name)
     t = Target(path=str(smollm2_path))
     assert target_config(t)["num_hidden_layers"] == 30
-    assert load_tokenizer(t).eos_token == "<|im_end|>"
+    # the end of a turn comes from the model (GGUF header / generation config), not the converted
+    # tokenizer's eos_token: transformers 5.17 makes that `<|im_start|>` (issue 43)
+    tok = load_tokenizer(t)
+    assert [tok.convert_ids_to_tokens(i) for i in end_of_turn_ids(t, tok)] == ["<|im_end|>"]
     model, _, c = smollm2
     assert next(model.parameters()).dtype == torch.float32 and c["hidden_size"] == 576
     assert resolve_dtype("auto", "cuda") == torch.bfloat16
