@@ -61,8 +61,9 @@ bring_back() {
   tail -45 "$TXT"
 }
 warm() {  # the bench's compiles with a random drafter of the same geometry (a bound in seconds)
-  local half=$(( $(nproc) / 2 ))
-  TORCHINDUCTOR_COMPILE_THREADS=$half timeout "$1" taskset -c "$half-$(( $(nproc) - 1 ))" \
+  local half=$(( $(nproc) / 2 )) pin=""
+  command -v taskset >/dev/null && pin="taskset -c $half-$(( $(nproc) - 1 ))"
+  TORCHINDUCTOR_COMPILE_THREADS=$half timeout "$1" $pin \
     python3 scripts/bench/warm_bench.py "$SPEC" $(overrides) > "$L/warm_bench.txt" 2>&1
   tail -3 "$L/warm_bench.txt"
 }
