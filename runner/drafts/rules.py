@@ -244,6 +244,23 @@ def spec_version_problems(version: str | None, flags: dict[str, bool]) -> list[s
 
 
 # ----------------------------------------------------------------------------------------------
+# draft_vocab_size
+
+
+def draft_vocab_null_problem(where: str, vocab_size: int | None = None) -> str:
+    """The message for draft_vocab_size null (spec validation, `runner inspect`). SGLang 0.5.14's
+    llama_eagle3.py then builds lm_head over all vocab_size rows and marks it to be replaced by
+    the target's head; a trained head of fewer rows (a reduced draft vocab) does not fit that
+    parameter, and the server refuses to start while loading it (lab, H100, SGLang 0.5.14,
+    2026-12-07: draft_vocab_null refused at load; it did not serve a collapsed draft)."""
+    rows = f"{vocab_size} rows" if vocab_size else "rows"
+    return (f"{where} = null: SGLang then builds lm_head over all vocab_size {rows}, so a trained "
+            "head over a reduced draft vocab does not fit it and the server refuses to start "
+            "(the load fails); a head over the full vocab would load and be replaced by the "
+            "target's. Set draft_vocab_size to the rows of lm_head.weight (e.g. 32000).")
+
+
+# ----------------------------------------------------------------------------------------------
 # aux layer ids
 
 
