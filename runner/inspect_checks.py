@@ -17,7 +17,7 @@ from eagle3_runner.runner.drafts.forward import config_flag_findings, engine_uns
 from eagle3_runner.runner.drafts.layout import (ARCH, AUX_IDS_KEY, config_aux_ids, config_view, from_hf_indices,
                                   target_rope, to_hf_indices)
 from eagle3_runner.runner.drafts.rules import (RuleSet, by_rows, config_aux_findings, default_aux_ids,
-                                 versions_label)
+                                 draft_vocab_null_problem, versions_label)
 
 
 @dataclass(frozen=True)
@@ -131,9 +131,7 @@ def check_config(cfg: dict, tgt: dict | None, prov: dict | None, rules: RuleSet)
         E("E_DRAFT_VOCAB_MISSING", "config.json has no draft_vocab_size: SGLang fails reading it "
           "(AttributeError at start). Set draft_vocab_size to the rows of lm_head.weight.")
     elif view["draft_vocab_size"] is None:
-        E("E_DRAFT_VOCAB_NULL", "config.json draft_vocab_size = null: SGLang treats null as 'use the "
-          "target vocab' and discards the trained lm_head. Set draft_vocab_size to the rows of "
-          "lm_head.weight.")
+        E("E_DRAFT_VOCAB_NULL", draft_vocab_null_problem("config.json draft_vocab_size", V))
     elif V and view["draft_vocab_size"] > V:
         E("E_DRAFT_VOCAB_SIZE", f"config.json draft_vocab_size = {view['draft_vocab_size']} exceeds "
           f"vocab_size = {V}.")

@@ -74,6 +74,23 @@ def _dropped_message(cat: str, ns: list, v: str) -> tuple[str, str]:
     }[cat]
 
 
+def _unloaded_layers(row, N, p: str) -> tuple:
+    """The finding for num_hidden_layers N > 1 over a file of one layer (p: a parameter of layer
+    1 with no tensor), at the severity row.unloaded_layer gives (runner/drafts/rules.py: an error
+    where those layers stay uninitialised, a warning where a lab served such a draft as well as
+    the one-layer export)."""
+    def what(v: str) -> str:
+        return (f"config.json num_hidden_layers = {N}: {v} builds {N} decoder layers, but the "
+                f"safetensors hold one (no {p.split('.')[0]}.1.* tensor, e.g. {p}), so layers "
+                f"1..{N - 1} keep their initial weights (torch.empty). ")
+    fix = "An EAGLE-3 draft has one layer: set num_hidden_layers: 1."
+    if row.unloaded_layer == "served":
+        return ("warning", "W_NUM_LAYERS", "num_hidden_layers", lambda v: what(v) + (
+            f"The conformance lab served such a draft on {v} as well as the one-layer export "
+            "(the extra layer's memory held zeros, which nothing guarantees). ") + fix)
+    return ("error", "E_NUM_LAYERS", "num_hidden_layers", lambda v: what(v) + fix)
+
+
 def _row_names(row, view, tensors, params) -> list[tuple]:
     """Names dropped, loaded twice or missing on one row (merged over rows by by_rows)."""
     out, into = [], {}
@@ -98,12 +115,7 @@ def _row_names(row, view, tensors, params) -> list[tuple]:
                and p not in optional_params(row, view)]
     deeper = [p for p in missing if is_second_layer(p)]
     if deeper and not any(is_second_layer(p) for p in into):  # the config is the cause
-        N = view.get("num_hidden_layers")
-        out.append(("error", "E_NUM_LAYERS", "num_hidden_layers", lambda v, N=N, p=deeper[0]: (
-            f"config.json num_hidden_layers = {N}: {v} builds {N} decoder layers, but the "
-            f"safetensors hold one (no {p.split('.')[0]}.1.* tensor, e.g. {p}), so layers "
-            f"1..{N - 1} stay uninitialised. An EAGLE-3 draft has one layer: set "
-            "num_hidden_layers: 1.")))
+        out.append(_unloaded_layers(row, view.get("num_hidden_layers"), deeper[0]))
         missing = [p for p in missing if p not in deeper]
     plain = []
     for p in missing:

@@ -63,6 +63,9 @@ def test_rules_table_rows_ranges_and_pyproject_pin():
     assert [r.read for r in rules_for(None).rows] == list(VERSIONS)
     with pytest.raises(ValueError):
         rules_for("latest")
+    # a layer num_hidden_layers builds without tensors: refused with N > 1 (0.5.6), served like
+    # the one-layer export (0.5.14, the lab), uninitialised as read in the source (0.5.23)
+    assert [r.unloaded_layer for r in RULES] == [None, "served", "uninitialised"]
     text = (ROOT / "pyproject.toml").read_text()
     assert f'sglang = ["sglang{SUPPORTED}"]' in text and SUPPORTED == ">=0.5.6,<0.5.24"
 
@@ -307,7 +310,10 @@ def test_norm_output_residual_and_num_aux(tmp_path):
     d = make_draft(tmp_path, TINY, name="aux", cfg_edit=lambda c: c["eagle_config"].update(
         use_aux_hidden_state=False))
     assert errors(inspect_draft(d, t, sglang_version="0.5.6")) == []  # 0.5.6 never reads it
-    assert errors(inspect_draft(d, t, sglang_version="0.5.14")) == ["E_AUX_DISABLED"]
+    f = inspect_draft(d, t, sglang_version="0.5.14")
+    assert errors(f) == ["E_AUX_DISABLED"]
+    # the draft accepts less, not nothing (the lab, H100, 0.5.14, 2026-12-07: 1.141 vs 1.409)
+    assert "last hidden state" in msg(f, "E_AUX_DISABLED") and "not nothing" in msg(f, "E_AUX_DISABLED")
 
 
 def test_biases_per_version(tmp_path):

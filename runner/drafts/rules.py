@@ -38,9 +38,16 @@ class SglangRules:
     versions: str  # PEP 440 specifier of the releases this row describes (the one read)
     read: str  # the release whose source was read
     multi_layer: bool  # `layers.N` native and N > 1 layers built (else midlayer only, 1 layer)
+    # what serving does with a decoder layer num_hidden_layers builds and the file has no tensors
+    # for (its linear weights are torch.empty): "uninitialised" (read in the source; refused,
+    # E_NUM_LAYERS), "served" (the lab served such a draft as well as the one-layer export; a
+    # warning, W_NUM_LAYERS); None where N > 1 is refused outright (multi_layer False)
+    unloaded_layer: str | None
     reads_flags: frozenset  # forward-changing config flags llama_eagle3.py reads
     o_proj_bias_absent: str  # what an o_proj bias the config creates holds when the file lacks it
-    reads_use_aux_hidden_state: bool  # eagle_config.use_aux_hidden_state false turns capture off
+    # eagle_config.use_aux_hidden_state false turns the aux capture off: the draft then reads the
+    # target's last hidden state and skips fc (accept length lower, not 1.00: lab, see RULES)
+    reads_use_aux_hidden_state: bool
     uppercases_algorithm: bool  # `eagle3` accepted (else argparse refuses anything but EAGLE3...)
     deepseek_first_id_rule: bool  # DeepSeek family: +1 only when ids[0] == 1, else as-is
     gpt_oss_final_capture: bool  # GPT-OSS: ids with max == L as-is; capture index L exists
@@ -50,7 +57,11 @@ class SglangRules:
     # -- aux layer ids (eagle_config id k = output of 0-based layer k = HF hidden_states[k+1]) --
     def capture(self, family: str, ids, num_layers: int) -> list[int]:
         """HF hidden_states indices SGLang captures for eagle_config `ids` on an L-layer target
-        (srt/models/llama.py and family files: layers_to_capture = [k + 1 ...], except as noted)."""
+        (srt/models/llama.py and family files: layers_to_capture = [k + 1 ...], except as noted).
+        What ids one too high cost is not shown by a weak drafter's accept length (lab, H100,
+        SGLang 0.5.14, 2026-12-07: aux_ids_off_by_one served at 1.387 against the good export's
+        1.409, within the lab's tolerance): the rule stands on the source, and ids that capture
+        other layers than training did stay an error (E_AUX_IDS_OFF_BY_ONE) on every version."""
         ids = list(ids)
         if family == DEEPSEEK and self.deepseek_first_id_rule and not (ids and ids[0] == 1):
             return ids
@@ -82,23 +93,32 @@ class SglangRules:
         return 1 + topk + (num_steps - 1) * topk * topk
 
 
+# Lab evidence (runner/drafts/lab.py cases on a real server: H100, SGLang 0.5.14, main 9160d1e,
+# `scripts/gpu/sglang34.sh lab 360`, 2026-12-07), good export at accept length 1.409:
+# - num_hidden_layers 2 with one trained layer (num_layers_2): served at 1.409, the good export's,
+#   so 0.5.14's unloaded_layer is "served" (a warning). Reading 0.5.14's llama_eagle3.py, layer 1
+#   adds nothing when its torch.empty weights hold zeros (fresh GPU memory): nothing guarantees
+#   that, hence a warning and not silence. 0.5.23 builds the same layers but was not served: it
+#   keeps "uninitialised" (an error) until a lab on it says otherwise.
+# - use_aux_hidden_state false (use_aux_false): 1.141, lower, not 1.00 (reads_use_aux_hidden_state).
+# - eagle_config ids one too high (aux_ids_off_by_one): 1.387, see SglangRules.capture.
 _LATER = dict(multi_layer=True,
               o_proj_bias_absent="zeros", reads_use_aux_hidden_state=True,
               uppercases_algorithm=True, deepseek_first_id_rule=True)
 RULES: tuple[SglangRules, ...] = (
-    SglangRules("==0.5.6", "0.5.6", multi_layer=False,
+    SglangRules("==0.5.6", "0.5.6", multi_layer=False, unloaded_layer=None,
                 reads_flags=frozenset(), o_proj_bias_absent="uninitialised",
                 reads_use_aux_hidden_state=False, uppercases_algorithm=False,
                 deepseek_first_id_rule=False, gpt_oss_final_capture=False,
                 minimax_m3_vl_default=False, server_flags=frozenset()),
-    SglangRules("==0.5.14", "0.5.14", **_LATER,
+    SglangRules("==0.5.14", "0.5.14", **_LATER, unloaded_layer="served",
                 reads_flags=frozenset({"fc_norm", "use_aux_norm", "norm_output",
                                        "num_aux_hidden_states"}),
                 gpt_oss_final_capture=False, minimax_m3_vl_default=False,
                 server_flags=frozenset({"--speculative-draft-model-quantization",
                                         "--speculative-draft-window-size",
                                         "--speculative-adaptive"})),
-    SglangRules("==0.5.23", "0.5.23", **_LATER,
+    SglangRules("==0.5.23", "0.5.23", **_LATER, unloaded_layer="uninitialised",
                 reads_flags=frozenset({"fc_norm", "use_aux_norm", "norm_output",
                                        "num_aux_hidden_states", "norm_before_fc"}),
                 gpt_oss_final_capture=True, minimax_m3_vl_default=True,
@@ -241,6 +261,23 @@ def spec_version_problems(version: str | None, flags: dict[str, bool]) -> list[s
             f"what it was trained with ({why}). Set drafter.sglang_version to the version that "
             f"serves it ({readers[0]} or newer reads {flag}), or {flag}: false.")
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# draft_vocab_size
+
+
+def draft_vocab_null_problem(where: str, vocab_size: int | None = None) -> str:
+    """The message for draft_vocab_size null (spec validation, `runner inspect`). SGLang 0.5.14's
+    llama_eagle3.py then builds lm_head over all vocab_size rows and marks it to be replaced by
+    the target's head; a trained head of fewer rows (a reduced draft vocab) does not fit that
+    parameter, and the server refuses to start while loading it (lab, H100, SGLang 0.5.14,
+    2026-12-07: draft_vocab_null refused at load; it did not serve a collapsed draft)."""
+    rows = f"{vocab_size} rows" if vocab_size else "rows"
+    return (f"{where} = null: SGLang then builds lm_head over all vocab_size {rows}, so a trained "
+            "head over a reduced draft vocab does not fit it and the server refuses to start "
+            "(the load fails); a head over the full vocab would load and be replaced by the "
+            "target's. Set draft_vocab_size to the rows of lm_head.weight (e.g. 32000).")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ from pydantic import Field, StrictInt, model_validator
 from eagle3_runner.runner.chat import KNOWN as KNOWN_TEMPLATES
 from eagle3_runner.runner.drafts.families import FAMILIES
 from eagle3_runner.runner.drafts.layout import ALGORITHM, AUX_COUNT
-from eagle3_runner.runner.drafts.rules import default_aux_ids, spec_aux_problems, spec_version_problems
+from eagle3_runner.runner.drafts.rules import (default_aux_ids, draft_vocab_null_problem,
+                                               spec_aux_problems, spec_version_problems)
 from eagle3_runner.runner.engines import choose_engine
 from eagle3_runner.runner.errors import EnvVarError
 from eagle3_runner.runner.files import expand_path, expand_vars
@@ -217,7 +218,7 @@ class Drafter(Strict):
         "hidden_states[k+1]. 3 distinct ascending ints in [0, L-2]. Default = SGLang's "
         "[1, L//2-1, L-4].")
     draft_vocab_size: Optional[int] = Field(..., ge=1, description="Rows of lm_head (required; "
-                                            "null makes SGLang discard the trained head).")
+                                            "null: SGLang refuses a reduced-vocab head at load).")
     hidden_size: Optional[int] = Field(None, ge=1, description="Draft hidden; default = target's.")
     target_hidden_size: Optional[int] = Field(None, ge=1, description="Declare only when the draft "
                                               "hidden differs from the target's.")
@@ -550,8 +551,7 @@ class Spec(Strict):
             problems.append(f"drafter.target_hidden_size = {d.target_hidden_size}: must equal "
                             f"target.hidden_size = {H}.")
         if d.draft_vocab_size is None:
-            problems.append("drafter.draft_vocab_size: null. Set it (e.g. 32000): SGLang treats "
-                            "null as 'use the target vocab' and discards the trained lm_head.")
+            problems.append(draft_vocab_null_problem("drafter.draft_vocab_size", V))
         elif d.draft_vocab_size > V:
             problems.append(f"drafter.draft_vocab_size = {d.draft_vocab_size}: larger than "
                             f"target.vocab_size = {V}.")
