@@ -5,7 +5,9 @@ Bytes per token = (len(aux ids) + 1 last) x target hidden x dtype bytes + 9 (int
 mask; targets/features.py): 4,617 B for SmolLM2 in bf16. Tokens are ESTIMATED from the head of
 the data file (the first READ_BYTES): each record's turn texts at CHARS_PER_TOKEN characters
 per token plus TURN_TOKENS chat-template tokens per turn, capped at data.max_length; with
-stages.regenerate, only the first max_turns exchanges and at most max_new_tokens per answer.
+stages.regenerate, only the first max_turns exchanges and at most max_new_tokens per answer,
+plus its synthetic_prompts at their token caps (an upper bound: as many as its time allows), or
+the carried regenerated set (stages.regenerate.reuse) itself when it is there.
 The record count is the file size over the mean record size of that head (exact when the
 whole file was read), then holdout and max_samples apply. A gzip or zstd file (recognised by
 its magic bytes, as data/records.py reads it) is read through its decompressor, its text size
@@ -89,7 +91,12 @@ def _tokens(rec, max_length: int, regen) -> int:
 
 
 def data_file(spec) -> Path:
-    """The spec's data file: data.path, else the fetched ShareGPT asset. Raises FetchError."""
+    """The file the stages after regenerate read: a carried regenerated set
+    (stages.regenerate.reuse) when it is there, else data.path, else the fetched ShareGPT
+    asset. Raises FetchError."""
+    regen = spec.stages.regenerate
+    if regen is not None and regen.reuse and expand_path(regen.reuse).is_file():
+        return expand_path(regen.reuse)
     if spec.data.path:
         return expand_path(spec.data.path)
     from eagle3_runner.runner.assets import asset_path
@@ -170,17 +177,28 @@ def estimate(spec) -> dict:
     if not recs:
         return {"error": f"no complete record in the first {len(head):,} bytes of {path}",
                 "bytes_per_token": bpt}
-    per = [_tokens(r, spec.data.max_length, spec.stages.regenerate) for r in recs]
+    regen = spec.stages.regenerate
+    carried = regen is not None and path == (expand_path(regen.reuse) if regen.reuse else None)
+    per = [_tokens(r, spec.data.max_length, None if carried else regen) for r in recs]
     n_file = len(recs) if whole else round(size * len(recs) / len(head))
     n = max(0, n_file - spec.data.holdout)
     n = min(n, spec.data.max_samples) if spec.data.max_samples else n
     tokens = round(n * sum(per) / len(per))
+    synth = 0 if carried or regen is None else regen.synthetic_prompts
+    if synth:  # self-written prompts, as many as the stage's time allows: at their token caps
+        n += synth
+        tokens += synth * min(spec.data.max_length, regen.synthetic_max_tokens
+                              + regen.max_new_tokens + 2 * TURN_TOKENS)
     return {"tokens": tokens, "samples": n, "bytes_per_token": bpt, "bytes": tokens * bpt,
             "method": f"estimate: {len(recs):,} of {'' if whole else '~'}{n_file:,} records read"
+                      f"{' (the carried regenerated set)' if carried else ''}"
                       f"{'' if kind == 'plain' else ' (' + kind + ')'}"
                       + (f", {bad:,} not readable as JSON (not counted; the stages count "
                          "them against data.max_bad_fraction)" if bad else "")
-                      + f", {CHARS_PER_TOKEN:g} characters per token"}
+                      + f", {CHARS_PER_TOKEN:g} characters per token"
+                      + (f", + up to {synth:,} self-written prompts "
+                         "(stages.regenerate.synthetic_prompts) at their token caps"
+                         if synth else "")}
 
 
 def train_share(spec, e: dict) -> dict:

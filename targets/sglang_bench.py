@@ -45,6 +45,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -187,6 +188,7 @@ class SglangBench:
         out = dict(self.done)
         for i, wave in enumerate(self.waves):
             servers = self.started if i == 0 and self.started is not None else self._launch(wave)
+            t0 = time.monotonic()
             try:
                 for pl, srv in zip(wave, servers):
                     if pl.snapshot is None:
@@ -198,7 +200,10 @@ class SglangBench:
                                          ex.map(lambda a: self._measure_one(*a), curve)):
                             out[pl.name] = m
             finally:
+                t1 = time.monotonic()
                 stop_all(servers)
+                say(f"wave {i + 1}/{len(self.waves)} of {len(wave)} server(s) measured in "
+                    f"{t1 - t0:.1f} s, stopped in {time.monotonic() - t1:.1f} s")
             for pl, srv in zip(wave, servers):  # the logs are complete once stopped
                 out[pl.name].accept_lens = parse_accept_lens(srv.log_text())
                 if out[pl.name].error is None:
@@ -212,6 +217,8 @@ class SglangBench:
         try:
             wait_ready(srv, self.o.startup_timeout_s)
             m.ready_s = srv.ready_s
+            say(f"{pl.name} ready {srv.ready_s:.1f} s after its launch")
+            t0 = time.monotonic()
             info = server_info(srv.url)
             m.info = {k: info[k] for k in INFO_KEYS if k in info}
             atomic_write(self.root / pl.name / "server_info.json", json.dumps(m.info, indent=1))
@@ -228,6 +235,10 @@ class SglangBench:
             # complete: kept at once, so a bench stopped later in this wave resumes without it
             m.accept_lens = parse_accept_lens(srv.log_text())
             keep_measured(self.root, m)
+            toks = sum(r.get("meta_info", {}).get("completion_tokens", 0)
+                       for r, _ in m.responses.values())
+            say(f"{pl.name}: {len(m.responses)} request(s), {toks:,} tokens in "
+                f"{time.monotonic() - t0:.1f} s")
         except (ServerError, OSError, ValueError) as e:  # at startup wait_ready's message has
             # the log tail; after it (a request failed, the server died) the tail is added
             m.error = str(e) if srv.ready_s is None else (
@@ -237,6 +248,12 @@ class SglangBench:
 
 
 MEASURED = "measured.json"  # a server's folder: written once its every request was answered
+
+
+def say(msg: str) -> None:
+    """A progress line of the bench's SGLang side (readiness, each server's measurement, each
+    wave's stop), on stdout as the embedded side's: a time-boxed run shows where its time went."""
+    print(f"bench: sglang {msg}", flush=True)
 
 
 def keep_measured(root: Path, m: Measured) -> None:

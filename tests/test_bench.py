@@ -4,6 +4,7 @@ drafter) whose rows land in DuckDB with every metric."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import sys
 from pathlib import Path
@@ -190,7 +191,7 @@ def _both_spec(target: Path, rec: Path, backend: str, **sglang):
 @pytest.mark.parametrize("rec", __import__("sglang_replay").recording_sets(),
                          ids=lambda p: p.name)
 def test_both_backends_in_one_stage_give_the_parity_table(smollm2_path, tmp_path, monkeypatch,
-                                                          rec):
+                                                          rec, capsys):
     """backend both, the SGLang servers replayed from a recording: one stage writes the embedded
     and the sglang rows for the same prompts (every column in the schema; train_samples from the
     export's provenance, never stages.train.num_samples), SGLang's plain output compared with
@@ -218,6 +219,13 @@ def test_both_backends_in_one_stage_give_the_parity_table(smollm2_path, tmp_path
                        inputs={"export": export}, out_dir=out, db_path=tmp_path / "r.duckdb")
     metrics = bench.run(ctx)
     assert metrics["failed"] == 0 and metrics["summaries"] == 2
+    # the SGLang side says where its time went: each server's readiness and measurement, the stop
+    said = capsys.readouterr().out
+    for name in ("plain-cg1", "s3-k1-n4-cg1"):
+        assert re.search(rf"bench: sglang {name} ready [0-9.]+ s after its launch", said)
+        assert re.search(rf"bench: sglang {name}: 2 request\(s\), [0-9,]+ tokens in", said)
+    assert re.search(r"bench: sglang wave 1/1 of 2 server\(s\) measured in [0-9.]+ s, stopped",
+                     said)
     res = json.loads((out / "bench.json").read_text())
     assert {r["backend"] for r in res["summary"]} == {"embedded", "sglang"}
     assert {r["train_samples"] for r in res["rows"] + res["summary"]} == {123}

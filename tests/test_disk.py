@@ -53,6 +53,21 @@ def test_estimate_counts_tokens_records_and_caps(tmp_path):
     regen = _spec(tmp_path, tmp_path / "d.jsonl", stages={"regenerate": {"max_new_tokens": 8},
                                                           "extract": {}})
     assert disk.estimate(regen)["tokens"] == 2 * (15 + 13)  # answers capped at 8 tokens
+    # self-written prompts count at their caps (12 + 8 + 2 turns' 5 = 30 tokens each)
+    synth = _spec(tmp_path, tmp_path / "d.jsonl", stages={"regenerate": {
+        "max_new_tokens": 8, "synthetic_prompts": 3, "synthetic_max_tokens": 12}, "extract": {}})
+    e = disk.estimate(synth)
+    assert (e["samples"], e["tokens"]) == (2 + 3, 2 * (15 + 13) + 3 * 30)
+    assert e["method"].endswith("+ up to 3 self-written prompts "
+                                "(stages.regenerate.synthetic_prompts) at their token caps")
+    # a carried regenerated set is what train reads: counted as it is, no synthetic bound
+    _write(tmp_path / "carried.jsonl", [80] * 5)
+    carried = _spec(tmp_path, tmp_path / "d.jsonl", stages={"regenerate": {
+        "max_new_tokens": 8, "synthetic_prompts": 3, "reuse": str(tmp_path / "carried.jsonl")},
+        "extract": {}})
+    e = disk.estimate(carried)
+    assert (e["samples"], e["tokens"]) == (5, 5 * 40)
+    assert "(the carried regenerated set)" in e["method"]
     assert "error" in disk.estimate(_spec(tmp_path, tmp_path / "missing.jsonl"))
 
 

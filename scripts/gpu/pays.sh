@@ -41,15 +41,22 @@ overrides() {  # the cache-key overrides every phase passes alike
 }
 L=/tmp/pays-logs  # the phase's own output (apply's, the tests', warm_bench's): in state-<phase>.tgz
 mkdir -p $L
-apply() {  # runner apply within the phase's time; progress bars dropped; the whole output kept
-  timeout --signal=INT "$(left)" python3 -m eagle3_runner.runner apply "$SPEC" $(overrides) "$@" \
-    2>&1 | tr '\r' '\n' | grep -v "it/s\]$\|tok/s\]$\|prompt/s\]$\|s/it\]$\|step/s\]$" \
-    | tee -a "$L/$phase.apply.log" | tail -60
+RESERVE=${RESERVE:-45}  # seconds kept after apply for its stop (SGLang servers) and bring_back
+apply() {  # runner apply within the phase's time less RESERVE; progress bars dropped; the whole
+  # output streamed, line by line, into $OUT/r/<phase>.log: a call killed by the device's limit
+  # still brings back how far it got (2026-12-07: a block-buffered grep lost a whole bench's log)
+  timeout --signal=INT --kill-after=30 "$(( $(left) - RESERVE ))" \
+    python3 -m eagle3_runner.runner apply "$SPEC" $(overrides) "$@" 2>&1 | sed -u 's/\r/\n/g' \
+    | grep --line-buffered -v "it/s\]$\|tok/s\]$\|prompt/s\]$\|s/it\]$\|step/s\]$" \
+    | tee -a "$OUT/r/$phase.log" | tail -60
 }
 bring_back() {
   tar czf "$OUT/r/state-$phase.tgz" runs/*.duckdb.spool $W/logs $W/state $W/*/*/report.json $L \
     $W/train/*/train_metrics.json $W/export/*/inspect*.json $W/export/*/provenance.json \
     $W/bench/*/bench.json $W/bench/*/sglang_profile.json $W/bench/.partial-*/parts 2>/dev/null
+  # the SGLang servers' recordings and logs, complete or not (scripts/gpu/sglang_fixtures.py)
+  [ "$phase" = bench ] && tar czf "$OUT/r/sglang-rec.tgz" $W/bench/*/sglang \
+    $W/bench/.partial-*/sglang 2>/dev/null
   {
     q "SELECT variant, stage, status, round(duration_s,1) s, left(error, 400) error FROM stages ORDER BY started_at"
     q "SELECT name, round(value, 4) v, unit FROM metrics WHERE step IS NULL AND stage IN ('regenerate', 'train', 'export') ORDER BY stage, name"
@@ -108,7 +115,6 @@ case $phase in
     wait ;;
   bench)
     apply --only bench
-    python3 -m eagle3_runner.runner results --json --results "$RES" > "$OUT/r/results.json"
-    tar czf "$OUT/r/sglang-rec.tgz" $W/bench/*/sglang $W/bench/.partial-*/sglang 2>/dev/null ;;
+    python3 -m eagle3_runner.runner results --json --results "$RES" > "$OUT/r/results.json" ;;
   *) echo "usage: pays.sh regen|train|bench SECONDS"; exit 2 ;;
 esac
