@@ -453,6 +453,9 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
     m["host_wait_share"] = (wait / max(gen_secs, 1e-9), "fraction")
     if slots:  # the embedded engine's decode steps (a server's are its own)
         m["decode_slot_use"] = (gen_tokens / slots, "fraction")
+    if st.get("window") or (syn or {}).get("window"):  # the SGLang engine's request window
+        from eagle3_runner.engine.sglang_generate import window_metrics
+        m.update(window_metrics([st, syn], gen_secs))
     # generation speed per source: the answers (real and synthetic conversations share the
     # answer phase's seconds) and the synthetic prompts written before them
     for src, n in st["by_source"].items():
