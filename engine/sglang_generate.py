@@ -18,8 +18,8 @@ the server's batch stays full, and never holds a slot empty: the caller's thread
 `run`'s one blocking get (wait_s), then hands everything that finished meanwhile to ONE on_done
 call. A call leaves as soon as `per_call` slots are free (or with what is left once the iterable is
 exhausted), so calls stay batched and the window stays within per_call of full. With a server
-that runs fewer requests than the window (--max-running-requests), the rest wait in its queue and
-no dip of the window reaches its batch.
+that runs fewer requests than the window (--max-running-requests), the surplus waits in its queue,
+and a dip of the window smaller than that surplus never reaches its batch.
 
 What the window did (stats "window", sums over the run, for the stage's metrics:
 `window_metrics`): in_flight_s (requests in flight integrated over time: / seconds = the mean
@@ -181,9 +181,9 @@ class SglangGenerator:
                 need = w.room(ahead)  # drawn ahead a call at a time; then the finished ones
                 while need > 0:
                     k = min(need, self.per_call)
-                    got = [ready(r) for r in _take(it, k)]
-                    w.add(fresh=got, drawn_all=len(got) < k)
-                    need = need - k if len(got) == k else 0
+                    fresh = [ready(r) for r in _take(it, k)]
+                    w.add(fresh=fresh, drawn_all=len(fresh) < k)
+                    need = need - k if len(fresh) == k else 0
                 host += time.perf_counter() - th
                 if w.idle():
                     break
