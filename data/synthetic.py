@@ -13,6 +13,9 @@ Filters (each drop counted by reason, in this order): no_eos (the turn hit the t
 empty, too_short (< MIN_WORDS words or < MIN_CHARS characters), repetitive (distinct word
 3-grams < half of all, over turns of at least 8 words), contaminated (data/contamination.py),
 duplicate (normalised text already kept by a lower candidate index).
+
+How much of a time budget the writing gets (`synthesis_share`): the estimated cost of the prompts
+over that of all the work, from measured token counts and speeds.
 """
 
 from __future__ import annotations
@@ -70,14 +73,23 @@ def degenerate(text: str, ended: bool) -> str | None:
     return None
 
 
+def verdict(text: str, ended: bool, guard) -> str | None:
+    """The drop reason of one candidate before duplicates (degenerate, then contaminated by the
+    bench guard, when there is one), or None."""
+    why = degenerate(text, ended)
+    if why is None and guard is not None and guard.contaminated(text):
+        why = "contaminated"
+    return why
+
+
 def select(candidates: list[tuple[int, str, bool]], guard, want: int) -> tuple[list, Counter]:
     """candidates (index, text, ended by a stop token) -> (kept [(index, text)] in index order,
-    at most `want`; drops {reason: n}). Deterministic: a duplicate keeps the lowest index."""
+    at most `want`; drops {reason: n}). Deterministic: a duplicate keeps the lowest index, so the
+    kept ones are the same for any set of candidates 0..n-1 holding `want` distinct passing ones
+    (however many more were written)."""
     kept, drops, seen = [], Counter(), set()
     for i, text, ended in sorted(candidates):
-        why = degenerate(text, ended)
-        if why is None and guard is not None and guard.contaminated(text):
-            why = "contaminated"
+        why = verdict(text, ended, guard)
         if why is None:
             n = normalize(text)
             why = "duplicate" if n in seen else None
@@ -87,3 +99,24 @@ def select(candidates: list[tuple[int, str, bool]], guard, want: int) -> tuple[l
         elif why is not None:
             drops[why] += 1
     return kept, drops
+
+
+# Estimates for synthesis_share (the 2026-12-02 H200 scale run, BENCHMARKS.md: answers averaged
+# 199 of 256 tokens, synthetic candidates 56 of 128, and 79% of candidates were kept; the second
+# 2026-12-03 run: synthesis wrote 117k tok/s, the answers 42.7k, so an answer token costs ~2.7x
+# the time of a prompt token: long rows read more KV per step, and every turn needs a prefill)
+ANSWER_FILL, CANDIDATE_FILL, KEEP_RATE, ANSWER_COST = 0.8, 0.45, 0.8, 2.7
+
+
+def synthesis_share(n_prompts: int, real_turns: int, params) -> float:
+    """The fraction of a time budget that synthesis gets: its estimated time
+    (n_prompts / KEEP_RATE candidates of CANDIDATE_FILL * synthetic_max_tokens tokens) over that
+    plus the answers' (ANSWER_COST x (real_turns + n_prompts) * ANSWER_FILL * max_new_tokens
+    tokens: a token of an answer costs ANSWER_COST prompt tokens of time), within [0.02, 0.5]. So
+    the synthetic prompts written are about the share of all the work that the budget reaches,
+    and the answers reach them. (A fixed half first: on the H200 87,900 candidates were written
+    for the 6,344 answered; then a token-count share (ANSWER_COST 1): 111k candidates written, 64k
+    of the prompts never answered.)"""
+    s = n_prompts / KEEP_RATE * CANDIDATE_FILL * params.synthetic_max_tokens
+    a = ANSWER_COST * (real_turns + n_prompts) * ANSWER_FILL * params.max_new_tokens
+    return min(0.5, max(0.02, s / max(s + a, 1.0)))

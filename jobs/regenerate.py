@@ -33,13 +33,13 @@ losses; the extract stage reads them with regen_store.read_conversations.
 
 A time budget (`max_minutes`, over synthesis and answering together; it starts after the decode
 step is compiled, `warmup_seconds`): synthesis gets the share of it that its prompts cost
-(synthesis_share: the estimated time of writing them over that of writing them and answering
-every turn, real and synthetic; at most half), so it never writes prompts the answers cannot
-reach; once the budget has passed, no new generation request starts; a conversation in flight
-keeps the turns answered (the rest cut, `cut_time_budget`) and one never started ends as a
-dropped record (`dropped_time_budget`). With a budget the conversations start in a seeded
-shuffled order (real and synthetic mixed), so what fits is a uniform sample of the data; without
-one, the longest start first (no long tail).
+(data/synthetic.py synthesis_share: the estimated time of writing them over that of writing them
+and answering every turn, real and synthetic; at most half), so it never writes prompts the answers
+cannot reach; once the budget has passed, no new generation request starts; a conversation in
+flight keeps the turns answered (the rest cut, `cut_time_budget`) and one never started ends as a
+dropped record (`dropped_time_budget`). With a budget the conversations start in a seeded shuffled
+order (real and synthetic mixed), so what fits is a uniform sample of the data; without one, the
+longest start first (no long tail).
 
 A set carried from an earlier GPU window (stages.regenerate.reuse, runner/carry.py: the shards
 of a run concatenated into one gzip JSONL file with its sha256 sidecar): when the file is there
@@ -50,7 +50,6 @@ regenerates.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import random
@@ -63,6 +62,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from eagle3_runner.data.regen_store import (SYNTHETIC, ShardWriter, read_gz_jsonl, read_records,
                                             reuse_set, summarize, write_gz_jsonl)
+from eagle3_runner.data.synthetic import KEEP_RATE, synthesis_share
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.files import atomic_write
 from eagle3_runner.runner.stage import StageContext
@@ -170,27 +170,6 @@ def make_generator(target, params, max_length: int, compile_backend=None) -> Gen
                      kernels=params.kernels)
 
 
-# Estimates for synthesis_share (the 2026-12-02 H200 scale run, BENCHMARKS.md: answers averaged
-# 199 of 256 tokens, synthetic candidates 56 of 128, and 79% of candidates were kept; the second
-# 2026-12-03 run: synthesis wrote 117k tok/s, the answers 42.7k, so an answer token costs ~2.7x
-# the time of a prompt token: long rows read more KV per step, and every turn needs a prefill)
-ANSWER_FILL, CANDIDATE_FILL, KEEP_RATE, ANSWER_COST = 0.8, 0.45, 0.8, 2.7
-
-
-def synthesis_share(n_prompts: int, real_turns: int, params) -> float:
-    """The fraction of a time budget that synthesis gets: its estimated time
-    (n_prompts / KEEP_RATE candidates of CANDIDATE_FILL * synthetic_max_tokens tokens) over that
-    plus the answers' (ANSWER_COST x (real_turns + n_prompts) * ANSWER_FILL * max_new_tokens
-    tokens: a token of an answer costs ANSWER_COST prompt tokens of time), within [0.02, 0.5]. So
-    the synthetic prompts written are about the share of all the work that the budget reaches,
-    and the answers reach them. (A fixed half first: on the H200 87,900 candidates were written
-    for the 6,344 answered; then a token-count share (ANSWER_COST 1): 111k candidates written, 64k
-    of the prompts never answered.)"""
-    s = n_prompts / KEEP_RATE * CANDIDATE_FILL * params.synthetic_max_tokens
-    a = ANSWER_COST * (real_turns + n_prompts) * ANSWER_FILL * params.max_new_tokens
-    return min(0.5, max(0.02, s / max(s + a, 1.0)))
-
-
 class Budget:
     """The stage's time budget: `over()` is True once `minutes` have passed since it was made
     (never when minutes is None). clock: seconds (time.monotonic; a test passes its own)."""
@@ -229,44 +208,61 @@ def warm_up(gen: Generator, tok, params) -> float:
     return time.perf_counter() - t0
 
 
+MAX_CANDIDATES = 80  # candidates per synthetic prompt wanted, at most (4 rounds x 20 before)
+
+
 def synthesize(gen: Generator, tok, params, guard, stop_ids: tuple[int, ...], progress=True,
                budget: Optional[Budget] = None) -> tuple[list, dict]:
-    """Magpie: params.synthetic_prompts user turns written by the target. Candidates are made in
-    up to 4 rounds (each sized by the keep rate so far) until enough survive data.synthetic.select,
-    or until the budget is over (no new candidate starts). A candidate ends at the end of its
-    user turn (data/synthetic.py user_turn_prefix: stop_ids, the target's end-of-turn ids, and
-    the template's end-of-turn token).
+    """Magpie: params.synthetic_prompts user turns written by the target, in ONE run of the
+    engine, so no round waits for its slowest candidate: candidates 0, 1, 2, ... are drawn while
+    those in flight fall short of what the prompts still wanted need at the keep rate so far
+    (distinct candidates passing data/synthetic.py verdict; KEEP_RATE before any finished),
+    x 1.2 + 8; each finished candidate followed by the next while short, up to MAX_CANDIDATES per prompt
+    wanted, none once the budget is over. data/synthetic.py select then keeps the lowest-indexed
+    ones: the prompts any longer run would keep. A candidate ends at the end of its user turn
+    (data/synthetic.py user_turn_prefix: stop_ids, the target's end-of-turn ids, and the
+    template's end-of-turn token).
     Returns (kept [(index, text)], report {candidates, kept, dropped {reason: n}, tokens, seconds,
-    wait_s, row_steps (decode steps x rows: the token slots the steps ran)})."""
+    wait_s, row_steps (decode steps x rows: the token slots the steps ran), window (the SGLang
+    engine's request window, engine/sglang_generate.py; None on the embedded engine)})."""
     budget = budget or Budget(None)
     from tqdm import tqdm
-    from eagle3_runner.data.synthetic import select, user_turn_prefix
+    from eagle3_runner.data.contamination import normalize
+    from eagle3_runner.data.synthetic import select, user_turn_prefix, verdict
     from eagle3_runner.engine.generate import Request
     prefix, stop = user_turn_prefix(tok, stop_ids)
-    want, cands, tokens, secs = params.synthetic_prompts, [], 0, 0.0
-    wait, row_steps = 0.0, 0
+    want, cands, passing, drawn = params.synthetic_prompts, [], set(), [0]
     bar = tqdm(unit="tok", desc="synthetic prompts", disable=not progress, smoothing=0.1)
-    kept, drops = [], Counter()
-    for _round in range(4):
-        rate = len(kept) / len(cands) if cands else 0.8
-        n = min(math.ceil((want - len(kept)) / max(rate, 0.05) * 1.2) + 8, 20 * want)
-        first = len(cands)
-        reqs = (Request(i, prefix, params.synthetic_max_tokens,
-                        seed_of(params.seed, "syn-candidate", i)) for i in
-                itertools.takewhile(lambda _: not budget.over(), range(first, first + n)))
 
-        def done(results):  # one call per host sync: one batched decode
-            texts = tok.batch_decode([r.tokens for r in results], skip_special_tokens=True)
-            cands.extend((r.key, t.strip(), r.finish == "stop") for r, t in zip(results, texts))
-        st = gen.run(reqs, done, params.synthetic_temperature, params.synthetic_top_p, stop, bar)
-        tokens, secs = tokens + st["new_tokens"], secs + st["seconds"]
-        wait, row_steps = wait + st["wait_s"], row_steps + st["steps"] * gen.R
-        kept, drops = select(cands, guard, want)
-        if len(kept) >= want or budget.over():
-            break
+    def short() -> bool:  # another candidate is needed in flight
+        rate = len(passing) / len(cands) if cands else KEEP_RATE
+        need = math.ceil((want - len(passing)) / max(rate, 0.05) * 1.2) + 8
+        return len(passing) < want and drawn[0] - len(cands) < need and \
+            drawn[0] < MAX_CANDIDATES * want and not budget.over()
+
+    def candidate():
+        drawn[0] += 1
+        i = drawn[0] - 1
+        return Request(i, prefix, params.synthetic_max_tokens,
+                       seed_of(params.seed, "syn-candidate", i))
+
+    def first():
+        while short():
+            yield candidate()
+
+    def done(results):  # one batched decode; each finished candidate followed while short
+        texts = tok.batch_decode([r.tokens for r in results], skip_special_tokens=True)
+        for r, t in zip(results, texts):
+            cands.append((r.key, t.strip(), r.finish == "stop"))
+            if verdict(*cands[-1][1:], guard) is None:
+                passing.add(normalize(cands[-1][1]))
+        return [candidate() if short() else None for _ in results]
+    st = gen.run(first(), done, params.synthetic_temperature, params.synthetic_top_p, stop, bar)
     bar.close()
+    kept, drops = select(cands, guard, want)
     return kept, {"candidates": len(cands), "kept": len(kept), "dropped": dict(drops),
-                  "tokens": tokens, "seconds": secs, "wait_s": wait, "row_steps": row_steps}
+                  "tokens": st["new_tokens"], "seconds": st["seconds"], "wait_s": st["wait_s"],
+                  "row_steps": st["steps"] * gen.R, "window": st.get("window")}
 
 
 def context_steps(conv: list[dict]) -> list[list[dict]]:
@@ -420,7 +416,7 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
         if syn_path.is_file():  # a resumed run: the prompts were written before answering
             recs = read_gz_jsonl(syn_path)
             syn = {**recs[0]["meta"], "tokens": 0, "seconds": 0.0, "wait_s": 0.0, "row_steps": 0,
-                   "resumed": True}
+                   "window": None, "resumed": True}
             kept = [(r["index"], r["content"]) for r in recs[1:]]
         else:
             share = synthesis_share(params.synthetic_prompts, sum(len(j.steps) for j in jobs),
@@ -457,6 +453,9 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
     m["host_wait_share"] = (wait / max(gen_secs, 1e-9), "fraction")
     if slots:  # the embedded engine's decode steps (a server's are its own)
         m["decode_slot_use"] = (gen_tokens / slots, "fraction")
+    if st.get("window") or (syn or {}).get("window"):  # the SGLang engine's request window
+        from eagle3_runner.engine.sglang_generate import window_metrics
+        m.update(window_metrics([st, syn], gen_secs))
     # generation speed per source: the answers (real and synthetic conversations share the
     # answer phase's seconds) and the synthetic prompts written before them
     for src, n in st["by_source"].items():

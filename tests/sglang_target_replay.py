@@ -12,6 +12,10 @@ prompts: a generation request with the recorded result of each prompt (streamed:
 request, tagged with its index, as SGLang 0.5.14 streams a batch), a capture request with the
 recorded response (file: the recorded rows written to the sink folder under the request's own
 rids). A prompt it has no record of gets HTTP 400, as SGLang answers a bad request.
+
+Paced (`pace` seconds per output token): each streamed request's result is sent that long after
+its call arrived, so requests finish one by one as on a server, and the replay counts the
+generation requests it holds (`live`, its maximum `max_live`): what a client keeps in flight.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -37,13 +42,16 @@ def key(ids) -> str:
 class Replay:
     """A replay server of fixture `path` on loopback `port` (0: a free one; `url`), stopped by
     close(). sink: the folder the file transport's rows go to. calls: the /generate bodies
-    received."""
+    received. pace: seconds per output token before a streamed result is sent (module
+    docstring); live / max_live: the streamed requests held now / at most."""
 
-    def __init__(self, path: Path, sink: Path | None = None, port: int = 0):
+    def __init__(self, path: Path, sink: Path | None = None, port: int = 0, pace: float = 0.0):
         self.fx = json.loads(Path(path).read_text())
         self.gen = {key(g["input_ids"]): g for g in self.fx.get("generate", [])}
         self.cap = {key(c["input_ids"]): c for c in self.fx.get("capture", [])}
-        self.sink, self.calls = sink, []
+        self.sink, self.calls, self.pace = sink, [], pace
+        self.live = self.max_live = 0
+        self.lock = threading.Lock()
         replay = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -66,11 +74,17 @@ class Replay:
                     return self._json(400, {"error": {"message": f"replay: {e}"}})
                 if not stream:
                     return self._json(status, out)
+                replay.held(len(out))
+                t0 = time.monotonic()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
-                for obj in out:
+                for obj in sorted(out, key=lambda o: len(o["output_ids"])):  # as they finish
+                    time.sleep(max(0.0, t0 + replay.pace * len(obj["output_ids"]) -
+                                   time.monotonic()))
+                    replay.held(-1)
                     self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+                    self.wfile.flush()
                 self.wfile.write(b"data: [DONE]\n\n")
 
             def _json(self, status, obj):
@@ -84,6 +98,12 @@ class Replay:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def held(self, n: int) -> None:
+        """n more (or fewer) streamed requests held."""
+        with self.lock:
+            self.live += n
+            self.max_live = max(self.max_live, self.live)
 
     def answer(self, req: dict) -> tuple[int, object, bool]:
         """(status, body, streamed) for a /generate body. Raises KeyError for a prompt (or a

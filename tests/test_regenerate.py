@@ -54,7 +54,7 @@ def test_synthesis_gets_the_share_of_the_budget_its_prompts_cost():
     turns, 256-token answers) about a twelfth (a fifth if time followed tokens); more real turns
     shrink it; never above half, never zero."""
     from types import SimpleNamespace
-    from eagle3_runner.jobs.regenerate import synthesis_share
+    from eagle3_runner.data.synthetic import synthesis_share
     p = SimpleNamespace(synthetic_max_tokens=128, max_new_tokens=256)
     f = synthesis_share(85_000, 44_000, p)
     assert 0.06 < f < 0.11
@@ -79,6 +79,37 @@ def test_time_budget_keeps_what_fits_and_accounts_for_the_rest(tmp_path):
     assert sum(r["dropped"] == "time_budget" for r in recs) == m["dropped_time_budget"]
     full = regen_helpers.run(tmp_path / "full")
     assert not any(k.endswith("time_budget") for k in full) and full["conversations"] == 35
+
+
+def test_synthesis_is_one_stream_and_keeps_the_same_prompts_whatever_is_in_flight(monkeypatch):
+    """The synthetic candidates are written in ONE run of the engine (no round waits for its
+    slowest): at a keep rate far below the first estimate's, each finished candidate is followed
+    by the next until enough are kept, past the first estimate's 17, without a second run. What
+    is kept does not depend on how many were in flight (select keeps the lowest-indexed passing
+    ones): 2 rows and 8 rows keep the same prompts (seeded per candidate, on a random target)."""
+    import zlib
+    import eagle3_runner.data.synthetic as syn
+    from engine_helpers import tiny_hf_llama
+    from eagle3_runner.jobs.regenerate import make_generator, synthesize
+    from eagle3_runner.models.llama import from_hf_model
+    from eagle3_runner.runner.assets import asset_path
+    from eagle3_runner.targets.load import end_of_turn_ids, load_tokenizer
+    tok = load_tokenizer(asset_path("smollm2"))
+    stop = end_of_turn_ids(asset_path("smollm2"), tok)
+    # one non-empty candidate in four passes (by its text): a rate of ~0.25 against the 0.8 assumed
+    monkeypatch.setattr(syn, "degenerate", lambda text, ended: None if text and zlib.crc32(
+        text.encode()) % 4 == 0 else "too_short")
+    target = from_hf_model(tiny_hf_llama(vocab=49152, hidden=32, layers=2, heads=4, kv=2))
+    kept = {}
+    for rows in (2, 8):
+        p = regen_helpers.params(batch_size=rows, synthetic_prompts=6)
+        gen = make_generator(target, p, 64)
+        runs, run = [], gen.run
+        monkeypatch.setattr(gen, "run", lambda *a, **k: runs.append(1) or run(*a, **k))
+        kept[rows], rep = synthesize(gen, tok, p, None, stop, progress=False)
+        assert len(runs) == 1 and len(kept[rows]) == 6 and rep["candidates"] > 17, rep
+        assert rep["window"] is None  # the embedded engine has no request window
+    assert kept[2] == kept[8]
 
 
 def test_render_batch_equals_render(smollm2_tokenizer):

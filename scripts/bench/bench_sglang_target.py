@@ -11,11 +11,16 @@ by the runner's own code (targets/sglang_target.py) with the interpreter --sglan
              embedded  engine/generate.py Generator: --rows rows, CUDA graphs; each answer as
                        long as SGLang's answer to that prompt (no stop ids), so both make the
                        same tokens
-           -> new tok/s of each and the ratio; then jobs/regenerate.py regenerate() end to end
-           through the SGLang server (--e2e-real ShareGPT conversations, every turn, +
-           --e2e-synthetic Magpie prompts) within --e2e-minutes: the stage's tok/s and
-           conversations/s; then a small regenerate() through a recording proxy
-           (scripts/bench/sglang_record.py) for the CPU tests' fixtures (--record DIR).
+           -> new tok/s of each and the ratio; then jobs/regenerate.py regenerate() through
+           the same server on the same prompts (`stage_same`: one turn each, no synthetic
+           prompts, no budget; the radix cache flushed before each pass): its tok/s over the
+           raw rate (issue 45's target: >= 0.9), the answers of equal length, and both passes'
+           request windows (engine/sglang_generate.py window_metrics: in-flight mean, host
+           share, short share, tail); then regenerate() end to end (--e2e-real ShareGPT
+           conversations, every turn, + --e2e-synthetic Magpie prompts) within --e2e-minutes:
+           the stage's tok/s and conversations/s, with its window; then a small regenerate()
+           through a recording proxy (scripts/bench/sglang_record.py) for the CPU tests'
+           fixtures (--record DIR).
   capture  the same tokenised ShareGPT samples (--samples, data.max_length --max-length)
              hf        targets/capture.py capture() (transformers, bf16, forward hooks) in
                        --batch-tokens batches, features copied to the CPU (extract's path)
@@ -75,8 +80,9 @@ def spec_for(a, work: Path, transport: str = "file"):
 SOURCE = {"source": "sharegpt"}  # the conversations every mode reads (--data: a JSONL file instead)
 
 
-def first_turns(tok, n: int, max_length: int) -> list[list[int]]:
-    """Rendered first user turns of ShareGPT conversations (the regenerate stage's prompts)."""
+def first_turns(tok, n: int, max_length: int) -> list[tuple[list[dict], list[int]]]:
+    """First user turns of ShareGPT conversations (the system turn before it, if any) with their
+    rendered ids (the regenerate stage's prompts), those shorter than max_length."""
     from eagle3_runner.data.conversations import load_conversations
     from eagle3_runner.data.prompts import render
     from eagle3_runner.runner.spec.schema import Data
@@ -88,7 +94,7 @@ def first_turns(tok, n: int, max_length: int) -> list[list[int]]:
             [next(t for t in c if t["role"] == "user")]
         ids = render(tok, msgs)
         if len(ids) < max_length:
-            out.append(ids)
+            out.append((msgs, ids))
         if len(out) == n:
             break
     return out
@@ -108,7 +114,7 @@ def markdown(res: dict) -> str:
         md += ["| path | tokens | seconds | tok/s | notes |", "|---|---|---|---|---|"]
         md += [f"| {k} | {v.get('tokens')} | {v.get('seconds', 0):.2f} | {v['tok_s']:,.0f} | "
                f"{v.get('notes', '')} |" for k, v in rows]
-    for k in ("ratio", "stage", "diff", "errors"):
+    for k in ("ratio", "stage_same", "stage", "diff", "errors"):
         if k in res:
             md += ["", f"{k}: `{json.dumps(res[k], default=str)}`"]
     return "\n".join(md) + "\n"
@@ -138,7 +144,8 @@ def regen(a, res: dict, out: Path) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-sglang-"))
     spec = spec_for(a, work)
     tok = load_tokenizer(spec)
-    prompts = first_turns(tok, a.prompts, a.max_length)
+    turns = first_turns(tok, a.prompts, a.max_length)
+    prompts = [ids for _, ids in turns]
     res["prompts"] = len(prompts)
     eos = end_of_turn_ids(spec, tok)
     lengths: dict = {}
@@ -147,6 +154,7 @@ def regen(a, res: dict, out: Path) -> None:
         gen = SglangGenerator(srv, a.in_flight, a.new, a.per_call)
         gen.run([Request(("w", i), p, a.new) for i, p in enumerate(prompts[:64])],
                 lambda rs: None, 0.0, 1.0, eos)  # warm: the first graphs, the HTTP path
+        res["flushed"] = [flush_cache(srv.url)]  # no pass starts with the other's prompts cached
         box = Box(a.box)
         reqs = (Request(i, p, a.new) for i, p in enumerate(prompts) if not box.over())
         st = gen.run(reqs, lambda rs: lengths.update({r.key: len(r.tokens) for r in rs}),
@@ -154,9 +162,17 @@ def regen(a, res: dict, out: Path) -> None:
         res["sglang"] = {"tokens": st["new_tokens"], "seconds": st["seconds"],
                          "tok_s": st["new_tokens"] / st["seconds"], "calls": st["prefills"],
                          "wait_share": st["wait_s"] / st["seconds"],
+                         **window_of([st], st["seconds"]),
                          "notes": f"{a.in_flight} in flight, {a.per_call} per call"}
         print("sglang", res["sglang"], flush=True)
         save(res, out)
+        if a.same:
+            res["flushed"].append(flush_cache(srv.url))
+            res["stage_same"] = stage_same(a, spec, tok, srv, turns, lengths)
+            res["ratio"] = {"stage_same_over_sglang": res["stage_same"]["tok_s"] /
+                            res["sglang"]["tok_s"]}
+            print("stage_same", res["stage_same"], res["ratio"], flush=True)
+            save(res, out)
         if a.e2e_minutes > 0:
             res["stage"] = stage_e2e(a, spec, tok, srv)
             print("stage", res["stage"], flush=True)
@@ -184,10 +200,62 @@ def regen(a, res: dict, out: Path) -> None:
                  lambda rs: n.__setitem__(0, n[0] + sum(len(r.tokens) for r in rs)))
     res["embedded"] = {"tokens": n[0], "seconds": st["seconds"], "tok_s": n[0] / st["seconds"],
                        "notes": f"{a.rows} rows, CUDA graphs"}
-    res["ratio"] = {"sglang_over_embedded": res["sglang"]["tok_s"] / res["embedded"]["tok_s"]}
+    res["ratio"] = {**res.get("ratio", {}),
+                    "sglang_over_embedded": res["sglang"]["tok_s"] / res["embedded"]["tok_s"]}
     print("embedded", res["embedded"], res["ratio"], flush=True)
     del gen, target
     torch.cuda.empty_cache()
+
+
+def flush_cache(url: str, seconds: float = 30.0) -> bool:
+    """Empty the server's radix cache (SGLang 0.5.14 http_server.py /flush_cache: refused with
+    HTTP 400 while requests run or wait, so retried). True when it was flushed."""
+    import urllib.error
+    import urllib.request
+    end = time.monotonic() + seconds
+    while True:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url + "/flush_cache",
+                                                               method="POST"), timeout=30):
+                return True
+        except (urllib.error.URLError, OSError):
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.5)
+
+
+def window_of(phases: list, seconds: float) -> dict:
+    """engine/sglang_generate.py window_metrics as plain numbers."""
+    from eagle3_runner.engine.sglang_generate import window_metrics
+    return {k: v[0] for k, v in window_metrics(phases, seconds).items()}
+
+
+def stage_same(a, spec, tok, srv, turns: list, lengths: dict) -> dict:
+    """regenerate() through the running server on the raw pass's prompts (`lengths`: prompt
+    index -> answer tokens there): each first turn as a one-turn conversation (its answer is the
+    one rewritten), no synthetic prompts, no budget, the raw pass's in-flight and call sizes.
+    Its tok/s, the answers as long as the raw pass's (greedy on both: equal, up to SGLang's
+    batch-dependent rounding), and its request window."""
+    from eagle3_runner.data.regen_store import read_records
+    from eagle3_runner.engine.sglang_generate import SglangGenerator
+    from eagle3_runner.jobs.regenerate import regenerate
+    from eagle3_runner.runner.stages import RegenerateStage
+    from eagle3_runner.targets.load import end_of_turn_ids
+    done = sorted(lengths)
+    convs = [turns[i][0] + [{"role": "assistant", "content": "-"}] for i in done]
+    p = RegenerateStage(max_new_tokens=a.new, batch_size=a.in_flight, shard_conversations=8192)
+    with tempfile.TemporaryDirectory() as d:
+        m = regenerate(None, tok, convs, p, a.max_length, Path(d), None, progress=False,
+                       gen=SglangGenerator(srv, a.in_flight, a.new, a.per_call),
+                       stop_ids=end_of_turn_ids(spec, tok))
+        recs = read_records(Path(d))
+    v = {k: (x[0] if isinstance(x, tuple) else x) for k, x in m.items()}
+    same = sum(r["answer_tokens"][:1] == [lengths[done[r["index"]]]] for r in recs)
+    return {"tokens": v["tokens_generated"], "seconds": v["generation_seconds"],
+            "tok_s": v["tokens_per_s"], "conversations": v["conversations"],
+            "answers_of_equal_length": same / max(len(done), 1),
+            **{k: v[k] for k in v if k.startswith(("sglang_", "host_wait"))},
+            "notes": "regenerate() through SGLang, the raw pass's prompts"}
 
 
 def stage_e2e(a, spec, tok, srv) -> dict:
@@ -216,7 +284,8 @@ def stage_e2e(a, spec, tok, srv) -> dict:
     return {"seconds": secs, "conversations": v["conversations"],
             "conversations_per_s": v["conversations"] / secs, "tok_s": v["tokens_per_s"],
             "tokens": v["tokens_generated"], "notes": "regenerate() through SGLang", **{
-                k: v[k] for k in v if k.startswith(("tokens_per_s", "dropped", "cut", "turns"))}}
+                k: v[k] for k in v if k.startswith(("tokens_per_s", "dropped", "cut", "turns",
+                                                    "sglang_", "host_wait", "synthetic"))}}
 
 
 def record_regen(a, spec, tok, srv) -> None:
@@ -413,6 +482,8 @@ def main(argv=None):
     ap.add_argument("--e2e-real", type=int, default=10000)
     ap.add_argument("--e2e-synthetic", type=int, default=90000)
     ap.add_argument("--e2e-minutes", type=float, default=1.0, help="0 = no stage run")
+    ap.add_argument("--no-same", dest="same", action="store_false",
+                    help="regen: no regenerate() pass on the raw pass's prompts")
     ap.add_argument("--samples", type=int, default=512, help="capture: ShareGPT samples")
     ap.add_argument("--max-length", type=int, default=2048)
     ap.add_argument("--batch-tokens", type=int, default=16384)

@@ -7,8 +7,10 @@
 # converted from them, server logs as logs.tgz), whatever step fails.
 #   regen    bench_sglang_target.py regen: 2,048 ShareGPT first turns x <= 256 new tokens through
 #            the SGLang server (1,024 in flight, calls of 64, CUDA graphs to 512) and through our
-#            Generator (1,024 rows, CUDA graphs), same answer lengths; regenerate() end to end
-#            through SGLang for 1 minute (10k real + 90k synthetic asked); a recorded small run ~230 s
+#            Generator (1,024 rows, CUDA graphs), same answer lengths; regenerate() through SGLang
+#            on the same 2,048 prompts (`stage_same`: issue 45's ratio to the raw rate, >= 0.9
+#            wanted, and both passes' request windows); regenerate() end to end through SGLang
+#            for 1 minute (10k real + 90k synthetic asked); a recorded small run           ~245 s
 #   capture  bench_sglang_target.py capture: 512 ShareGPT samples (max_length 2048) through
 #            transformers, our packed Llama capture (online training's embedded path) and one
 #            SGLang capture server (json and file transports), 20 s boxes; a recorded capture of
@@ -32,7 +34,7 @@ B="python3 scripts/bench/bench_sglang_target.py --sglang-python $EAGLE3_SGLANG_P
 for step in ${@:-regen}; do
   t0=$(date +%s)
   case $step in
-    regen) timeout 290 $B regen --prompts 2048 --new 256 --in-flight 1024 --per-call 64 \
+    regen) timeout 310 $B regen --prompts 2048 --new 256 --in-flight 1024 --per-call 64 \
              --rows 1024 --e2e-minutes 1 --box 40 --record "$R/raw" --out "$R/regen" \
              > "$R/regen.log" 2>&1; tail -25 "$R/regen.log" ;;
     capture) timeout 270 $B capture --samples 512 --max-length 2048 --box 20 --record "$R/raw" \
