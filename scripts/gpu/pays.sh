@@ -10,20 +10,26 @@
 #                                           # compressed with its sha256 (regen-*.jsonl.gz*)
 #   bash scripts/gpu/pays.sh train SECONDS  # train + export (checkpoints every 2 minutes: a call
 #                                           # cut short resumes in the next)
+#   bash scripts/gpu/pays.sh bench SECONDS  # the bench (both engines, the curve; it resumes what
+#                                           # an earlier call measured); results.json =
+#                                           # `runner results --json` of the run
+# apply gets SECONDS less RESERVE (45 s: the stop of SGLang's servers and the copy to $OUT); its
+# output streams into $OUT/r/<phase>.log as it is written.
 # WARM_AFTER=S moves warm_bench from the regen phase to the train phase, S seconds into it (after
 # the train stage's set-up and compile, on half the cores): the compiles then cost the window no
 # minutes of their own. GPU_TESTS=0 skips the capture GPU tests (the train phase then keeps the
 # spec's online capture: they passed on the H100 on 2026-12-07).
-#   bash scripts/gpu/pays.sh bench SECONDS  # the bench (both engines, the curve; it resumes what
-#                                           # an earlier call measured); results.json =
-#                                           # `runner results --json` of the run
 # Overrides that enter cache keys (EXTRA_O, the online capture the tests picked) are kept in
-# ~/stage so every phase passes the same ones: a stage computed in one call is up to date in the next.
+# ~/stage so every phase passes the same ones: a stage computed in one call is up to date in the
+# next. A call that sets EXTRA_O replaces the kept one; one that does not reuses it.
 # A regenerated set carried from an earlier window (regen-<name>.jsonl.gz and its .sha256 in
 # .stage/regen/ here, staged with `stage.sh regen`) goes where the spec's stages.regenerate.reuse
 # looks for it: the regenerate stage then reuses it instead of generating.
 source scripts/gpu/sglang_setup.sh
-mkdir -p "$OUT/r"
+mkdir -p "$OUT/r" ~/stage
+if [ -n "${EXTRA_O+set}" ]; then echo "$EXTRA_O" > ~/stage/pays_extra
+else EXTRA_O=$(cat ~/stage/pays_extra 2>/dev/null); fi
+echo "pays.sh: overrides: ${EXTRA_O:-none}"
 SPEC=${SPEC:-specs/smollm2-pays-gpu.yaml}
 NAME=$(basename "$SPEC" .yaml)
 if [ -f ~/stage/regen-$NAME.jsonl.gz ] && [ ! -f "$EAGLE3_CACHE/regen/regen-$NAME.jsonl.gz" ]; then
