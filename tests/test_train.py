@@ -29,6 +29,23 @@ def test_vocab_counts_only_supervised_tokens():
     assert c[5] == 2 and c[7] == 0 and c[9] == 2 and int(c.sum()) == 4
 
 
+def test_vocab_counts_in_chunks_equal_the_per_sample_counts(monkeypatch):
+    """count_tokens bincounts COUNT_CHUNK tokens at a time: across chunk boundaries (a chunk of
+    7 tokens over samples of 1-9) the counts are the per-sample sum; an id out of range in any
+    chunk, negative or too large, is refused."""
+    monkeypatch.setattr(V, "COUNT_CHUNK", 7)
+    g = torch.Generator().manual_seed(0)
+    samples = [(torch.randint(0, 50, (t,), generator=g),
+                torch.randint(0, 2, (t,), generator=g, dtype=torch.uint8))
+               for t in [1, 9, 3, 0, 7, 2, 8, 5]]
+    want = sum(torch.bincount(i[m.bool()], minlength=50) for i, m in samples)
+    assert torch.equal(V.count_tokens(samples, 50), want)
+    for bad in (50, -1):
+        ids = torch.tensor([1, 2, bad])
+        with pytest.raises(ValueError, match=f"token id {bad} outside the target vocab"):
+            V.count_tokens(samples + [(ids, torch.ones(3, dtype=torch.uint8))], 50)
+
+
 def test_vocab_top_k_sorted_ascending_ties_by_lower_id():
     counts = torch.zeros(20, dtype=torch.int64)
     counts[[17, 3, 11, 8]] = torch.tensor([9, 5, 5, 1])  # 3 and 11 tie

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,7 @@ class Online:
         self.target_config = td.cfg
         h = hashlib.sha256(b"online-samples/1")
         for ids, mask in td.samples:
-            h.update(torch.tensor(ids, dtype=torch.int64).numpy().tobytes())
+            h.update(array("q", ids).tobytes())  # the int64 bytes, without a tensor per sample
             h.update(bytes(mask) + b"\0")
         self.identity = h.hexdigest()
 

@@ -28,15 +28,35 @@ from eagle3_runner.runner.files import atomic_path
 FORMAT = "draft-vocab/1"
 
 
+COUNT_CHUNK = 1 << 20  # supervised tokens per bincount
+
+
 def count_tokens(samples: Iterable[tuple[torch.Tensor, torch.Tensor]], vocab_size: int) -> torch.Tensor:
     """Frequencies of supervised tokens. samples: (input_ids [T] int, loss_mask [T]) pairs.
-    Returns counts int64 [vocab_size]. Raises ValueError for an id outside [0, vocab_size)."""
+    Returns counts int64 [vocab_size]. Raises ValueError for an id outside [0, vocab_size).
+    One bincount per COUNT_CHUNK tokens, not per sample: a bincount costs O(vocab_size), so per
+    sample it was O(samples x vocab) (83,708 samples x 49,152 ids: most of a minute)."""
     counts = torch.zeros(vocab_size, dtype=torch.int64)
+    chunk: list[torch.Tensor] = []
+    n = 0
+
+    def add(parts: list[torch.Tensor]) -> None:
+        sup = torch.cat(parts)  # [n]
+        if sup.min() < 0 or sup.max() >= vocab_size:
+            bad = int(sup.min()) if sup.min() < 0 else int(sup.max())
+            raise ValueError(f"token id {bad} outside the target vocab [0, {vocab_size})")
+        counts.add_(torch.bincount(sup, minlength=vocab_size))
+
     for ids, mask in samples:
         sup = ids[mask.bool()].long()
-        if sup.numel() and (sup.min() < 0 or sup.max() >= vocab_size):
-            raise ValueError(f"token id {int(sup.max())} outside the target vocab [0, {vocab_size})")
-        counts += torch.bincount(sup, minlength=vocab_size)
+        if sup.numel():
+            chunk.append(sup)
+            n += sup.numel()
+        if n >= COUNT_CHUNK:
+            add(chunk)
+            chunk, n = [], 0
+    if chunk:
+        add(chunk)
     return counts
 
 
