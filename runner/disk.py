@@ -130,9 +130,16 @@ def read_head(path: Path, n: int = READ_BYTES) -> tuple[bytes, int, bool, str]:
             head = f.read(n)
             return head, size, len(head) >= size, "plain"
         kind = "gzip" if magic.startswith(GZIP_MAGIC) else "zstd"
-        head, whole = _gzip_head(f, n) if kind == "gzip" else _read_stream(_zstd_stream(f), n)
-        est = round(size * len(head) / max(f.tell(), 1))  # the head's ratio (read-ahead: rough)
-        if kind == "gzip" and not whole:  # ISIZE, the text size mod 2^32: the one nearest est
+        members = 1
+        if kind == "gzip":
+            head, whole, members, got = _gzip_head(f, n)
+        else:
+            head, whole = _read_stream(_zstd_stream(f), n)
+            got = len(head)
+        est = round(size * got / max(f.tell(), 1))  # the ratio of what was read (zstd: rough)
+        # ISIZE, the text size mod 2^32 (the one nearest est), is the LAST member's: the whole
+        # text's only in a one-member file (a regenerated set's shards joined are many members)
+        if kind == "gzip" and not whole and members == 1:
             f.seek(-4, 2)
             isize = int.from_bytes(f.read(4), "little")
             est = isize + max(0, round((est - isize) / 2**32)) * 2**32
@@ -145,22 +152,27 @@ def _read_stream(stream, n: int) -> tuple[bytes, bool]:
     return head, not stream.read(1)
 
 
-def _gzip_head(f, n: int) -> tuple[bytes, bool]:
-    """(up to n decompressed bytes of the gzip file `f`, whether the file ended there), member
-    after member (`gzip -c a b > ab.gz`). A file cut short ends where it was cut, with what
-    decompresses before the cut, as data/records.py reads it (it keeps the complete records
-    and counts the cut). Raises zlib.error for a corrupt stream."""
-    parts, got, d = [], 0, zlib.decompressobj(wbits=31)
+def _gzip_head(f, n: int) -> tuple[bytes, bool, int, int]:
+    """(up to n decompressed bytes of the gzip file `f`, whether the file ended there, the
+    members begun, the bytes the compressed bytes read so far decompress to), member after member (`gzip -c a b > ab.gz`). A file cut short ends where it
+    was cut, with what decompresses before the cut, as data/records.py reads it (it keeps the
+    complete records and counts the cut). Raises zlib.error for a corrupt stream."""
+    parts, got, d, members, ended = [], 0, zlib.decompressobj(wbits=31), 1, False
     while got <= n:
         raw = f.read(1 << 16)
         if not raw:
-            return b"".join(parts)[:n], True
+            return b"".join(parts)[:n], True, members, got
         while raw:
+            if ended:  # bytes after a member's end: the next member
+                members, ended = members + 1, False
             b = d.decompress(raw)
             parts.append(b)
             got += len(b)
-            raw, d = (d.unused_data, zlib.decompressobj(wbits=31)) if d.eof else (b"", d)
-    return b"".join(parts)[:n], False
+            if d.eof:
+                raw, d, ended = d.unused_data, zlib.decompressobj(wbits=31), True
+            else:
+                raw = b""
+    return b"".join(parts)[:n], False, members, got
 
 
 def estimate(spec) -> dict:

@@ -101,6 +101,27 @@ def test_a_gzip_file_cut_short_is_estimated_from_what_decompresses(tmp_path):
     assert whole and kind == "gzip" and head == (tmp_path / "d.jsonl").read_bytes() * 2
 
 
+def test_a_set_of_gzip_members_is_sized_by_its_head_not_the_last_members_trailer(tmp_path):
+    """A regenerated set is its shards' gzip members joined (scripts/gpu/pays.sh): gzip's size
+    trailer is the last member's only, so a file read in part is sized from its head's
+    compression ratio (2026-12-07: 83,708 conversations planned as 443 from a 117-record last
+    shard). One member still uses the trailer."""
+    import gzip
+    import random
+    rnd = random.Random(0)
+    shard = lambda k: "".join(json.dumps({"messages": [  # noqa: E731 - one shard's text
+        {"role": "user", "content": "".join(rnd.choices("abcdefgh ", k=60))},
+        {"role": "assistant", "content": "".join(rnd.choices("abcdefgh ", k=300))}]}) + "\n"
+        for _ in range(k)).encode()
+    texts = [shard(200) for _ in range(30)] + [shard(3)]  # 6,003 records, a small last shard
+    (tmp_path / "set.jsonl.gz").write_bytes(b"".join(gzip.compress(t) for t in texts))
+    head, size, whole, kind = disk.read_head(tmp_path / "set.jsonl.gz", 200_000)
+    total = sum(len(t) for t in texts)
+    assert not whole and kind == "gzip" and 0.8 * total < size < 1.25 * total
+    (tmp_path / "one.jsonl.gz").write_bytes(gzip.compress(b"".join(texts)))
+    assert disk.read_head(tmp_path / "one.jsonl.gz", 200_000)[1] == total
+
+
 def test_plan_says_when_extract_will_not_fit_and_suggests_online(tmp_path):
     """A sparse 4 TB data file (nothing written): the estimate exceeds the free space."""
     path = tmp_path / "big.jsonl"
