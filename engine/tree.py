@@ -60,13 +60,13 @@ from eagle3_runner.engine.steps import draft_extend
 from eagle3_runner.models.llama import Llama
 from eagle3_runner.kernels.llama_decode import target_forward
 from eagle3_runner.kernels.mask import dense_mask
-from eagle3_runner.runner.drafts.rules import chain_draft_tokens, spec_draft_tokens_problem
+from eagle3_runner.runner.drafts.checks import chain_draft_tokens, spec_draft_tokens_problem
 
 
 def check_shape(num_steps: int, eagle_topk: int, num_draft_tokens: Optional[int],
                 width: Optional[int] = None) -> int:
     """A speculative shape -> num_draft_tokens N (None: num_steps + 1 for a chain). SGLang's rules
-    are runner/drafts/rules.py's (spec_draft_tokens_problem, every SGLang version row: a tree
+    are runner/drafts/checks.py's (spec_draft_tokens_problem, every SGLang version row: a tree
     needs N, a chain's N is num_steps + 1, N <= 1 + k + (K-1)*k^2); this adds the engine's own:
     N >= 2 and a verify `width` >= N. Raises ValueError naming the field."""
     problem = spec_draft_tokens_problem(num_steps, eagle_topk, num_draft_tokens)

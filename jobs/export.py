@@ -31,10 +31,10 @@ import torch
 
 from eagle3_runner.models.draft_model import DraftConfig
 from eagle3_runner.runner.bench_curve import SNAPSHOTS, snapshot_name, snapshot_step
+from eagle3_runner.runner.drafts.checks import export_aux_problem
 from eagle3_runner.runner.drafts.families import target_family
 from eagle3_runner.runner.drafts.layout import (AUX_IDS_KEY, config_aux_ids, expected_shapes, fc_norm_shapes,
                                   speculators_name, target_rope, to_hf_indices)
-from eagle3_runner.runner.drafts.rules import export_aux_problem
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.files import atomic_path, atomic_write, sha256_file
 from eagle3_runner.runner.inspect import inspect_draft

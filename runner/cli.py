@@ -66,7 +66,7 @@ def cmd_init(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from eagle3_runner.runner.plan import input_problems
+    from eagle3_runner.runner.plan_checks import input_problems
     spec = _load(args)
     errors, warnings = input_problems(spec)  # what this machine has: files, sglang, stages
     if errors:

@@ -4,10 +4,10 @@ No weights are read and torch is never imported.
 
 What it decides, and from what:
 - aux layer ids: SGLang's default for the target's layer-id family (runner/drafts/families.py
-  `target_family`, runner/drafts/rules.py `default_aux_ids`; docs/eagle3-format.md section 3).
+  `target_family`, runner/drafts/checks.py `default_aux_ids`; docs/eagle3-format.md section 3).
 - bench configurations: the parameters SGLang auto-chooses for the target's architecture
   (runner/drafts/server.py `auto_speculative_params`, section 4), and for a tree a chain of the
-  same depth to compare with (its draft tokens by runner/drafts/rules.py `chain_draft_tokens`).
+  same depth to compare with (its draft tokens by runner/drafts/checks.py `chain_draft_tokens`).
 - draft vocab size (`draft_vocab_size_for`): SpecForge's choice, 32000, for vocabularies of
   100k and more (Llama 3 128k, Qwen 152k, DeepSeek/Kimi 129k-164k, GPT-OSS 201k); 16000 for
   mid-size ones (32k-100k: SmolLM 49k, Mistral 33k-131k below 100k) and for small targets
@@ -49,9 +49,9 @@ from pathlib import Path
 from eagle3_runner.runner import disk
 from eagle3_runner.runner.placement import gpu_visible
 from eagle3_runner.runner.chat import KNOWN, template_family
+from eagle3_runner.runner.drafts.checks import chain_draft_tokens, default_aux_ids
 from eagle3_runner.runner.drafts.families import target_family
 from eagle3_runner.runner.drafts.layout import AUX_COUNT, to_hf_indices
-from eagle3_runner.runner.drafts.rules import chain_draft_tokens, default_aux_ids
 from eagle3_runner.runner.drafts.server import auto_speculative_params
 from eagle3_runner.runner.engines import llama_target
 from eagle3_runner.runner.errors import InitError, TargetConfigError

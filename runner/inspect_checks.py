@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from eagle3_runner.runner.drafts.checks import (config_aux_findings, default_aux_ids,
+                                                draft_vocab_null_problem)
 from eagle3_runner.runner.drafts.families import family_evidence
 from eagle3_runner.runner.drafts.forward import config_flag_findings, engine_unsupported
 from eagle3_runner.runner.drafts.layout import (ARCH, AUX_IDS_KEY, config_aux_ids, config_view, from_hf_indices,
                                   target_rope, to_hf_indices)
-from eagle3_runner.runner.drafts.rules import (RuleSet, by_rows, config_aux_findings, default_aux_ids,
-                                 draft_vocab_null_problem, versions_label)
+from eagle3_runner.runner.drafts.rules import RuleSet, by_rows, versions_label
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Annotated, Any, Callable, Literal, Optional
 from pydantic import Field, create_model, model_validator
 
 from eagle3_runner.runner import carry
-from eagle3_runner.runner.drafts.rules import chain_draft_tokens, spec_draft_tokens_problem
+from eagle3_runner.runner.drafts.checks import chain_draft_tokens, spec_draft_tokens_problem
 from eagle3_runner.runner.errors import PlanError
 from eagle3_runner.runner.spec.base import Strict
 from eagle3_runner.runner.spec.server import extra_args_problems, host_problem, ports_problem

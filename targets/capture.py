@@ -33,9 +33,9 @@ import torch
 
 from eagle3_runner.runner import dist as D
 from eagle3_runner.targets.load import decoder_parts, input_device, text_config, weight
+from eagle3_runner.runner.drafts.checks import model_aux_problem
 from eagle3_runner.runner.drafts.families import target_family
 from eagle3_runner.runner.drafts.layout import to_hf_indices
-from eagle3_runner.runner.drafts.rules import model_aux_problem
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.files import atomic_write
 from eagle3_runner.runner.stage import StageContext
@@ -43,7 +43,7 @@ from eagle3_runner.runner.stage import StageContext
 
 def check_aux_ids(model, aux_ids: list[int]) -> None:
     """Run-time check against the real model: ids distinct, ascending and in SGLang's range
-    (runner/drafts/rules.py), read as the loaded target's family does (families.py). Raises
+    (runner/drafts/checks.py), read as the loaded target's family does (families.py). Raises
     StageError."""
     cfg = model.config.to_dict() if hasattr(getattr(model, "config", None), "to_dict") else None
     problem = model_aux_problem(aux_ids, len(decoder_parts(model)[1]), target_family(cfg))

@@ -20,10 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle3_runner.runner.drafts.checks import spec_draft_tokens_problem
 from eagle3_runner.runner.drafts.lab import (BY_NAME, CASES, VERSION, Case, claims_map, outcome,
                                              verdict, write_variant)
 from eagle3_runner.runner.drafts.layout import ALGORITHM
-from eagle3_runner.runner.drafts.rules import spec_draft_tokens_problem
 from eagle3_runner.runner.drafts.server import simulate_acc_len_problem
 from eagle3_runner.runner.errors import ServerError
 from eagle3_runner.runner.files import atomic_write

@@ -171,7 +171,8 @@ PIPELINE = {"extract": {}, "train": {}, "export": {}, "bench": {"configs": [{"nu
 
 
 def test_validate_and_plan_warn_naming_both_eos(im_start, tmp_path):
-    from eagle3_runner.runner.plan import build_plan, input_problems
+    from eagle3_runner.runner.plan import build_plan
+    from eagle3_runner.runner.plan_checks import input_problems
     from eagle3_runner.runner.spec.load import load_spec
     spec = load_spec(data=_spec_data(tmp_path, im_start, PIPELINE))
     errors, warnings = input_problems(spec)

@@ -18,7 +18,7 @@ from eagle3_runner.engine.speculative import Engine  # noqa: E402
 from eagle3_runner.engine.steps import draft_extend, draft_step  # noqa: E402
 from eagle3_runner.models.llama import from_hf_model  # noqa: E402
 from eagle3_runner.engine.tree import draft_tree  # noqa: E402
-from eagle3_runner.runner.drafts.rules import check_draft_tokens  # noqa: E402
+from eagle3_runner.runner.drafts.checks import check_draft_tokens  # noqa: E402
 from eagle3_runner.targets.load import end_of_turn_ids  # noqa: E402
 
 AUX = (0, 1, 2)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import eagle3_runner.runner.plan as plan_mod
+import eagle3_runner.runner.plan_checks as plan_checks
 from eagle3_runner.runner.apply import apply
 from eagle3_runner.runner.errors import PlanError
 from eagle3_runner.runner.plan import _incomplete, build_plan
@@ -472,7 +473,7 @@ def test_bench_backend_sglang_without_sglang_is_refused_before_any_compute(tmp_p
     and validate refuse it on the local executor, naming the three fixes (it used to fail
     after extract, train and export); on Slurm it is a warning (the plan cannot see a node)."""
     from eagle3_runner.runner.errors import PlanError
-    from eagle3_runner.runner.plan import input_problems
+    from eagle3_runner.runner.plan_checks import input_problems
     bad = ["stages.bench.backend=sglang", "stages.bench.sglang.python=/nonexistent/python3"]
     spec = make_spec(tmp_path, bad)
     with pytest.raises(PlanError, match=r"sglang is not importable by '/nonexistent/python3'.*"
@@ -493,7 +494,7 @@ def test_validate_sees_what_plan_sees(tmp_path):
     """`runner validate` checks the files the stages read (a data file that does not exist) and
     the stages a stage needs (a bench without an export: nothing to bench), as plan does."""
     from eagle3_runner.runner.errors import PlanError
-    from eagle3_runner.runner.plan import input_problems
+    from eagle3_runner.runner.plan_checks import input_problems
     spec = make_spec(tmp_path, ["data.path=" + str(tmp_path / "missing.jsonl")])
     errors, _ = input_problems(spec)
     assert len(errors) == 1 and errors[0].startswith("data.path = ")
@@ -549,15 +550,15 @@ def test_validate_and_plan_give_the_stages_data_verdict(tmp_path):
     with pytest.raises(PlanError) as p:
         build_plan(held)
     assert str(p.value) == str(e.value) and "data.holdout = 30: leaves no training" in str(e.value)
-    assert plan_mod.input_problems(held)[0] == [str(e.value)]
+    assert plan_checks.input_problems(held)[0] == [str(e.value)]
     # with a regenerate stage, regenerate reads the data (once said), extract reads its output
     regen = make_spec(tmp_path, ["stages.regenerate={}"])
-    assert plan_mod.input_problems(regen)[0] == [said]
-    assert plan_mod.stage_problems(regen, "extract") == []
+    assert plan_checks.input_problems(regen)[0] == [said]
+    assert plan_checks.stage_problems(regen, "extract") == []
     # a stage that is not run reads nothing: an up-to-date extract is not checked
-    assert plan_mod.stage_problems(make_spec(tmp_path, ["stages.extract=null",
-                                                        "stages.train.features=online"]),
-                                   "export") == []
+    assert plan_checks.stage_problems(make_spec(tmp_path, ["stages.extract=null",
+                                                           "stages.train.features=online"]),
+                                      "export") == []
 
 
 def test_a_failed_apply_prints_the_error_not_an_empty_table(tmp_path, fake_stages, capsys):
@@ -597,7 +598,7 @@ def test_a_cuda_target_on_a_machine_without_a_gpu_is_said_before_any_compute(tmp
     GPU shows (runner/placement.py gpu_visible: the driver's entries, no torch)."""
     from eagle3_runner.runner import placement
     from eagle3_runner.runner.errors import PlanError
-    from eagle3_runner.runner.plan import input_problems
+    from eagle3_runner.runner.plan_checks import input_problems
     monkeypatch.setattr(placement, "GPU_SIGNS", (str(tmp_path / "no-such-driver"),))
     spec = make_spec(tmp_path, ["target.device=cuda"])
     with pytest.raises(PlanError, match="target.device = 'cuda': this machine shows no GPU .* "
@@ -615,7 +616,7 @@ def test_a_cuda_target_on_a_machine_without_a_gpu_is_said_before_any_compute(tmp
 def test_aux_ids_of_sglangs_default_plus_one_are_a_warning(tmp_path):
     """[2, 15, 27] on a 30-layer target: valid ids, but SGLang's default [1, 14, 26] + 1, the
     HF hidden_states indices people write by mistake: validate and plan warn, naming the fix."""
-    from eagle3_runner.runner.plan import input_problems
+    from eagle3_runner.runner.plan_checks import input_problems
     spec = make_spec(tmp_path, ["drafter.aux_layer_ids=[2, 15, 27]"])
     errors, warnings = input_problems(spec)
     assert not errors and len(warnings) == 1 and "write [1, 14, 26]" in warnings[0]
@@ -627,7 +628,7 @@ def test_aux_ids_of_sglangs_default_plus_one_are_a_warning(tmp_path):
 def test_num_prompts_above_a_prompt_sets_size_is_a_warning(tmp_path):
     """num_prompts 4000 with MT-bench (80 prompts) passed silently (first-hour trial of
     2026-12-04): validate and plan say the bench takes 80; a variant that changes it says so."""
-    from eagle3_runner.runner.plan import input_problems
+    from eagle3_runner.runner.plan_checks import input_problems
     spec = make_spec(tmp_path, ["stages.bench.num_prompts=4000"])
     errors, warnings = input_problems(spec)
     assert not errors and len(warnings) == 1
@@ -648,7 +649,7 @@ def test_outputs_under_proc_are_refused_by_validate_and_plan(tmp_path):
     """results.path or work_dir under /proc passed validate and plan as root (the permission
     bits say writable) and failed at apply (first-hour trial of 2026-12-04): both now try to
     make a file there and name the field."""
-    from eagle3_runner.runner.plan import input_problems
+    from eagle3_runner.runner.plan_checks import input_problems
     for field in ("results.path=/proc/r.duckdb", "work_dir=/proc/eagle3-work"):
         spec = make_spec(tmp_path, [field])
         errors = input_problems(spec)[0]

@@ -20,7 +20,8 @@ import regen_helpers
 from eagle3_runner.data.regen_store import SHARDS, read_records
 from eagle3_runner.runner import carry
 from eagle3_runner.runner.errors import PlanError, StageError
-from eagle3_runner.runner.plan import build_plan, input_problems
+from eagle3_runner.runner.plan import build_plan
+from eagle3_runner.runner.plan_checks import input_problems
 from eagle3_runner.runner.spec.load import load_spec
 from eagle3_runner.runner.stage import StageContext
 from eagle3_runner.runner.stages import stage_slice

@@ -17,9 +17,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from draft_fixtures import TINY, make_draft  # noqa: E402
 from sglang_replay import HAND, fake_sglang  # noqa: E402
 
+from eagle3_runner.runner.drafts.checks import default_aux_ids  # noqa: E402
 from eagle3_runner.runner.drafts.lab import (BY_NAME, CASES, CLAIMS, NO_ROW, OUTCOMES,  # noqa: E402
                                              RULE_FIELDS, claims_map, outcome, verdict)
-from eagle3_runner.runner.drafts.rules import default_aux_ids  # noqa: E402
 from eagle3_runner.runner.drafts.safetensors import draft_tensors, tensor_values  # noqa: E402
 from eagle3_runner.targets.sglang_lab import LabSettings, judge, markdown, prepare, serve  # noqa: E402
 

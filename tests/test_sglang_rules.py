@@ -15,9 +15,10 @@ import pytest
 
 from draft_fixtures import (TINY, codes, errors, geometry, make_draft, msg, target_config,
                             tensors, write_st)
+from eagle3_runner.runner.drafts.checks import (check_aux_ids, default_aux_ids, model_aux_problem,
+                                                export_aux_problem, spec_aux_problems)
 from eagle3_runner.runner.drafts.families import DEEPSEEK, GPT_OSS, MINIMAX_M3_VL, STANDARD, target_family
-from eagle3_runner.runner.drafts.rules import (RULES, SUPPORTED, check_aux_ids, default_aux_ids, model_aux_problem,
-                                 export_aux_problem, rules_for, spec_aux_problems)
+from eagle3_runner.runner.drafts.rules import RULES, SUPPORTED, rules_for
 from eagle3_runner.runner.inspect import inspect_draft
 from eagle3_runner.runner.target_config import read_target_config
 
@@ -71,7 +72,7 @@ def test_rules_table_rows_ranges_and_pyproject_pin():
 
 
 def test_draft_token_bound_is_sglangs():
-    from eagle3_runner.runner.drafts.rules import check_draft_tokens
+    from eagle3_runner.runner.drafts.checks import check_draft_tokens
     for s, k in [(1, 1), (3, 1), (3, 2), (3, 4), (5, 8), (2, 3)]:
         bound = check_draft_tokens(s, k, None).bound
         assert bound == 1 + k + (s - 1) * k * k

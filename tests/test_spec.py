@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_runner.runner.drafts.rules import default_aux_ids
+from eagle3_runner.runner.drafts.checks import default_aux_ids
 from eagle3_runner.runner.errors import SpecError
 from eagle3_runner.runner.spec.load import load_spec
 from eagle3_runner.runner.spec.schema import Spec

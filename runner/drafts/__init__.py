@@ -6,9 +6,11 @@
   -> `midlayer.`), the eagle_config block, RoPE fields, the aux-layer-id conventions (SGLang id
   k = HF hidden_states index k + 1).
 - runner/drafts/rules.py: the version table (`RULES`, one `SglangRules` row per SGLang release
-  read: 0.5.6, 0.5.14, 0.5.23; `rules_for(version)`), the aux-id rules per target family and
-  version (range, order, what SGLang captures, `default_aux_ids(cfg or L, family)`), the
-  draft-token bound, with the messages of each caller.
+  read: 0.5.6, 0.5.14, 0.5.23; `rules_for(version)`, `by_rows`), each row's aux-id rules per
+  target family (range, what SGLang captures) and draft-token bound.
+- runner/drafts/checks.py: the checks on those rows, with the messages of each caller: the
+  spec's sglang_version and forward options, draft_vocab_size null, the aux ids (range, order,
+  capture, `default_aux_ids(cfg or L, family)`), the draft-token bound.
 - runner/drafts/families.py: `target_family(cfg)`: which layer-id rule a target gets (standard,
   deepseek, gpt_oss, minimax_m3_vl) from config.json architectures/model_type or a GGUF arch.
 - runner/drafts/forward.py: the forward-changing config flags per version, the parameters each
@@ -22,5 +24,5 @@ extract and export stages, the SGLang bench backend and the drafter model (model
 all call this package. No torch here (numpy only, in safetensors.py). This __init__ imports
 nothing, so a module's cache key follows only the submodules it imports: for `runner init` and
 other callers, `runner.drafts.families.target_family(cfg) -> str` and
-`runner.drafts.rules.default_aux_ids(cfg or L, family)`.
+`runner.drafts.checks.default_aux_ids(cfg or L, family)`.
 """

@@ -34,8 +34,9 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle3_runner.runner.drafts.checks import check_draft_tokens, server_draft_tokens_problem
 from eagle3_runner.runner.drafts.layout import ALGORITHM
-from eagle3_runner.runner.drafts.rules import RuleSet, by_rows, check_draft_tokens, server_draft_tokens_problem
+from eagle3_runner.runner.drafts.rules import RuleSet, by_rows
 
 _ENV_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.S)
 VERSIONED_FLAGS = ("--speculative-draft-model-quantization", "--speculative-draft-window-size",

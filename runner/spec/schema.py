@@ -16,10 +16,10 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import Field, StrictInt, model_validator
 
 from eagle3_runner.runner.chat import KNOWN as KNOWN_TEMPLATES
+from eagle3_runner.runner.drafts.checks import (default_aux_ids, draft_vocab_null_problem,
+                                                spec_aux_problems, spec_version_problems)
 from eagle3_runner.runner.drafts.families import FAMILIES
 from eagle3_runner.runner.drafts.layout import ALGORITHM, AUX_COUNT
-from eagle3_runner.runner.drafts.rules import (default_aux_ids, draft_vocab_null_problem,
-                                               spec_aux_problems, spec_version_problems)
 from eagle3_runner.runner.engines import choose_engine
 from eagle3_runner.runner.errors import EnvVarError
 from eagle3_runner.runner.files import expand_path, expand_vars

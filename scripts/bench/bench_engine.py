@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch  # noqa: E402
 
-from eagle3_runner.runner.drafts.rules import default_aux_ids  # noqa: E402
+from eagle3_runner.runner.drafts.checks import default_aux_ids  # noqa: E402
 
 PROMPT = "Write a short story about a robot who learns to paint. Describe its first painting."
 

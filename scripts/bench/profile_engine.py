@@ -345,7 +345,7 @@ def main(argv=None):
     import torch
     from eagle3_runner.models.draft_model import DraftConfig, Eagle3Draft
     from eagle3_runner.models.llama import from_hf_model
-    from eagle3_runner.runner.drafts.rules import default_aux_ids
+    from eagle3_runner.runner.drafts.checks import default_aux_ids
     if not torch.cuda.is_available():
         ap.error("needs CUDA (the steps are timed as CUDA graph replays)")
     deadline = time.time() + a.budget
