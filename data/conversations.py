@@ -269,7 +269,7 @@ def count_file(path: Path) -> dict:
     """conversations_from_file's report without the conversations: the file streamed through
     the same reader and cleaner (data/records.py iter_records, Cleaner), record by record, none
     kept. Cached by the file's path, size and mtime (and the reader's and cleaner's source): in
-    this process and as a small JSON file under cache_dir()/data-counts/, so that `runner
+    this process and as a small JSON file under memo_dir()/data-counts/, so that `runner
     validate` and `runner plan` count a large file once. Raises as conversations_from_file."""
     path = Path(path)
     if not path.is_file():
@@ -281,11 +281,11 @@ def count_file(path: Path) -> dict:
 @lru_cache(maxsize=16)
 def _count_cached(path: str, size: int, mtime_ns: int) -> dict:
     from eagle3_runner.data import records as records_mod
-    from eagle3_runner.runner.files import atomic_write, cache_dir
+    from eagle3_runner.runner.files import atomic_write, memo_dir
     h = hashlib.sha256(json.dumps([path, size, mtime_ns]).encode())
     for code in (records_mod.__file__, __file__):  # a changed rule is a new count
         h.update(Path(code).read_bytes())
-    memo = cache_dir() / "data-counts" / f"{h.hexdigest()[:32]}.json"
+    memo = memo_dir() / "data-counts" / f"{h.hexdigest()[:32]}.json"
     try:
         return json.loads(memo.read_text())
     except (OSError, ValueError):
@@ -356,9 +356,9 @@ def check_conversations(report: dict, data) -> None:
     if not rep["clean"]:
         skipped = ("; its last record was not valid JSON and was skipped" if rep["truncated"]
                    else "")
+        reasons = _reasons(rep["dropped"], rep["examples"])
         raise StageError(f"data: {rep['path']} has no usable conversation ({rep['records_read']} "
-                         f"records read{skipped}; dropped "
-                         f"{_reasons(rep['dropped'], rep['examples'])}"
+                         f"records read{skipped}{'; dropped ' + reasons if reasons else ''}"
                          f"{_hints(rep)}). Records need user and assistant turns (from/value or "
                          "role/content; docs/data.md).")
     check_bad_fraction(rep, data.max_bad_fraction)

@@ -102,7 +102,9 @@ def read_text(path: Path) -> tuple[str, str | None, bool]:
     Raises StageError for a missing file, a folder, a UTF-16 file or a corrupt stream."""
     path = Path(path)
     if not path.is_file():
-        what = "is a folder, not a file" if path.is_dir() else "does not exist"
+        what = ("is a folder, not a file" if path.is_dir() else
+                "is not a regular file (a device, pipe or socket)" if path.exists() else
+                "does not exist")
         raise StageError(f"data.path: {path} {what}. Run `runner fetch sharegpt` for "
                          "ShareGPT, or point data.path at a JSONL or JSON file.")
     try:

@@ -104,7 +104,7 @@ HASHED_BELOW = 1 << 30
 
 
 def sha256_memo(path: str | Path) -> str:
-    """sha256_file, memoised in this process and on disk (cache_dir()/file-hashes/, keyed by
+    """sha256_file, memoised in this process and on disk (memo_dir()/file-hashes/, keyed by
     path, size, mtime and inode, like git's index) so that `runner plan` does not re-read a
     large target on every call. The key uses the content hash; the memo only skips re-reading."""
     st = os.stat(path)
@@ -114,7 +114,7 @@ def sha256_memo(path: str | Path) -> str:
 @lru_cache(maxsize=64)
 def _sha256_memo(path: str, size: int, mtime_ns: int, inode: int) -> str:
     key = hashlib.sha256(json.dumps([path, size, mtime_ns, inode]).encode()).hexdigest()[:32]
-    memo = cache_dir() / "file-hashes" / f"{key}.txt"
+    memo = memo_dir() / "file-hashes" / f"{key}.txt"
     try:
         digest = memo.read_text().strip()
         if len(digest) == 64:
@@ -133,6 +133,13 @@ def _sha256_memo(path: str, size: int, mtime_ns: int, inode: int) -> str:
 def cache_dir() -> Path:
     """Where fetched models and datasets live: $EAGLE3_CACHE, default ~/.cache/eagle3-runner."""
     return Path(os.environ.get("EAGLE3_CACHE") or Path.home() / ".cache" / "eagle3-runner")
+
+
+def memo_dir() -> Path:
+    """Where the small memo files live (file-hashes/ of sha256_memo, data-counts/ of
+    data/conversations.py count_file): $EAGLE3_MEMO, default cache_dir(). Losing them only
+    costs time; the test suite points it at its own temporary folder (tests/conftest.py)."""
+    return Path(os.environ.get("EAGLE3_MEMO") or cache_dir())
 
 
 def converted_dir(gguf: str | Path, sha256: str | None = None) -> Path:

@@ -144,13 +144,16 @@ def spec_warnings(spec: Spec) -> list[str]:
     """What is valid but likely a mistake, said by validate and plan alike: aux ids that are
     SGLang's default plus one (runner/drafts/checks.py aux_shift_note); a bench num_prompts
     above a prompt set's size, per variant (prompt_count_notes); a tokenizer eos_token that
-    is not the model's end of turn (stop_id_notes)."""
+    is not the model's end of turn (stop_id_notes); a carried regenerated set declared but not
+    there (carry_note: regenerate then runs the target, as the plan says)."""
     from eagle3_runner.runner.drafts.checks import aux_shift_note
     note = aux_shift_note(spec.drafter.aux_layer_ids, spec.num_layers,
                           spec.target.family or "standard")
     notes = [note] if note else []
     notes += prompt_count_notes(spec)
     notes += stop_id_notes(spec)
+    notes += carry_note(spec)
+
     def bench_of(s):
         b = s.stages.bench
         return b and (b.num_prompts, tuple(b.prompt_sets), s.data.holdout)
@@ -159,6 +162,18 @@ def spec_warnings(spec: Spec) -> list[str]:
         if bench_of(vspec) != bench_of(spec):
             notes += prompt_count_notes(vspec, f"variants[{v.name}].stages.bench")
     return list(dict.fromkeys(notes))
+
+
+def carry_note(spec: Spec) -> list[str]:
+    """[a warning] when stages.regenerate.reuse names a file that is not there (a typo, or a set
+    not staged yet): the stage then regenerates, which is valid but costs the target's time."""
+    from eagle3_runner.runner import carry
+    p = carry.declared(spec)
+    if p is None or carry.present(spec) is not None:
+        return []
+    return [f"{carry.FIELD} = {spec.stages.regenerate.reuse!r}: {p} is not there, so regenerate "
+            "runs the target instead of reusing it. Stage the carried set (with its .sha256) "
+            "there, or remove the field."]
 
 
 def input_problems(spec: Spec) -> tuple[list[str], list[str]]:

@@ -49,11 +49,16 @@ def _private_tmp() -> Path:
 
 
 SESSION_TMP = _private_tmp()
+# the memo files (file hashes, data counts: runner/files.py memo_dir) of the session's throwaway
+# files go with them, not into the user's ~/.cache/eagle3-runner
+MEMO = SESSION_TMP / "memo"
+os.environ["EAGLE3_MEMO"] = str(MEMO)
 
 
 def leftovers(folder: Path) -> tuple[list[str], list[str]]:
     """(the project's folders and files left in `folder`: LEAK_PREFIXES, anything else left)."""
-    names = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    names = sorted(p.name for p in folder.iterdir()
+                   if p != MEMO) if folder.is_dir() else []  # the memo files are meant to be there
     ours = [n for n in names if n.startswith(LEAK_PREFIXES)]
     return ours, [n for n in names if n not in ours]
 

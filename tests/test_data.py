@@ -280,6 +280,13 @@ def test_bad_files_give_clear_errors(tmp_path):
         load_conversations(Data(source="jsonl", path=str(tmp_path / "nope.jsonl")))
     with pytest.raises(StageError, match="is a folder, not a file"):
         load_conversations(Data(source="jsonl", path=str(tmp_path)))
+    with pytest.raises(StageError, match="/dev/null is not a regular file"):
+        load_conversations(Data(source="jsonl", path="/dev/null"))
+    # an empty file: no record, nothing dropped, and the message lists no empty reasons
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(StageError, match=r"has no usable conversation \(0 records read\)\. "
+                                         "Records need"):
+        load_conversations(jsonl(tmp_path / "empty.jsonl"))
     p = tmp_path / "bad.jsonl"
     good = json.dumps({"messages": [{"role": "user", "content": "a"},
                                     {"role": "assistant", "content": "b"}]})
@@ -419,12 +426,12 @@ def test_count_file_is_the_stages_report_streamed_and_cached(tmp_path, monkeypat
     """Issue 48: validate and plan hold the data file to the stages' own verdicts. count_file
     streams the file through the same reader and cleaner and gives conversations_from_file's
     report, keeping none of the conversations; it is cached by path, size and mtime (in the
-    process and as JSON under cache_dir()/data-counts/), and a changed file is counted again."""
+    process and as JSON under memo_dir()/data-counts/), and a changed file is counted again."""
     import os
 
     from eagle3_runner.data import conversations as C
     from eagle3_runner.data import records as R
-    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("EAGLE3_MEMO", str(tmp_path / "cache"))
     C._count_cached.cache_clear()
     good = [json.dumps(rec(i)) for i in range(30)]
     files = {  # every kind of drop, in JSONL, JSON arrays and gzip

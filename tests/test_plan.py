@@ -520,7 +520,7 @@ def test_validate_and_plan_give_the_stages_data_verdict(tmp_path):
     from eagle3_runner.data.conversations import load_conversations
     from eagle3_runner.runner.errors import StageError
     cache = tmp_path / "cache"
-    env = {**os.environ, "EAGLE3_CACHE": str(cache)}
+    env = {**os.environ, "EAGLE3_MEMO": str(cache)}
     good = [json.dumps({"conversations": [{"from": "human", "value": f"q{i}"},
                                           {"from": "gpt", "value": f"a{i}"}]}) for i in range(30)]
     (tmp_path / "data.jsonl").write_text("\n".join(good[:12] + ["{oops"] * 3 + good[12:]

@@ -277,6 +277,9 @@ def test_declaring_a_missing_set_keeps_a_finished_regeneration_and_the_plan_says
     assert (reg.action, reg.reason) == ("skip", "up to date")
     assert reg.note == f"regenerates: {f} not found (stages.regenerate.reuse)"
     assert f"up to date; regenerates: {f} not found" in _render_plan(plan)
+    from eagle3_runner.runner.plan_checks import spec_warnings  # validate says it too
+    assert any(w.startswith(f"stages.regenerate.reuse = ") and f"{f} is not there, so "
+               "regenerate runs the target" in w for w in spec_warnings(spec))
     assert plan.stages[1].note is None
     digest = carry_set(art, f)
     plan = build_plan(spec)
