@@ -23,6 +23,7 @@ import shutil
 import zlib
 from pathlib import Path
 
+from eagle3_runner.runner import carry
 from eagle3_runner.runner.files import GZIP_MAGIC, ZSTD_MAGIC, expand_path
 
 READ_BYTES = 4 << 20
@@ -94,9 +95,9 @@ def data_file(spec) -> Path:
     """The file the stages after regenerate read: a carried regenerated set
     (stages.regenerate.reuse) when it is there, else data.path, else the fetched ShareGPT
     asset. Raises FetchError."""
-    regen = spec.stages.regenerate
-    if regen is not None and regen.reuse and expand_path(regen.reuse).is_file():
-        return expand_path(regen.reuse)
+    carried = carry.present(spec)
+    if carried is not None:
+        return carried
     if spec.data.path:
         return expand_path(spec.data.path)
     from eagle3_runner.runner.assets import asset_path
@@ -154,9 +155,10 @@ def _read_stream(stream, n: int) -> tuple[bytes, bool]:
 
 def _gzip_head(f, n: int) -> tuple[bytes, bool, int, int]:
     """(up to n decompressed bytes of the gzip file `f`, whether the file ended there, the
-    members begun, the bytes the compressed bytes read so far decompress to), member after member (`gzip -c a b > ab.gz`). A file cut short ends where it
-    was cut, with what decompresses before the cut, as data/records.py reads it (it keeps the
-    complete records and counts the cut). Raises zlib.error for a corrupt stream."""
+    members begun, what the compressed bytes read so far decompress to in bytes), member after
+    member (`gzip -c a b > ab.gz`). A file cut short ends where it was cut, with what
+    decompresses before the cut, as data/records.py reads it (it keeps the complete records
+    and counts the cut). Raises zlib.error for a corrupt stream."""
     parts, got, d, members, ended = [], 0, zlib.decompressobj(wbits=31), 1, False
     while got <= n:
         raw = f.read(1 << 16)
@@ -190,7 +192,7 @@ def estimate(spec) -> dict:
         return {"error": f"no complete record in the first {len(head):,} bytes of {path}",
                 "bytes_per_token": bpt}
     regen = spec.stages.regenerate
-    carried = regen is not None and path == (expand_path(regen.reuse) if regen.reuse else None)
+    carried = path == carry.present(spec)
     per = [_tokens(r, spec.data.max_length, None if carried else regen) for r in recs]
     n_file = len(recs) if whole else round(size * len(recs) / len(head))
     n = max(0, n_file - spec.data.holdout)
