@@ -385,7 +385,7 @@ def data_problems(data) -> list[str]:
 def load_conversations(data) -> tuple[list[list[dict]], list[list[dict]], dict]:
     """Read, clean, check and sample the spec's conversations.
 
-    data: runner.spec.schema.Data (source, path, max_samples, holdout, seed, max_bad_fraction).
+    data: runner.spec.sections.Data (source, path, max_samples, holdout, seed, max_bad_fraction).
     Returns (train, holdout, report): conversations_from_file's report + source,
     max_bad_fraction, train, holdout. Raises StageError for a missing file, when nothing usable
     remains, above data.max_bad_fraction or when data.holdout leaves nothing to train on

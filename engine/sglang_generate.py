@@ -1,6 +1,6 @@
 """Batched generation through an SGLang server: the regenerate stage's other engine, behind the
 embedded Generator's contract (engine/generate.py `Generator.run`: Requests in, Results handed to
-on_done in groups, follow-up turns back; the same stats), so jobs/regenerate.py's synthesis and
+on_done in groups, follow-up turns back; the same stats), so jobs/regen_turns.py's synthesis and
 answering, shards, resume and counters run unchanged on either.
 
 Requests go out as batched, streamed /generate calls of token ids (targets/sglang_target.py

@@ -1,5 +1,6 @@
-"""Stage `train`: TTT training of the EAGLE-3 drafter. The recipe (setup, step, evaluate,
-checkpoint, finish) reads top to bottom in trainer/recipe.py; its outputs are listed there."""
+"""Stage `train`: TTT training of the EAGLE-3 drafter. The recipe (setup, step, the loop, finish)
+reads top to bottom in trainer/recipe.py, its evaluations in trainer/evaluation.py and its
+checkpoints in trainer/checkpoint.py; its outputs are listed in trainer/recipe.py."""
 
 from __future__ import annotations
 

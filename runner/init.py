@@ -62,7 +62,7 @@ from eagle3_runner.runner.target_config import chat_template_source, read_target
 
 LARGE_FEATURES = 200e9  # bytes of offline features above which the spec trains online
 SHARD_BYTES = 2**30  # aim for ~1 GiB shards (stages.extract.shard_samples)
-DEFAULT_BAD = 0.01  # data.max_bad_fraction's default (runner/spec/schema.py)
+DEFAULT_BAD = 0.01  # data.max_bad_fraction's default (runner/spec/sections.py)
 MAX_BAD_RAISE = 0.10  # init raises max_bad_fraction to the data's own rate up to this
 CPU_MAX_SAMPLES = 64  # data.max_samples init writes on a machine without a GPU (docstring)
 
@@ -362,7 +362,7 @@ def _data_comments(seen: dict | None) -> list[str]:
             f"kept; cleaned away (not counted as bad): {_counts(policy)}"]
 
 
-EVAL_SAMPLES = 8  # stages.train.eval_samples' default (runner/stages.py)
+EVAL_SAMPLES = 8  # stages.train.eval_samples' default (runner/spec/stage_blocks.py)
 
 
 def _eval_line(seen: dict | None) -> list[str]:

@@ -111,7 +111,7 @@ def prompt_count_notes(spec: Spec, where: str = "stages.bench") -> list[str]:
     bench = spec.stages.bench
     if bench is None or bench.num_prompts is None:
         return []
-    from eagle3_runner.runner.stages import PROMPT_SET_SIZES
+    from eagle3_runner.runner.spec.stage_blocks import PROMPT_SET_SIZES
     sizes = {**PROMPT_SET_SIZES, "sharegpt": spec.data.holdout}
     return [f"{where}.num_prompts = {bench.num_prompts}: {name} has {sizes[name]} prompts"
             f"{' (data.holdout)' if name == 'sharegpt' else ''}; the bench takes those "

@@ -32,7 +32,7 @@ from typing import Any, Iterator, NamedTuple
 import torch
 
 from eagle3_runner.runner import dist as D
-from eagle3_runner.targets.load import decoder_parts, input_device, text_config, weight
+from eagle3_runner.targets.split import decoder_parts, input_device, text_config, weight
 from eagle3_runner.runner.drafts.checks import model_aux_problem
 from eagle3_runner.runner.drafts.families import target_family
 from eagle3_runner.runner.drafts.layout import to_hf_indices
@@ -112,7 +112,7 @@ def capture(model, batch: list[list[int]], aux_ids: list[int], pad_id: int = 0,
     tensors: copy them before autograd saves them). aux = concat of decoder layer k outputs
     (= HF hidden_states[k+1]) for k ascending; last = the input of the final norm (pre-norm last
     hidden). Rows past a sample's length are padding. A target split over devices (accelerate,
-    targets/load.py split_plan) hands each hook its layer's output on that layer's device; the
+    targets/split.py split_plan) hands each hook its layer's output on that layer's device; the
     hooks copy it to `device` as it is produced, so no layer's device holds the batch's
     captures and the result is the one-device run's, value for value."""
     base, layers, norm = decoder_parts(model)
@@ -317,10 +317,11 @@ def load_target_data(ctx: StageContext, server=None) -> TargetData:
 
 
 def _split(ctx: StageContext) -> dict:
-    """from_pretrained's device-map kwargs for this rank (targets/load.py split_plan): its GPU
+    """from_pretrained's device-map kwargs for this rank (targets/split.py split_plan): its GPU
     group (runner/placement.py replica_gpus), the activation headroom of this stage's batch and,
     online, the drafter's state on the group's first GPU, sized from the target's config."""
-    from eagle3_runner.targets.load import resolve_device, resolve_dtype, split_plan, target_config
+    from eagle3_runner.targets.load import resolve_device, resolve_dtype, target_config
+    from eagle3_runner.targets.split import split_plan
     from eagle3_runner.runner import placement as P
     from eagle3_runner.runner.target_size import activation_bytes
     spec = ctx.spec

@@ -73,7 +73,7 @@ class Planned:
 
     name: str  # "plain-cg1", "s3-k1-n4-cg1", "snap000400-s3-k1-n4-cg1": its recording folder
     cuda_graph: bool
-    config: Any = None  # runner.stages.SpecParams
+    config: Any = None  # runner.spec.stage_blocks.SpecParams
     snapshot: dict | None = None
 
 

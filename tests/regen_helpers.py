@@ -31,7 +31,7 @@ def conversations(n: int = 30) -> list:
 
 
 def params(**kw):
-    from eagle3_runner.runner.stages import RegenerateStage
+    from eagle3_runner.runner.spec.stage_blocks import RegenerateStage
     return RegenerateStage(**{"max_new_tokens": 5, "batch_size": 3, "shard_conversations": 4,
                               "synthetic_prompts": 5, "synthetic_max_tokens": 4, "seed": 0, **kw})
 

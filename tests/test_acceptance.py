@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3_runner.trainer import acceptance as A
-from eagle3_runner.trainer.recipe import snapshot_path, train
+from eagle3_runner.trainer.checkpoint import snapshot_path
+from eagle3_runner.trainer.recipe import train
 from eagle3_runner.runner.errors import SpecError
 from train_helpers import tiny_extract, train_ctx, train_spec
 

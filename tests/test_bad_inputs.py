@@ -59,7 +59,7 @@ def test_bad_spec_files_through_the_cli_exit_1_without_a_traceback(tag, tmp_path
 def test_every_bad_data_file_gets_a_clear_error_or_every_drop_counted(tmp_path):
     from eagle3_runner.data.conversations import load_conversations
     from eagle3_runner.runner.errors import RunnerError
-    from eagle3_runner.runner.spec.schema import Data
+    from eagle3_runner.runner.spec.sections import Data
     failures = []
     for case in data_cases():
         f = tmp_path / f"{case.id}.jsonl"

@@ -15,7 +15,7 @@ from eagle3_runner.data.conversations import (clean_records, detect_template, lo
                        show_data_report, tokenize_conversation, tokenize_dataset)
 from eagle3_runner.runner.chat import KNOWN
 from eagle3_runner.runner.errors import StageError
-from eagle3_runner.runner.spec.schema import Data
+from eagle3_runner.runner.spec.sections import Data
 
 
 def mask_spans(mask):

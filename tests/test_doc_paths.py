@@ -40,8 +40,8 @@ PATH = re.compile(r"(?<![\w./~$-])(?:%s)/[\w./-]*" % "|".join(PATH_ROOTS))
 
 @lru_cache(maxsize=None)
 def spec_fields(model: str) -> frozenset[str]:
-    """The fields of a spec block model (runner/spec/schema.py), read from its class body."""
-    tree = ast.parse((ROOT / "runner" / "spec" / "schema.py").read_text())
+    """The fields of a spec block model (runner/spec/sections.py), read from its class body."""
+    tree = ast.parse((ROOT / "runner" / "spec" / "sections.py").read_text())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == model)
     return frozenset(n.target.id for n in cls.body
                      if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name))

@@ -361,7 +361,7 @@ def test_shards_are_fsynced_once_at_the_end(tiny, tmp_path, monkeypatch):
 def test_target_loader_caches_gguf_as_hf_folder(smollm2, smollm2_path, tmp_path):
     from eagle3_runner.targets.load import (converted_dir, end_of_turn_ids, load_tokenizer,
                                             resolve_dtype, target_config)
-    from eagle3_runner.runner.spec.schema import Target
+    from eagle3_runner.runner.spec.sections import Target
     folder = converted_dir(smollm2_path)
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in cfg
@@ -447,7 +447,7 @@ def test_regenerate_max_turns_keeps_first_turns(smollm2, smollm2_path, tmp_path)
     from eagle3_runner.models.llama import from_hf_model
     from eagle3_runner.data.regen_store import read_records
     from eagle3_runner.jobs.regenerate import regenerate
-    from eagle3_runner.runner.stages import RegenerateStage
+    from eagle3_runner.runner.spec.stage_blocks import RegenerateStage
     from eagle3_runner.targets.load import end_of_turn_ids
     model, tok, _ = smollm2
     convs = [[{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "5"},

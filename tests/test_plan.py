@@ -448,7 +448,7 @@ def test_a_stage_is_one_registry_row(tmp_path, monkeypatch):
     import dataclasses
     import typing
     import eagle3_runner.runner.stages as S
-    from eagle3_runner.runner.spec.schema import SlurmExecutor
+    from eagle3_runner.runner.spec.sections import SlurmExecutor
     assert tuple(S.Stages.model_fields) == S.STAGE_ORDER == tuple(k.name for k in S.REGISTRY)
     keys = typing.get_args(SlurmExecutor.model_fields["stages"].annotation)[0]
     assert typing.get_args(keys) == S.STAGE_ORDER

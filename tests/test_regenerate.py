@@ -15,7 +15,7 @@ from eagle3_runner.data.contamination import BenchGuard, bench_guard, normalize
 from eagle3_runner.data.regen_store import SHARDS, SYNTHETIC, read_conversations, read_records
 from eagle3_runner.runner.errors import SpecError
 from eagle3_runner.runner.spec.load import load_spec
-from eagle3_runner.runner.stages import RegenerateStage
+from eagle3_runner.runner.spec.stage_blocks import RegenerateStage
 
 HELPER = Path(__file__).with_name("regen_helpers.py")
 
@@ -90,7 +90,8 @@ def test_synthesis_is_one_stream_and_keeps_the_same_prompts_whatever_is_in_fligh
     import zlib
     import eagle3_runner.data.synthetic as syn
     from engine_helpers import tiny_hf_llama
-    from eagle3_runner.jobs.regenerate import make_generator, synthesize
+    from eagle3_runner.jobs.regen_turns import synthesize
+    from eagle3_runner.jobs.regenerate import make_generator
     from eagle3_runner.models.llama import from_hf_model
     from eagle3_runner.runner.assets import asset_path
     from eagle3_runner.targets.load import end_of_turn_ids, load_tokenizer
@@ -154,7 +155,7 @@ def test_no_bench_prompt_enters_training_data(tmp_path, sharegpt_path):
     never reach the regenerated data, nor the extract stage's real data."""
     from eagle3_runner.data.conversations import load_conversations
     from eagle3_runner.data.prompts import humaneval, mtbench
-    from eagle3_runner.jobs.regenerate import real_conversations
+    from eagle3_runner.jobs.regen_turns import real_conversations
     spec = load_spec(data={
         "name": "c", "work_dir": str(tmp_path), "target": {"path": "x", "num_hidden_layers": 30,
                                                             "hidden_size": 576, "vocab_size": 49152},
@@ -182,7 +183,7 @@ def test_no_bench_prompt_enters_training_data(tmp_path, sharegpt_path):
 def test_tool_and_system_turns_stay_as_context():
     """Only plain assistant answers are rewritten; system turns (first or later), tool calls and
     tool results stay in the prompt of the next answer; max_turns counts answers."""
-    from eagle3_runner.jobs.regenerate import context_steps, real_conversations
+    from eagle3_runner.jobs.regen_turns import context_steps, real_conversations
     call = {"role": "assistant", "content": "", "tool_calls": [
         {"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}]}
     conv = [{"role": "system", "content": "S"}, {"role": "user", "content": "u1"}, call,

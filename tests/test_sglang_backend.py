@@ -210,7 +210,7 @@ def test_server_context_stops_even_on_error(tmp_path):
 def _measured(rec: Path):
     """The recorded servers of a set as the backend's Measured, plus the bench settings they
     answer (their configurations, prompts and max_new_tokens)."""
-    from eagle3_runner.runner.stages import SpecParams
+    from eagle3_runner.runner.spec.stage_blocks import SpecParams
     from eagle3_runner.targets.sglang_bench import Measured, Planned
     plain = load_generate(rec / "plain-cg1")
     sets = {}

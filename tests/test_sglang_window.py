@@ -77,7 +77,7 @@ def test_regenerate_through_a_paced_server_keeps_its_window_and_writes_the_same_
     from eagle3_runner.engine.sglang_generate import SglangGenerator
     from eagle3_runner.jobs.regenerate import regenerate
     from eagle3_runner.runner.assets import asset_path
-    from eagle3_runner.runner.stages import RegenerateStage
+    from eagle3_runner.runner.spec.stage_blocks import RegenerateStage
     from eagle3_runner.targets.load import end_of_turn_ids, load_tokenizer
     from eagle3_runner.targets.sglang_target import TargetServer
     meta = paced.fx["meta"]

@@ -221,12 +221,13 @@ def bench_split():
 
 
 def target(folder, **kw):
-    from eagle3_runner.runner.spec.schema import Target
+    from eagle3_runner.runner.spec.sections import Target
     return Target(path=str(folder), device="cpu", dtype="float32", **kw)
 
 
 def load(folder, device_map=None):
-    from eagle3_runner.targets.load import load_target, split_plan
+    from eagle3_runner.targets.load import load_target
+    from eagle3_runner.targets.split import split_plan
     t = target(folder, device_map=device_map)
     return load_target(t, split=split_plan(t, []) if device_map else None)[0]
 
@@ -269,7 +270,7 @@ def test_native_kimi_k25_wrapper_loads_splits_and_captures(tmp_path):
     language model's layers inside, and split or not captures its hidden states."""
     kimi = pytest.importorskip("transformers.models.kimi_k25")
     from eagle3_runner.targets.capture import capture
-    from eagle3_runner.targets.load import decoder_parts
+    from eagle3_runner.targets.split import decoder_parts
     torch.manual_seed(0)
     text = tiny_deepseek_v3(layers=8).config.to_dict()
     cfg = kimi.Kimi_K25Config(text_config=text, vision_config=dict(
@@ -291,7 +292,7 @@ def test_native_kimi_k25_wrapper_loads_splits_and_captures(tmp_path):
 
 
 def test_gpu_index_outside_the_group_or_without_cuda_is_refused(folder):
-    from eagle3_runner.targets.load import split_plan
+    from eagle3_runner.targets.split import split_plan
     from eagle3_runner.runner.errors import StageError
     with pytest.raises(StageError, match="CUDA is not available|group, which has"):
         split_plan(target(folder, device_map={"0-1": 0, "2-3": 1}), [])
@@ -306,7 +307,8 @@ def test_offload_folders_go_with_the_model_a_refused_plan_or_a_failed_load(folde
 
     import transformers
     from eagle3_runner.runner.errors import StageError
-    from eagle3_runner.targets.load import load_target, split_plan
+    from eagle3_runner.targets.load import load_target
+    from eagle3_runner.targets.split import split_plan
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
     def offload_folders():

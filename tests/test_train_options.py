@@ -134,7 +134,8 @@ def test_noise_is_applied_to_training_steps_only(monkeypatch):
     """train_step adds the noise (the same seed and weights give another loss), evaluate does
     not (noise_std leaves it unchanged)."""
     from test_ttt import _setup
-    from eagle3_runner.runner.stages import TrainStage
+    from eagle3_runner.runner.spec.stage_blocks import TrainStage
+    from eagle3_runner.trainer import evaluation as Ev
     from eagle3_runner.trainer import recipe as R
 
     def learner(noise):
@@ -155,7 +156,7 @@ def test_noise_is_applied_to_training_steps_only(monkeypatch):
         L, samples = learner(noise)
         torch.manual_seed(1)
         losses.append(float(R.train_step(L, samples).loss))
-        evals.append(R.evaluate(L, Source(samples), list(range(len(samples))))["loss"])
+        evals.append(Ev.evaluate(L, Source(samples), list(range(len(samples))))["loss"])
     assert abs(losses[1] - losses[0]) > 1e-4
     assert evals[0] == evals[1]
 

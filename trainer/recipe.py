@@ -1,9 +1,11 @@
 """The training recipe of the EAGLE-3 drafter (stage `train`, jobs/train.py), top to bottom:
-`setup` (sample source, draft vocab, drafter, AdamW), `train_step`, `evaluate`, `checkpoint` (and
-`resume`), `finish` (the outputs). A run's state lives in one place, `TrainRun` (its `Learner`
-holds what a step uses). The objective: the fast step of trainer/fast_step.py (packed rows, Triton
-kernels on CUDA) by default; the reference of trainer/objective.py (its alignment and loss, which the
-fast step equals: tests/test_ttt.py) when Learner.impl is None (tests, the bench baseline).
+`setup` (sample source, draft vocab, drafter, AdamW), `train_step`, the loop (`train`), `finish`
+(the outputs); the loop evaluates (trainer/evaluation.py `evaluate`, `record_eval`, `pick`) and
+checkpoints (trainer/checkpoint.py `checkpoint`, `resume`, the drafter's files). A run's state
+lives in one place, `TrainRun` (its `Learner` holds what a step uses). The objective: the fast
+step of trainer/fast_step.py (packed rows, Triton kernels on CUDA) by default; the reference of
+trainer/objective.py (its alignment and loss, which the fast step equals: tests/test_ttt.py) when
+Learner.impl is None (tests, the bench baseline).
 
 Inputs (trainer/sources.py): ctx.inputs["extract"] (targets/features.py format), or with
 stages.train.features: online the target itself, run on each batch (ctx.inputs["regenerate"]
@@ -50,20 +52,20 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from eagle3_runner.runner import dist as D
-from eagle3_runner.runner.bench_curve import SNAPSHOTS, snapshot_name
-from eagle3_runner.trainer import acceptance as A
 from eagle3_runner.trainer import fast_step as F
 from eagle3_runner.trainer import vocab as V
 from eagle3_runner.models.draft_model import DraftConfig, Eagle3Draft
+from eagle3_runner.trainer.checkpoint import (CKPT, checkpoint, checkpoint_due, completed, resume,
+                                              save_drafter, snapshot_path)
+from eagle3_runner.trainer.evaluation import pick, record_eval, seen_samples
 from eagle3_runner.trainer.sources import Prefetch, batch_indices, open_source, split_samples
 from eagle3_runner.trainer.objective import (Loss, TTTObjective, aux_noise, loss_counts, make_batch,
                                              target_dist, to_device, ttt_loss)
 from eagle3_runner.runner.errors import StageError
-from eagle3_runner.runner.files import atomic_path, atomic_write
+from eagle3_runner.runner.files import atomic_write
 from eagle3_runner.runner.stage import StageContext
-from eagle3_runner.runner.stages import CHECKPOINT_FIELDS, stage_kind
+from eagle3_runner.runner.stages import CHECKPOINT_FIELDS
 
-CKPT = stage_kind("train").resume_file  # ckpt.pt; the plan looks for it (runner/stages.py)
 SYNC_EVERY = 32  # optimizer steps between host reads of the step results (module docstring)
 
 
@@ -164,17 +166,6 @@ def _device(ctx) -> torch.device:
     if want != "cpu" and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())  # the launcher set it per rank
     return torch.device("cpu")
-
-
-def _completed(out: Path, fp: str) -> dict | None:
-    """The summary of a finished run with this fingerprint in `out`, else None."""
-    try:
-        m = json.loads((out / "train_metrics.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    if m.get("fingerprint") != fp or not (out / "draft.safetensors").exists() or (out / CKPT).exists():
-        return None
-    return {k: (v, m.get("summary_units", {}).get(k, "")) for k, v in m["summary"].items()}
 
 
 def target_head_init(head: dict, used: torch.Tensor, device: torch.device
@@ -357,183 +348,6 @@ def drain(run: TrainRun) -> tuple[float, int]:
     return float(vals[:, 0].sum()), n
 
 # ---------------------------------------------------------------------------------------------
-# evaluate
-
-
-def evaluate(learner: Learner, source, ids: list[int]) -> dict:
-    """Loss, per-step top-1 accuracy and the simulated greedy chains of the drafter on samples
-    `ids` of `source` (trainer/sources.py; no grad). chain {n: trainer/acceptance.py summarize}
-    for n = 1..K draft steps: the tau and per-position acceptance greedy chain decoding of n
-    steps would measure on this text (exact when it is the target's own greedy text, as
-    regenerated conversations at temperature 0 are). Data parallel: batch k (of p.batch_size
-    samples) runs on rank k % world and the sums are all-reduced, so every rank returns the
-    single-rank numbers. One host read per batch (the chain rounds walk the hits on the CPU)."""
-    p, model, K = learner.p, learner.model, learner.p.ttt_steps
-    model.eval()
-    obj = learner.objective()
-    steps = list(range(1, K + 1))
-    # [3 x K] sums of step loss, correct, count, the loss sum and the batch count, then the
-    # rounds histograms of n = 1..K steps (n + 1 bins each)
-    tot = torch.zeros(3 * K + 2 + sum(n + 1 for n in steps), dtype=torch.float64)
-    with torch.no_grad():
-        for k, a in enumerate(range(0, len(ids), p.batch_size)):
-            if k % learner.world != learner.rank:
-                continue
-            batch, tgt = learner.prepare(source.batch(ids[a:a + p.batch_size]))
-            with learner.autocast():
-                loss, st = obj(batch, tgt)
-            hists = A.chain_histograms(st["hit"], st["sup0"], steps)
-            tot += torch.cat([torch.stack([st["loss"], st["correct"], st["count"]]).flatten()
-                              .cpu(), torch.stack([loss.detach().double().cpu(),
-                                                   torch.tensor(1.0, dtype=torch.float64)]),
-                              *(torch.from_numpy(hists[n]).double() for n in steps)])
-    red = D.all_reduce_sum(tot.to(learner.device)).cpu()
-    loss_sum, nb = float(red[3 * K]), int(red[3 * K + 1])
-    acc, o, chain = red[:3 * K].view(3, -1), 3 * K + 2, {}
-    for n in steps:
-        chain[str(n)] = A.summarize(red[o:o + n + 1].numpy())
-        o += n + 1
-    model.train()
-    return {"loss": loss_sum / max(nb, 1), "loss_step": (acc[0] / max(nb, 1)).tolist(),
-            "acc_step": (acc[1] / acc[2].clamp_min(1)).tolist(), "chain": chain}
-
-
-def seen_samples(run: TrainRun, step: int) -> int:
-    """Distinct training samples the first `step` optimizer steps have read (each epoch is a
-    permutation of the training samples: trainer/sources.py batch_indices)."""
-    return min(len(run.train_ids), step * run.ctx.params.batch_size)
-
-
-def record_eval(run: TrainRun) -> None:
-    """Evaluate at the current step; append it to the history (with the samples and sequence
-    tokens trained on so far) and record its metrics; with stages.train.snapshots keep this
-    step's drafter (`save_snapshot`)."""
-    ids, split = run.eval_split
-    r = evaluate(run.learner, run.source, ids)
-    run.history.append({"step": run.step, "split": split, "samples": seen_samples(run, run.step),
-                        "tokens": run.tokens, **r})
-    run.ctx.metric(f"{split}_loss", r["loss"], "nats", step=run.step)
-    for j, (a, lj) in enumerate(zip(r["acc_step"], r["loss_step"])):
-        run.ctx.metric(f"{split}_acc_{j}", a, "fraction", step=run.step)
-        run.ctx.metric(f"{split}_loss_{j}", lj, "nats", step=run.step)
-    for n, c in r["chain"].items():
-        run.ctx.metric(f"{split}_chain_tau_{n}", c["tau"], "tokens/round", step=run.step)
-    if run.ctx.params.snapshots:
-        save_snapshot(run)
-
-
-def snapshot_path(out: Path, step: int) -> Path:
-    """Where the drafter of optimizer step `step` is kept (stages.train.snapshots):
-    snapshots/step-NNNNNN.safetensors (runner/bench_curve.py, the layout export reads too)."""
-    return Path(out) / SNAPSHOTS / f"{snapshot_name(step)}.safetensors"
-
-
-def save_drafter(run: TrainRun, path: Path, **meta) -> None:
-    """The drafter's state dict (Eagle3Draft.state_dict(), on the CPU) as safetensors at `path`,
-    written atomically, with the format and the run's fingerprint (and `meta`) in its header:
-    draft.safetensors and every kept snapshot."""
-    from safetensors.torch import save_file
-    sd = {k: v.detach().to("cpu").contiguous() for k, v in run.learner.model.state_dict().items()}
-    with atomic_path(path) as tmp:
-        save_file(sd, str(tmp), metadata={"format": "eagle3-draft/1", "fingerprint": run.fp,
-                                          **meta})
-
-
-def save_snapshot(run: TrainRun) -> None:
-    """Keep the drafter of the current step (rank 0; the ranks hold the same weights)."""
-    if run.learner.rank != 0:
-        return
-    path = snapshot_path(run.out, run.step)
-    path.parent.mkdir(exist_ok=True)
-    save_drafter(run, path, step=str(run.step))
-
-
-def pick(run: TrainRun) -> dict:
-    """The history entry whose drafter the stage outputs (stages.train.select): the last, or
-    the highest simulated held-out tau of select_num_steps draft steps (ties: the later step;
-    an evaluation with no round counts as the lowest)."""
-    p = run.ctx.params
-    if p.select == "last":
-        return run.history[-1]
-    n = str(p.select_num_steps)
-
-    def tau(h):
-        t = h.get("chain", {}).get(n, {}).get("tau", float("nan"))
-        return -math.inf if t != t else t
-    return max(run.history, key=lambda h: (tau(h), h["step"]))
-
-# ---------------------------------------------------------------------------------------------
-# checkpoint
-
-
-def _rng_state() -> dict:
-    import numpy as np
-    st = {"torch": torch.get_rng_state(), "python": random.getstate(),
-          "numpy": np.random.get_state()}
-    if torch.cuda.is_available():
-        st["cuda"] = torch.cuda.get_rng_state_all()
-    return st
-
-
-def _set_rng_state(st: dict) -> None:
-    import numpy as np
-    torch.set_rng_state(st["torch"])
-    random.setstate(st["python"])
-    np.random.set_state(st["numpy"])
-    if "cuda" in st and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(st["cuda"])
-
-
-def checkpoint_due(run: TrainRun, since: float, at_sync: bool) -> bool:
-    """Whether stages.train.checkpoint_minutes have passed since `since` (time.monotonic() of the
-    last checkpoint, or of the loop's start): checked at every step on one rank; data parallel,
-    only at a host sync (`at_sync`), where the ranks agree through one all-reduce (any rank
-    late = all checkpoint), so that they all reach checkpoint()'s barrier together."""
-    minutes = run.ctx.params.checkpoint_minutes
-    if minutes is None:
-        return False
-    late = time.monotonic() - since >= minutes * 60
-    if run.learner.world == 1:
-        return late
-    if not at_sync:
-        return False
-    flag = torch.tensor([float(late)], device=run.learner.device)
-    return bool(D.all_reduce_sum(flag).item() > 0)
-
-
-def checkpoint(run: TrainRun) -> None:
-    """Save ckpt.pt atomically (rank 0: the ranks hold identical weights and optimizer state
-    under DDP), with the resolved spec inside; every rank waits for it. Call `drain` first."""
-    if run.learner.rank == 0:
-        with atomic_path(run.out / CKPT) as tmp:
-            torch.save({"model": run.learner.model.state_dict(),
-                        "opt": run.learner.opt.state_dict(), "sched": run.sched.state_dict(),
-                        "rng": _rng_state(), "step": run.step, "tokens": run.tokens,
-                        "train_s": run.train_s, "history": run.history, "fingerprint": run.fp,
-                        "total": run.total, "budgeted": run.budgeted,
-                        "spec": run.ctx.spec.model_dump(mode="json")}, tmp)
-    D.barrier()
-
-
-def resume(run: TrainRun) -> None:
-    """Restore model, optimizer, schedule, RNG and progress from ckpt.pt when it was written
-    for these settings (its fingerprint); otherwise start from step 0."""
-    ck = run.out / CKPT
-    if not ck.exists():
-        return
-    st = torch.load(ck, map_location="cpu", weights_only=False)
-    if st.get("fingerprint") != run.fp:
-        print(f"train: ignoring {ck}: written for other settings (fingerprint mismatch)")
-        return
-    run.learner.model.load_state_dict(st["model"])
-    run.learner.opt.load_state_dict(st["opt"])
-    run.sched.load_state_dict(st["sched"])
-    _set_rng_state(st["rng"])
-    run.step, run.tokens, run.train_s, run.history = (st["step"], st["tokens"], st["train_s"],
-                                                      st["history"])
-    run.total, run.budgeted = st.get("total", run.total), st.get("budgeted", False)
-
-# ---------------------------------------------------------------------------------------------
 # the loop
 
 
@@ -573,7 +387,7 @@ def train(ctx: StageContext, stop_at: int | None = None, impl: Any = "spec") -> 
     and at the first non-finite loss or gradient norm (`drain`)."""
     from tqdm import tqdm
     run = setup(ctx, impl)
-    done = _completed(run.out, run.fp)
+    done = completed(run.out, run.fp)
     D.barrier()  # every rank has looked before rank 0 may write anything below
     if done is not None:  # finished before, but the runner never finalized the artifact
         return done

@@ -19,7 +19,7 @@
 - runner/drafts/safetensors.py: safetensors headers, a draft directory's files as SGLang loads
   them, bounded reads of values, the verbatim writer; without torch.
 
-Spec validation (runner/spec/schema.py, runner/stages.py), `runner inspect`, `runner convert`, the
+Spec validation (runner/spec/), `runner inspect`, `runner convert`, the
 extract and export stages, the SGLang bench backend and the drafter model (models/draft_model.py)
 all call this package. No torch here (numpy only, in safetensors.py). This __init__ imports
 nothing, so a module's cache key follows only the submodules it imports: for `runner init` and

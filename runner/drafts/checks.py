@@ -5,7 +5,7 @@ order, what SGLang captures per target family and version, `default_aux_ids(cfg 
 and the draft-token bound. The rows they check against: runner/drafts/rules.py (`RULES`,
 `rules_for`, `RuleSet`).
 
-Callers: the spec (runner/spec/schema.py, runner/stages.py SpecParams), `runner inspect`
+Callers: the spec (runner/spec/schema.py, runner/spec/stage_blocks.py SpecParams), `runner inspect`
 (runner/inspect_checks.py), `runner convert`, the extract stage (the loaded target), the export
 stage (draft_config.json) and the embedded engine's loader (models/draft_model.py). Server-line
 rules: runner/drafts/server.py. Target families: runner/drafts/families.py. No torch, no numpy.

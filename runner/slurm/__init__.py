@@ -9,7 +9,7 @@ Mapping (spec -> sbatch, through submitit.SlurmExecutor):
   executor.partition -> --partition     gpus_per_node -> --gpus-per-node (omitted when 0)
   cpus_per_task      -> --cpus-per-task mem_gb        -> --mem=<N>GB
   timeout_min        -> --time          account/qos/constraint -> --account/--qos/--constraint
-  extra_sbatch       -> allowlisted options (runner/spec/schema.py SBATCH_ALLOWLIST), verbatim
+  extra_sbatch       -> allowlisted options (runner/spec/sections.py SBATCH_ALLOWLIST), verbatim
   executor.stages.<stage> overrides gpus_per_node/cpus_per_task/mem_gb/timeout_min per stage.
   nproc_per_node     -> --ntasks-per-node for extract/train (1 for the other stages): ONE job
                         whose srun starts one task per rank (srun --kill-on-bad-exit=1, so a

@@ -1,6 +1,6 @@
 """The base of every spec model: unknown keys are errors, values are frozen and defaults are
-validated too, and no value is coerced silently into a wrong one (runner/spec/schema.py,
-runner/stages.py)."""
+validated too, and no value is coerced silently into a wrong one (runner/spec/sections.py,
+runner/spec/stage_blocks.py, runner/spec/schema.py, runner/stages.py)."""
 
 from __future__ import annotations
 

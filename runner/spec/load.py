@@ -20,7 +20,8 @@ from eagle3_runner.runner.files import expand_path
 from eagle3_runner.runner.spec.geometry import draft_geometry
 from eagle3_runner.runner.spec.messages import format_errors
 from eagle3_runner.runner.drafts.families import family_evidence
-from eagle3_runner.runner.spec.schema import PATH_FIELDS, Results, Spec
+from eagle3_runner.runner.spec.schema import PATH_FIELDS, Spec
+from eagle3_runner.runner.spec.sections import Results
 from eagle3_runner.runner.chat import KNOWN, template_family
 from eagle3_runner.runner.target_config import (chat_template_source, read_chat_template,
                                                 read_target_config, remote_code_problem)

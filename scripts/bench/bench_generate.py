@@ -82,7 +82,7 @@ def first_turns(n: int, max_length: int, tok) -> list[list[dict]]:
     """[system +] first user turn of the first n ShareGPT training conversations whose prompt
     is shorter than max_length tokens."""
     from eagle3_runner.data.conversations import load_conversations
-    from eagle3_runner.runner.spec.schema import Data
+    from eagle3_runner.runner.spec.sections import Data
     convs, _, _ = load_conversations(Data(max_samples=max(4 * n, 64), max_length=max_length))
     out = []
     for c in convs:
@@ -199,8 +199,8 @@ def e2e(a, tok, target, stop: tuple) -> dict:
     from eagle3_runner.data.contamination import bench_guard
     from eagle3_runner.data.conversations import load_conversations
     from eagle3_runner.jobs.regenerate import regenerate
-    from eagle3_runner.runner.spec.schema import Data
-    from eagle3_runner.runner.stages import RegenerateStage
+    from eagle3_runner.runner.spec.sections import Data
+    from eagle3_runner.runner.spec.stage_blocks import RegenerateStage
     real = load_conversations(Data(max_samples=a.real, max_length=a.max_length))[0] \
         if a.real else []
     p = RegenerateStage(max_new_tokens=a.new, batch_size=a.rows, max_turns=a.max_turns,

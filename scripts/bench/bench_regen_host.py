@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The regenerate stage's host work per follow-up turn (jobs/regenerate.py answer's on_done): the
+"""The regenerate stage's host work per follow-up turn (jobs/regen_turns.py answer's on_done): the
 answer decoded, the conversation so far re-rendered by the chat template and tokenised. Per host
 sync the Generator hands on_done the rows finished since (engine/generate.py), so the stage decodes
 them in one batch_decode and tokenises their next prompts in ONE fast-tokenizer call
@@ -33,7 +33,7 @@ from pathlib import Path
 def turns_of(convs, n: int, answer_tokens: int, vocab: int, seed: int = 0) -> list:
     """Up to n follow-up turns [(answer token ids, the messages of the next prompt without the
     answer, the answer's slot)] from multi-turn conversations, answers random ids."""
-    from eagle3_runner.jobs.regenerate import context_steps
+    from eagle3_runner.jobs.regen_turns import context_steps
     rng, out = random.Random(seed), []
     for c in convs:
         steps = context_steps(c)

@@ -85,7 +85,7 @@ def first_turns(tok, n: int, max_length: int) -> list[tuple[list[dict], list[int
     rendered ids (the regenerate stage's prompts), those shorter than max_length."""
     from eagle3_runner.data.conversations import load_conversations
     from eagle3_runner.data.prompts import render
-    from eagle3_runner.runner.spec.schema import Data
+    from eagle3_runner.runner.spec.sections import Data
     convs, _, _ = load_conversations(Data(**SOURCE, max_samples=max(2 * n, 64),
                                           max_length=max_length))
     out = []
@@ -239,7 +239,7 @@ def stage_same(a, spec, tok, srv, turns: list, lengths: dict) -> dict:
     from eagle3_runner.data.regen_store import read_records
     from eagle3_runner.engine.sglang_generate import SglangGenerator
     from eagle3_runner.jobs.regenerate import regenerate
-    from eagle3_runner.runner.stages import RegenerateStage
+    from eagle3_runner.runner.spec.stage_blocks import RegenerateStage
     from eagle3_runner.targets.load import end_of_turn_ids
     done = sorted(lengths)
     convs = [turns[i][0] + [{"role": "assistant", "content": "-"}] for i in done]
@@ -264,8 +264,8 @@ def stage_e2e(a, spec, tok, srv) -> dict:
     from eagle3_runner.data.conversations import load_conversations
     from eagle3_runner.engine.sglang_generate import SglangGenerator
     from eagle3_runner.jobs.regenerate import regenerate
-    from eagle3_runner.runner.spec.schema import Data
-    from eagle3_runner.runner.stages import RegenerateStage
+    from eagle3_runner.runner.spec.sections import Data
+    from eagle3_runner.runner.spec.stage_blocks import RegenerateStage
     from eagle3_runner.targets.load import end_of_turn_ids
     real = load_conversations(Data(**SOURCE, max_samples=a.e2e_real, max_length=a.max_length))[0] \
         if a.e2e_real else []
@@ -294,8 +294,8 @@ def record_regen(a, spec, tok, srv) -> None:
     from eagle3_runner.data.conversations import load_conversations
     from eagle3_runner.engine.sglang_generate import SglangGenerator
     from eagle3_runner.jobs.regenerate import regenerate
-    from eagle3_runner.runner.spec.schema import Data
-    from eagle3_runner.runner.stages import RegenerateStage
+    from eagle3_runner.runner.spec.sections import Data
+    from eagle3_runner.runner.spec.stage_blocks import RegenerateStage
     from eagle3_runner.targets.load import end_of_turn_ids
     from sglang_record import Recorder
     raw = Path(a.record)

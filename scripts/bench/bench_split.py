@@ -68,8 +68,9 @@ def parse_map(text: str) -> dict:
 
 
 def load(folder: Path, device: str, dtype: str, device_map=None):
-    from eagle3_runner.targets.load import load_target, split_plan
-    from eagle3_runner.runner.spec.schema import Target
+    from eagle3_runner.targets.load import load_target
+    from eagle3_runner.targets.split import split_plan
+    from eagle3_runner.runner.spec.sections import Target
     t = Target(path=str(folder), device=device, dtype=dtype, device_map=device_map)
     gpus = [0] if device == "cuda" else []
     return load_target(t, split=split_plan(t, gpus) if device_map else None)[0]

@@ -226,9 +226,9 @@ def train_specforge(run, strategy, opt, steps: list[list[int]], device, dtype,
 
 
 def held_out(run, draft) -> dict | None:
-    """Our evaluation (trainer/recipe.py evaluate: loss and top-1 accuracy per TTT step on the
+    """Our evaluation (trainer/evaluation.py evaluate: loss and top-1 accuracy per TTT step on the
     held-out samples) of SpecForge's weights, loaded into our drafter (the same tensor names)."""
-    from eagle3_runner.trainer.recipe import evaluate
+    from eagle3_runner.trainer.evaluation import evaluate
     if not run.eval_ids:
         return None
     sd = {k: v for k, v in draft.state_dict().items() if "embed" not in k}

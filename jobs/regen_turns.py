@@ -1,0 +1,286 @@
+"""The regenerate stage's turns (jobs/regenerate.py regenerate() drives them): the work done on a
+Generator, whichever engine runs it (engine/generate.py Generator.run, or engine/sglang_generate.py
+SglangGenerator behind the same contract).
+
+- `Conv`: one conversation in flight (its answered turns, what is left to answer, its record);
+  `context_steps` and `real_conversations` make them from the training conversations.
+- `Budget`: the stage's time budget (stages.regenerate.max_minutes) and the share of it
+  synthesis gets.
+- `warm_up`: the decode step compiled before any budget starts.
+- `synthesize`: the synthetic user turns (Magpie) the target writes, in one run of the engine.
+- `answer`: every turn answered on the continuous batch, one record per conversation written
+  through the stage's ShardWriter.
+
+What these do for the stage as a whole (turn order, budget, drops and cuts): jobs/regenerate.py's
+module docstring. Torch and the engine are imported inside the functions that use them.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Optional
+
+from eagle3_runner.data.regen_store import ShardWriter
+from eagle3_runner.data.synthetic import KEEP_RATE
+
+if TYPE_CHECKING:
+    from eagle3_runner.engine.generate import Generator
+
+
+def seed_of(seed: int, *key) -> int:
+    """A per-sequence sampling seed in [0, 2^31) from the stage seed and a key."""
+    from eagle3_runner.engine.generate import M31
+    return zlib.crc32(":".join(map(str, (seed,) + key)).encode()) & M31
+
+
+@dataclass
+class Conv:
+    """One conversation in flight: its turns so far and what is left to answer."""
+
+    id: str
+    source: str
+    index: int
+    steps: list  # per answer to write: the turns before it (context_steps), in order
+    messages: list  # the finished steps, each with the target's answer
+    finish: list = field(default_factory=list)
+    answer_tokens: list = field(default_factory=list)
+
+    def prompt(self) -> list:
+        """The messages of the next turn's prompt: the finished steps (with the target's
+        answers), then the context of the next answer."""
+        return self.messages + self.steps[len(self.finish)]
+
+    def record(self, cut=None, dropped=None) -> dict:
+        return {"id": self.id, "source": self.source, "index": self.index,
+                "messages": self.messages, "finish": self.finish,
+                "answer_tokens": self.answer_tokens, "cut": cut, "dropped": dropped}
+
+    def stopped(self, reason: str) -> dict:
+        """The record of a conversation ended early: cut after its answered turns, or dropped
+        when it has none."""
+        return self.record(cut=reason) if self.finish else self.record(dropped=reason)
+
+
+class Budget:
+    """The stage's time budget: `over()` is True once `minutes` have passed since it was made
+    (never when minutes is None). clock: seconds (time.monotonic; a test passes its own)."""
+
+    def __init__(self, minutes: Optional[float], clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.end = None if minutes is None else clock() + 60.0 * minutes
+
+    def over(self) -> bool:
+        return self.end is not None and self.clock() >= self.end
+
+    def share(self, fraction: float) -> "Budget":
+        """A budget ending `fraction` of the way from now to this one's end (same clock)."""
+        b = Budget(None, self.clock)
+        if self.end is not None:
+            now = self.clock()
+            b.end = now + fraction * max(self.end - now, 0.0)
+        return b
+
+
+def warm_up(gen: Generator, tok, params) -> float:
+    """Compile the decode step before any budget starts: one short request in each sampling mode
+    the stage uses (the synthetic prompts' and the answers'; greedy and sampled share a graph,
+    top-p has its own; on the H200 with torch 2.11 a bench engine of SmolLM2 took 55-165 s to
+    build and warm, and the 2026-12-02 scale run's regeneration, both compiles inside its 3.5-minute
+    budget, averaged 8.8k tok/s). Returns the seconds it took."""
+    from eagle3_runner.data.prompts import render
+    from eagle3_runner.engine.generate import Request
+    t0 = time.perf_counter()
+    ids = render(tok, [{"role": "user", "content": "Hello!"}])
+    modes = [(params.temperature, params.top_p)]
+    if params.synthetic_prompts:
+        modes.append((params.synthetic_temperature, params.synthetic_top_p))
+    for temperature, top_p in modes:
+        gen.run([Request("warm-up", ids, min(8, gen.M))], lambda rs: None, temperature, top_p)
+    return time.perf_counter() - t0
+
+
+MAX_CANDIDATES = 80  # candidates per synthetic prompt wanted, at most (4 rounds x 20 before)
+
+
+def synthesize(gen: Generator, tok, params, guard, stop_ids: tuple[int, ...], progress=True,
+               budget: Optional[Budget] = None) -> tuple[list, dict]:
+    """Magpie: params.synthetic_prompts user turns written by the target, in ONE run of the
+    engine, so no round waits for its slowest candidate: candidates 0, 1, 2, ... are drawn while
+    those in flight fall short of what the prompts still wanted need at the keep rate so far
+    (distinct candidates passing data/synthetic.py verdict; KEEP_RATE before any finished),
+    x 1.2 + 8; each finished candidate followed by the next while short, up to MAX_CANDIDATES per prompt
+    wanted, none once the budget is over. data/synthetic.py select then keeps the lowest-indexed
+    ones: the prompts any longer run would keep. A candidate ends at the end of its user turn
+    (data/synthetic.py user_turn_prefix: stop_ids, the target's end-of-turn ids, and the
+    template's end-of-turn token).
+    Returns (kept [(index, text)], report {candidates, kept, dropped {reason: n}, tokens, seconds,
+    wait_s, row_steps (decode steps x rows: the token slots the steps ran), window (the SGLang
+    engine's request window, engine/sglang_generate.py; None on the embedded engine)})."""
+    budget = budget or Budget(None)
+    from tqdm import tqdm
+    from eagle3_runner.data.contamination import normalize
+    from eagle3_runner.data.synthetic import select, user_turn_prefix, verdict
+    from eagle3_runner.engine.generate import Request
+    prefix, stop = user_turn_prefix(tok, stop_ids)
+    want, cands, passing, drawn = params.synthetic_prompts, [], set(), [0]
+    bar = tqdm(unit="tok", desc="synthetic prompts", disable=not progress, smoothing=0.1)
+
+    def short() -> bool:  # another candidate is needed in flight
+        rate = len(passing) / len(cands) if cands else KEEP_RATE
+        need = math.ceil((want - len(passing)) / max(rate, 0.05) * 1.2) + 8
+        return len(passing) < want and drawn[0] - len(cands) < need and \
+            drawn[0] < MAX_CANDIDATES * want and not budget.over()
+
+    def candidate():
+        drawn[0] += 1
+        i = drawn[0] - 1
+        return Request(i, prefix, params.synthetic_max_tokens,
+                       seed_of(params.seed, "syn-candidate", i))
+
+    def first():
+        while short():
+            yield candidate()
+
+    def done(results):  # one batched decode; each finished candidate followed while short
+        texts = tok.batch_decode([r.tokens for r in results], skip_special_tokens=True)
+        for r, t in zip(results, texts):
+            cands.append((r.key, t.strip(), r.finish == "stop"))
+            if verdict(*cands[-1][1:], guard) is None:
+                passing.add(normalize(cands[-1][1]))
+        return [candidate() if short() else None for _ in results]
+    st = gen.run(first(), done, params.synthetic_temperature, params.synthetic_top_p, stop, bar)
+    bar.close()
+    kept, drops = select(cands, guard, want)
+    return kept, {"candidates": len(cands), "kept": len(kept), "dropped": dict(drops),
+                  "tokens": st["new_tokens"], "seconds": st["seconds"], "wait_s": st["wait_s"],
+                  "row_steps": st["steps"] * gen.R, "window": st.get("window")}
+
+
+def context_steps(conv: list[dict]) -> list[list[dict]]:
+    """The turns before each assistant answer the target rewrites, in order. An assistant turn
+    with plain content (no tool_calls) that follows other turns is rewritten; system, user and
+    tool turns and assistant tool calls are kept as they are, as context of the next answer.
+    Turns after the last rewritten answer are left out."""
+    steps, pending = [], []
+    for t in conv:
+        if t["role"] == "assistant" and not t.get("tool_calls") and pending:
+            steps.append(pending)
+            pending = []
+        else:
+            pending.append(t)
+    return steps
+
+
+def real_conversations(convs, params, guard) -> tuple[list, Counter]:
+    """Conv jobs of the real training conversations (ids real-NNNNNN by data order), without the
+    contaminated ones. Returns (jobs, {"contaminated": n, "cut_max_turns": answers cut})."""
+    jobs, rep = [], Counter()
+    for i, c in enumerate(convs):
+        if guard is not None and guard.conversation(c):
+            rep["contaminated"] += 1
+            continue
+        steps = context_steps(c)
+        if params.max_turns is not None and len(steps) > params.max_turns:
+            rep["cut_max_turns"] += len(steps) - params.max_turns
+            steps = steps[:params.max_turns]
+        if steps:
+            jobs.append(Conv(f"real-{i:06d}", "real", i, steps, []))
+    return jobs, rep
+
+
+def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: ShardWriter,
+           stop_ids: tuple[int, ...], progress=True, budget: Optional[Budget] = None) -> dict:
+    """Answer every turn of `jobs` (Conv) on the continuous batch, writing one record per
+    conversation through `writer`; an answer ends at the first of `stop_ids` (the target's
+    end-of-turn ids). Without a budget, jobs start longest first (most turns, longest first
+    turn), so the multi-turn ones do not form the tail; with one, in a shuffled order seeded by
+    params.seed, and none starts once it is over (jobs/regenerate.py's module docstring).
+    Returns the Generator's stats and by_source {source: new answer tokens of this run}."""
+    from tqdm import tqdm
+    from eagle3_runner.data.chat import template_errors
+    from eagle3_runner.data.prompts import render, render_batch
+    from eagle3_runner.engine.generate import Request
+    budget = budget or Budget(None)
+    if budget.end is None:
+        jobs = sorted(jobs, key=lambda j: (-len(j.steps),
+                                           -sum(len(t["content"]) for t in j.steps[0])))
+    else:
+        jobs = sorted(jobs, key=lambda j: j.id)
+        random.Random(params.seed).shuffle(jobs)
+    started = 0  # jobs[:started] were started: first_turns takes them in order
+    by_source: Counter = Counter()  # new answer tokens per source, this run
+    bar = tqdm(unit="tok", desc="regenerate", disable=not progress, smoothing=0.1)
+    finished = [0]
+    refused = template_errors()
+
+    def rendered(js: list) -> list:  # the jobs' next prompts in one tokenizer call
+        try:
+            return render_batch(tok, [j.prompt() for j in js])
+        except refused:  # one by one: request() drops the refused ones
+            return [None] * len(js)
+
+    def request(job: Conv, ids=None):
+        turn = len(job.finish)
+        if ids is None:
+            try:
+                ids = render(tok, job.prompt())
+            except refused:  # e.g. Llama 3.1 and two tool calls in one turn
+                writer.add(job.stopped("template_error"))
+                return None
+        if len(ids) >= max_length:
+            writer.add(job.stopped("prompt_too_long"))
+            return None
+        return Request(job, ids, params.max_new_tokens, seed_of(params.seed, job.id, turn))
+
+    def first_turns():  # tokenised 256 at a time, in one batched call each
+        nonlocal started
+        for i in range(0, len(jobs), 256):
+            if budget.over():
+                return
+            chunk = jobs[i:i + 256]
+            for j, ids in zip(chunk, rendered(chunk)):
+                if budget.over():
+                    return
+                started += 1
+                if (r := request(j, ids)) is not None:
+                    yield r
+
+    def record_answer(job: Conv, r, text: str) -> bool:
+        """Record the answer `text` of job's current turn; True when the job goes on."""
+        by_source[job.source] += len(r.tokens)
+        if not text:
+            writer.add(job.stopped("empty_reply"))
+            return False
+        job.messages = job.prompt() + [{"role": "assistant", "content": text}]
+        job.finish.append(r.finish)
+        job.answer_tokens.append(len(r.tokens))
+        if len(job.finish) == len(job.steps):
+            writer.add(job.record())
+            finished[0] += 1
+            bar.set_postfix(conversations=finished[0], refresh=False)
+            return False
+        if budget.over():
+            writer.add(job.record(cut="time_budget"))
+            return False
+        return True
+
+    def done(results):  # the rows of one host sync: one batched decode and one tokenizer call
+        texts = tok.batch_decode([r.tokens for r in results], skip_special_tokens=True)
+        go = [k for k, (r, t) in enumerate(zip(results, texts))
+              if record_answer(r.key, r, t.strip())]
+        nxt = [None] * len(results)
+        for k, ids in zip(go, rendered([results[k].key for k in go])):
+            nxt[k] = request(results[k].key, ids)
+        return nxt
+
+    st = gen.run(first_turns(), done, params.temperature, params.top_p, stop_ids, bar)
+    for j in jobs[started:]:  # never started (the budget was over): each ends in a record
+        writer.add(j.record(dropped="time_budget"))
+    writer.flush()
+    bar.close()
+    return {**st, "by_source": dict(by_source)}
