@@ -64,6 +64,29 @@ CURVE = ("SELECT * FROM bench_curve {where}ORDER BY run_id DESC, variant, prompt
          "snapshot_step")
 
 
+# the step rows (the train stage's history: loss, lr, each evaluation's accuracies and chain
+# taus), one dict per (run, variant, stage, step)
+STEP_METRICS = ("SELECT run_id, variant, stage, step, name, value FROM metrics WHERE step IS NOT "
+                "NULL {where}ORDER BY run_id, variant, stage, step, name")
+
+# every stage row of the run(s): what ran, for how long, how it ended
+STAGE_ROWS = ("SELECT run_id, variant, stage, status, reason, round(duration_s, 1) AS duration_s, "
+              "started_at, left(error, 400) AS error FROM stages {where}ORDER BY started_at")
+
+
+def step_history(store: Store, run_id: str | None) -> list[dict]:
+    """The step rows of run_id (every run when None) as [{run_id, variant, stage, step,
+    <metric name>: value, ...}] in step order: the learning curve a run's JSON carries."""
+    where = f"AND run_id = '{run_id}' " if run_id else ""
+    _, rows = store.query(STEP_METRICS.format(where=where))
+    out: dict[tuple, dict] = {}
+    for run, variant, stage, step, name, value in rows:
+        row = out.setdefault((run, variant, stage, step), dict(
+            run_id=run, variant=variant, stage=stage, step=step))
+        row[name] = value
+    return list(out.values())
+
+
 def latest_run_with_results(store: Store, spec_name: str) -> str | None:
     """run_id of the newest run of spec_name that stored a summary metric (a rerun whose stages
     were all up to date stores none), or None."""
@@ -78,7 +101,8 @@ def latest_run_with_results(store: Store, spec_name: str) -> str | None:
 def print_results(db: Path, run_id: str | None = None, as_json: bool = False,
                   spec_name: str | None = None, skip_empty: bool = False) -> None:
     """The latest summary metric of each (run, variant, stage, name), and bench summaries: of
-    run_id, or of every run. With spec_name, a run_id that computed nothing (every stage up to
+    run_id, or of every run. as_json adds every column of the summaries, the learning curve,
+    the stage rows and the step rows (`step_history`): what benchmarks/<date>-<spec>.json keeps. With spec_name, a run_id that computed nothing (every stage up to
     date, or none finished) shows the newest run of that spec that stored some, said on stderr.
     skip_empty: print nothing when there is nothing to show (a failed apply: no bare header)."""
     if not Path(db).exists():
@@ -99,9 +123,12 @@ def print_results(db: Path, run_id: str | None = None, as_json: bool = False,
     if as_json:  # every column of the summaries (backend, per-position acceptance, ...)
         fcols, frows = store.query(f"SELECT * FROM bench_summary {only}ORDER BY run_id DESC, "
                                    "variant, prompt_set, backend, num_steps, eagle_topk")
+        scols, srows = store.query(STAGE_ROWS.format(where=only))
         print(json.dumps({"metrics": [dict(zip(cols, r)) for r in rows],
                           "bench": [dict(zip(fcols, r)) for r in frows],
-                          "curve": [dict(zip(ccols, r)) for r in crows]}, default=str, indent=1))
+                          "curve": [dict(zip(ccols, r)) for r in crows],
+                          "stages": [dict(zip(scols, r)) for r in srows],
+                          "history": step_history(store, run_id)}, default=str, indent=1))
         return
     print(_table(cols, rows))
     for c, r in ((bcols, brows), (ccols, crows)):

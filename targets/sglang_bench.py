@@ -188,7 +188,7 @@ class SglangBench:
         out = dict(self.done)
         for i, wave in enumerate(self.waves):
             servers = self.started if i == 0 and self.started is not None else self._launch(wave)
-            t0 = time.monotonic()
+            t0, whole = time.monotonic(), False
             try:
                 for pl, srv in zip(wave, servers):
                     if pl.snapshot is None:
@@ -199,11 +199,13 @@ class SglangBench:
                         for pl, m in zip([pl for pl, _ in curve],
                                          ex.map(lambda a: self._measure_one(*a), curve)):
                             out[pl.name] = m
+                whole = True
             finally:
                 t1 = time.monotonic()
                 stop_all(servers)
-                say(f"wave {i + 1}/{len(self.waves)} of {len(wave)} server(s) measured in "
-                    f"{t1 - t0:.1f} s, stopped in {time.monotonic() - t1:.1f} s")
+                say(f"wave {i + 1}/{len(self.waves)} of {len(wave)} server(s) "
+                    f"{'measured' if whole else 'interrupted'} after {t1 - t0:.1f} s, "
+                    f"stopped in {time.monotonic() - t1:.1f} s")
             for pl, srv in zip(wave, servers):  # the logs are complete once stopped
                 out[pl.name].accept_lens = parse_accept_lens(srv.log_text())
                 if out[pl.name].error is None:

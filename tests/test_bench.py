@@ -224,7 +224,7 @@ def test_both_backends_in_one_stage_give_the_parity_table(smollm2_path, tmp_path
     for name in ("plain-cg1", "s3-k1-n4-cg1"):
         assert re.search(rf"bench: sglang {name} ready [0-9.]+ s after its launch", said)
         assert re.search(rf"bench: sglang {name}: 2 request\(s\), [0-9,]+ tokens in", said)
-    assert re.search(r"bench: sglang wave 1/1 of 2 server\(s\) measured in [0-9.]+ s, stopped",
+    assert re.search(r"bench: sglang wave 1/1 of 2 server\(s\) measured after [0-9.]+ s, stopped",
                      said)
     res = json.loads((out / "bench.json").read_text())
     assert {r["backend"] for r in res["summary"]} == {"embedded", "sglang"}

@@ -202,6 +202,9 @@ def test_results_latest_summary_metrics(filled_db):
     got = {(m["stage"], m["name"]): m["value"] for m in out["metrics"]}
     assert got == {("train", "acc"): 0.5, ("train", "loss"): 2.5, ("train", "tau"): 2.25}
     assert out["bench"][0]["tau"] == 2.25 and out["bench"][0]["speedup"] == 1.25
+    # the step rows come as the run's history, one dict per step; summaries stay out of it
+    assert out["history"] == [dict(run_id="run1", variant="base", stage="train", step=3,
+                                   loss=9.0)]
     # a newer summary value of the same metric replaces the older one
     Store(filled_db).metric("run1", "base", "train", "loss", 1.5, "")
     out = json.loads(runner("results", "--results", str(filled_db), "--json").stdout)

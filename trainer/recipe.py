@@ -199,7 +199,9 @@ def setup(ctx: StageContext, impl: Any = "spec") -> TrainRun:
     p, spec, out = ctx.params, ctx.spec, Path(ctx.out_dir)
     rank, world = D.check(ctx)
     out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
     source = open_source(ctx)
+    t_source = time.perf_counter()
     tcfg = source.target_config
     cfg = DraftConfig.from_spec(spec, tcfg)
     if cfg.hidden_size != cfg.target_hidden_size:
@@ -220,6 +222,7 @@ def setup(ctx: StageContext, impl: Any = "spec") -> TrainRun:
                          "samples is all zero (no assistant tokens found), so there is nothing "
                          "to train. Check target.chat_template and the data.")
 
+    t_vocab = time.perf_counter()
     head = {k: v.to(device) for k, v in source.head().items()}
     if head["lm_head"].shape[0] != cfg.vocab_size:
         raise StageError(f"{source.where}: the target's lm_head has {head['lm_head'].shape[0]} "
@@ -255,6 +258,11 @@ def setup(ctx: StageContext, impl: Any = "spec") -> TrainRun:
                       impl)
     if world > 1:
         learner.ddp = D.ddp(learner.objective(), device)
+    if rank == 0:  # where a time-boxed call's minutes go before the box (max_minutes) starts
+        t = time.perf_counter()
+        print(f"train: set-up {t - t0:.1f} s: samples {t_source - t0:.1f} s (read, tokenise), "
+              f"draft vocab {t_vocab - t_source:.1f} s, drafter and optimizer {t - t_vocab:.1f} s",
+              flush=True)
     return TrainRun(ctx, source, cfg, train_ids, eval_ids, vstats, fp, total, learner, sched)
 
 # ---------------------------------------------------------------------------------------------

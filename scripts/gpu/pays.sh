@@ -9,12 +9,17 @@
 #                                           # bench's compiles); the regenerated set comes back
 #                                           # compressed with its sha256 (regen-*.jsonl.gz*)
 #   bash scripts/gpu/pays.sh train SECONDS  # train + export (checkpoints every 2 minutes: a call
-#                                           # cut short resumes in the next)
+#                                           # cut short resumes in the next); the exported
+#                                           # drafter comes back (drafter-<name>.tgz.NN)
 #   bash scripts/gpu/pays.sh bench SECONDS  # the bench (both engines, the curve; it resumes what
 #                                           # an earlier call measured); results.json =
-#                                           # `runner results --json` of the run
+#                                           # `runner results --json` of the run. With no export
+#                                           # on this machine and a drafter carried from an
+#                                           # earlier window (stage.sh drafter), it benches that
+#                                           # one (stages.bench.drafter, curve 0)
 # apply gets SECONDS less RESERVE (45 s: the stop of SGLang's servers and the copy to $OUT); its
-# output streams into $OUT/r/<phase>.log as it is written.
+# output streams into $OUT/r/<phase>.log as it is written, each line after the call's seconds so
+# far (where a window's minutes went), the phase's tables after it.
 # WARM_AFTER=S moves warm_bench from the regen phase to the train phase, S seconds into it (after
 # the train stage's set-up and compile, on half the cores): the compiles then cost the window no
 # minutes of their own. GPU_TESTS=0 skips the capture GPU tests (the train phase then keeps the
@@ -22,6 +27,9 @@
 # Overrides that enter cache keys (EXTRA_O, the online capture the tests picked) are kept in
 # ~/stage so every phase passes the same ones: a stage computed in one call is up to date in the
 # next. A call that sets EXTRA_O replaces the kept one; one that does not reuses it.
+# A drafter carried from an earlier window (drafter-<name>.tgz.NN in .stage/drafter/ here, joined,
+# tested and unpacked into ~/stage/drafter-<name>/ by `stage.sh drafter`) is benched when this
+# machine has no export: a window cut between train and bench loses no training.
 # A regenerated set carried from an earlier window (regen-<name>.jsonl.gz and its .sha256 in
 # .stage/regen/ here, staged with `stage.sh regen`) goes where the spec's stages.regenerate.reuse
 # looks for it: the regenerate stage then reuses it instead of generating.
@@ -39,7 +47,7 @@ W=runs/$NAME
 RES=runs/results-pays.duckdb
 export PYTHONUNBUFFERED=1
 phase=$1; LIMIT=$2; T0=$SECONDS
-TXT="$OUT/r/$phase.txt"
+TXT="$OUT/r/$phase.log"  # the phase's tables go after its log: one file (8 come back a call)
 q() { python3 -m eagle3_runner.runner query "$1" --results "$RES" 2>&1 | tail -40; }
 left() { echo $((LIMIT - (SECONDS - T0))); }
 overrides() {  # the cache-key overrides every phase passes alike
@@ -54,6 +62,7 @@ apply() {  # runner apply within the phase's time less RESERVE; progress bars dr
   timeout --signal=INT --kill-after=30 "$(( $(left) - RESERVE ))" \
     python3 -m eagle3_runner.runner apply "$SPEC" $(overrides) "$@" 2>&1 | sed -u 's/\r/\n/g' \
     | grep --line-buffered -v "it/s\]$\|tok/s\]$\|prompt/s\]$\|s/it\]$\|step/s\]$" \
+    | while IFS= read -r l; do printf '%4d %s\n' "$SECONDS" "$l"; done \
     | tee -a "$OUT/r/$phase.log" | tail -60
 }
 bring_back() {
@@ -71,7 +80,18 @@ bring_back() {
     echo "phase $phase: $((SECONDS - T0)) s"
   } >> "$TXT" 2>&1
   cp "$RES" "$OUT/r/" 2>/dev/null  # after the queries: they ingest the stages' last rows
+  [ "$phase" = train ] && carry_drafter
   tail -45 "$TXT"
+}
+carry_drafter() {  # the export (no snapshots) as drafter-<name>.tgz.NN, 15 MB parts: gzip's CRC
+  # checks the join (stage.sh drafter); 3 parts for SmolLM2's 47 MB
+  local key
+  key=$(python3 -c "import json; print(json.load(open('$W/state/base.export.json'))['key'][:16])" \
+        2>/dev/null) || return 0
+  [ -f "$W/export/$key/provenance.json" ] || return 0
+  tar czf "/tmp/drafter-$NAME.tgz" --exclude=./snapshots -C "$W/export/$key" . \
+    && split -b 15M -d "/tmp/drafter-$NAME.tgz" "$OUT/r/drafter-$NAME.tgz." \
+    && echo "drafter: export $key back as $(ls "$OUT/r" | grep -c "^drafter-") part(s)" >> "$TXT"
 }
 warm() {  # the bench's compiles with a random drafter of the same geometry (a bound in seconds)
   local half=$(( $(nproc) / 2 )) pin=""
@@ -120,7 +140,11 @@ case $phase in
     apply --only train --only export
     wait ;;
   bench)
-    apply --only bench
+    D=~/stage/drafter-$NAME
+    if [ -f "$D/provenance.json" ] && ! ls $W/export/*/provenance.json >/dev/null 2>&1; then
+      echo "pays.sh: no export on this machine: benching the carried drafter $D" | tee -a "$TXT"
+      apply --only bench -o "stages.bench.drafter=$D" -o stages.bench.curve=0
+    else apply --only bench; fi
     python3 -m eagle3_runner.runner results --json --results "$RES" > "$OUT/r/results.json" ;;
   *) echo "usage: pays.sh regen|train|bench SECONDS"; exit 2 ;;
 esac
