@@ -166,11 +166,14 @@ def spec_warnings(spec: Spec) -> list[str]:
 
 def carry_note(spec: Spec) -> list[str]:
     """[a warning] when stages.regenerate.reuse names a file that is not there (a typo, or a set
-    not staged yet): the stage then regenerates, which is valid but costs the target's time."""
+    not staged yet): the stage then regenerates, which is valid but costs the target's time;
+    for a set that is there, runner/carry.py `warnings` (no provenance, other settings)."""
     from eagle3_runner.runner import carry
     p = carry.declared(spec)
-    if p is None or carry.present(spec) is not None:
+    if p is None:
         return []
+    if carry.present(spec) is not None:
+        return carry.warnings(spec)
     return [f"{carry.FIELD} = {spec.stages.regenerate.reuse!r}: {p} is not there, so regenerate "
             "runs the target instead of reusing it. Stage the carried set (with its .sha256) "
             "there, or remove the field."]

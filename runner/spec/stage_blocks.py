@@ -62,8 +62,10 @@ class RegenerateStage(Strict):
         "sidecar's (validate, plan and the stage refuse a missing sidecar or a mismatch) and "
         "the stage writes its records as its output without running the target; its cache key "
         "is then the file's sha256 (another set reruns what reads it). When it is not there, "
-        "the stage regenerates, with the key it has without this field. Relative = relative to "
-        "the spec file's folder; ${VAR} expanded."))
+        "the stage regenerates, with the key it has without this field. A second sidecar, "
+        "PATH.json (the state record of the run that made the set), names its target: a set "
+        "another target generated is refused (docs/data.md). Relative = relative to the spec "
+        "file's folder; ${VAR} expanded."))
 
 
 class ExtractStage(Strict):

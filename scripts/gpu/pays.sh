@@ -30,8 +30,9 @@
 # A drafter carried from an earlier window (drafter-<name>.tgz.NN in .stage/drafter/ here, joined,
 # tested and unpacked into ~/stage/drafter-<name>/ by `stage.sh drafter`) is benched when this
 # machine has no export: a window cut between train and bench loses no training.
-# A regenerated set carried from an earlier window (regen-<name>.jsonl.gz and its .sha256 in
-# .stage/regen/ here, staged with `stage.sh regen`) goes where the spec's stages.regenerate.reuse
+# A regenerated set carried from an earlier window (regen-<name>.jsonl.gz, its .sha256 and its
+# .json, the state record of the run that made it: which target, in .stage/regen/ here, staged
+# with `stage.sh regen`) goes where the spec's stages.regenerate.reuse
 # looks for it: the regenerate stage then reuses it instead of generating.
 source scripts/gpu/sglang_setup.sh
 mkdir -p "$OUT/r" ~/stage
@@ -42,6 +43,7 @@ SPEC=${SPEC:-specs/smollm2-pays-gpu.yaml}
 NAME=$(basename "$SPEC" .yaml)
 if [ -f ~/stage/regen-$NAME.jsonl.gz ] && [ ! -f "$EAGLE3_CACHE/regen/regen-$NAME.jsonl.gz" ]; then
   mkdir -p "$EAGLE3_CACHE/regen" && cp ~/stage/regen-$NAME.jsonl.gz ~/stage/regen-$NAME.jsonl.gz.sha256 "$EAGLE3_CACHE/regen/"
+  cp ~/stage/regen-$NAME.jsonl.gz.json "$EAGLE3_CACHE/regen/" 2>/dev/null  # which target made it
 fi
 W=runs/$NAME
 RES=runs/results-pays.duckdb
@@ -132,7 +134,8 @@ case $phase in
     R=/tmp/regen-$NAME.jsonl.gz
     [ ! -f ~/stage/regen-$NAME.jsonl.gz ] && cat $W/regenerate/*/shards/part-*.jsonl.gz > "$R" 2>/dev/null \
       && (cd /tmp && sha256sum "$(basename "$R")" > "$R.sha256") \
-      && split -b 15M -d "$R" "$OUT/r/$(basename "$R")." && cp "$R.sha256" "$OUT/r/" ;;
+      && split -b 15M -d "$R" "$OUT/r/$(basename "$R")." && cp "$R.sha256" "$OUT/r/" \
+      && cp $W/state/base.regenerate.json "$OUT/r/$(basename "$R").json" ;;  # runner/carry.py
   train)
     if [ -n "${WARM_AFTER:-}" ]; then
       ( sleep "$WARM_AFTER"; warm $(( $(left) - 20 )) ) &
