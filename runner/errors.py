@@ -18,12 +18,18 @@ class RunnerError(Exception):
     """A failure the user can fix; the message says how."""
 
 
+def problem_line(path: str, msg: str) -> str:
+    """One spec problem as a line: `<field>: <message>`, or the message alone when it already
+    starts with its field (a validator's own 'stages.train.select: ...')."""
+    return msg if msg.startswith(path) else f"{path}: {msg}"
+
+
 class SpecError(RunnerError):
     """A spec that cannot run. `problems` is a list of (field_path, message) pairs."""
 
     def __init__(self, problems: list[tuple[str, str]]):
         self.problems = problems
-        super().__init__("\n".join(f"{p}: {m}" for p, m in problems))
+        super().__init__("\n".join(problem_line(p, m) for p, m in problems))
 
 
 class PlanError(RunnerError):
@@ -101,8 +107,7 @@ def exit_code(fn: Callable[..., object], *args) -> int:
         return rc if isinstance(rc, int) else 0
     except SpecError as e:
         for path, msg in e.problems:
-            print(f"error: {path}: {msg}" if not msg.startswith(path) else f"error: {msg}",
-                  file=sys.stderr)
+            print(f"error: {problem_line(path, msg)}", file=sys.stderr)
         return 1
     except RunnerError as e:
         print(f"error: {e}", file=sys.stderr)

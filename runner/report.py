@@ -353,9 +353,17 @@ def write_report(spec: Spec, out_dir) -> tuple[list[Path], list[str], list[str]]
     """Draw the six plots into out_dir as <spec name>_<plot>.png.
 
     Returns (written paths, notes about plots skipped for lack of data, the learning curve's
-    advice). Raises ReportError when the spec has no bench rows."""
-    from eagle3_runner.runner.report_curve import curve_advice, curve_rows, plot_curve
-    rows, curve = bench_rows(spec), curve_rows(spec)
+    advice). Without bench rows, the learning curve alone, from the train stage's evaluations
+    (runner/report_curve.py heldout_rows). Raises ReportError when the spec has neither."""
+    from eagle3_runner.runner.report_curve import (curve_advice, curve_rows, heldout_rows,
+                                                   plot_curve)
+    try:
+        rows = bench_rows(spec)
+    except ReportError:
+        if not heldout_rows(spec):
+            raise
+        rows = []
+    curve = curve_rows(spec) or heldout_rows(spec)
     out = expand_path(str(out_dir))
     written, notes = [], []
     for name, fn, what in (
@@ -371,7 +379,8 @@ def write_report(spec: Spec, out_dir) -> tuple[list[Path], list[str], list[str]]
             ("variants", lambda p: plot_variants(latest_per_config(rows), spec.name, p),
              "fewer than two variants have tau"),
             ("curve", lambda p: plot_curve(curve, rows, spec.name, p),
-             "no bench_curve rows (stages.bench.curve with stages.train.snapshots draws it)")):
+             "no bench_curve rows (stages.bench.curve with stages.train.snapshots draws it) "
+             "and no evaluations of the train stage (stages.train.eval_every)")):
         p = fn(out / f"{spec.name}_{name}.png")
         if p is None:
             notes.append(f"skipped {name}: {what}")

@@ -4,6 +4,11 @@ and distinct samples, each engine's break-even tau (bench_summary.break_even_tau
 and configuration: a round's cost in plain tokens, the tau at which a drafter pays), a fit, and
 what more data or more steps would buy. No torch; numpy and matplotlib are imported inside.
 
+Before any snapshot is benched (no bench_curve rows: stages.bench.curve 0, or no bench yet), the
+curve is the train stage's own evaluations (`heldout_rows`): the simulated chain tau of
+select_num_steps draft steps on its held-out samples at every evaluated step, one line, with the
+break-even tau of the same chain where a bench measured one.
+
 The fit (`fit`), over one line's points (a backend; variant and prompt set too when they vary):
 tau = c + a*log2(samples) + b*log2(steps). In the first epoch samples = steps x batch, so the
 two regressors move together; only points past it (samples fixed at N, steps growing) tell them
@@ -45,6 +50,55 @@ def curve_rows(spec: Spec) -> list[dict]:
         "ORDER BY r.started_at, c.run_id, c.snapshot_step")
     rows = [dict(zip(cols, r)) for r in rows]
     return [r for r in rows if r["run_id"] == rows[-1]["run_id"]] if rows else []
+
+
+HELD_OUT = "held-out"  # the backend label of the train stage's own evaluations
+SPLITS = {"eval": "simulated on held-out samples", "trainset": "simulated on training samples"}
+
+
+def heldout_rows(spec: Spec) -> list[dict]:
+    """The train stage's evaluations of the latest run of `spec.name` that has them, as curve
+    rows: backend HELD_OUT, snapshot_step = the step, tau = its `<split>_chain_tau_<n>` step
+    metric (n = stages.train.select_num_steps; trainer/evaluation.py record_eval), train_samples
+    = its `<split>_samples` (None in results older than that metric), selected = the step the
+    stage exported (stages.train.select: the highest tau, ties the later; or the last). The
+    runs of the same train cache key count together (a resumed run re-evaluates from its
+    checkpoint: its rows win). [] when there are none."""
+    db = expand_path(spec.results.path)
+    store = Store(db)
+    if spec.stages.train is None or (not db.exists() and not store.spool.exists()):
+        return []
+    p = spec.stages.train
+    _, keyed = store.query(  # spec.name matches ^[A-Za-z0-9_.-]+$ (schema): safe to inline
+        "SELECT s.run_id, s.cache_key FROM stages s JOIN runs r USING (run_id) WHERE "
+        f"r.spec_name = '{spec.name}' AND s.stage = 'train' AND s.variant = 'base' AND "
+        "s.cache_key IS NOT NULL AND s.status IN ('running', 'done', 'cancelled', 'failed') "
+        "ORDER BY s.started_at")
+    if not keyed:
+        return []
+    runs = [r for r, k in keyed if k == keyed[-1][1]]
+    names = [f"{sp}_{w}" for sp in SPLITS for w in (f"chain_tau_{p.select_num_steps}", "samples")]
+    ids, want = ", ".join(f"'{r}'" for r in runs), ", ".join(f"'{n}'" for n in names)
+    _, vals = store.query(f"SELECT run_id, step, name, value FROM metrics WHERE run_id IN ({ids}) "
+                          f"AND step IS NOT NULL AND name IN ({want})")
+    order = {r: i for i, r in enumerate(runs)}
+    by_step: dict[int, dict] = {}
+    for run, step, name, value in sorted(vals, key=lambda v: order[v[0]]):  # later runs win
+        split, what = name.split("_", 1)
+        row = by_step.setdefault(step, {"run_id": run, "variant": "base", "prompt_set": None,
+                                        "backend": HELD_OUT, "how": SPLITS[split],
+                                        "snapshot_step": step, "train_samples": None,
+                                        "num_steps": p.select_num_steps, "eagle_topk": 1,
+                                        "num_draft_tokens": p.select_num_steps + 1})
+        row["run_id"] = run
+        row["tau" if what.startswith("chain_tau") else "train_samples"] = value
+    rows = [by_step[s] for s in sorted(by_step) if ok(by_step[s].get("tau"))]
+    if rows:
+        pick = rows[-1] if p.select == "last" else max(rows, key=lambda r: (r["tau"],
+                                                                           r["snapshot_step"]))
+        for r in rows:
+            r["selected"] = r is pick
+    return rows
 
 
 def lines(rows: list[dict]) -> dict[str, list[dict]]:
@@ -112,8 +166,13 @@ def break_evens(rows: list[dict], summaries: list[dict]) -> dict[str, float]:
     out = {}
     for label, rs in lines(rows).items():
         key = tuple(rs[-1].get(f) for f in MATCH)
-        be = [s["break_even_tau"] for s in summaries if tuple(s.get(f) for f in MATCH) == key
-              and ok(s.get("break_even_tau"))]
+        same = (lambda s: tuple(s.get(f) for f in MATCH) == key)
+        if rs[-1].get("backend") == HELD_OUT:  # the same chain as an engine served it (SGLang's
+            # before ours: the engine users serve with), of the latest run that benched it
+            cfg = MATCH[-3:]
+            same = (lambda s: tuple(s.get(f) for f in cfg) == key[-3:])
+            summaries = sorted(summaries, key=lambda s: s.get("backend") == "sglang")
+        be = [s["break_even_tau"] for s in summaries if same(s) and ok(s.get("break_even_tau"))]
         if be:
             out[label] = be[-1]
     return out
@@ -151,7 +210,9 @@ def _line_advice(label: str, rs: list[dict], be: float | None) -> str:
     which = "exported (selected)" if ref.get("selected") else "latest"
     out = [f"{label} ({ref.get('how')}): the {which} drafter (step {_n(T)}, {_n(S)} samples) has "
            f"tau {tau:.2f}"]
-    if be is None:
+    if be is None and ref.get("backend") == HELD_OUT:
+        out[0] += "; no bench has measured this chain's break-even tau yet."
+    elif be is None:
         out[0] += "; no bench_summary row of this engine and configuration has a break-even tau."
     elif tau >= be:
         out[0] += f", which pays: {tau - be:.2f} above this engine's break-even tau {be:.2f}."
@@ -248,6 +309,9 @@ def plot_curve(rows: list[dict], summaries: list[dict], spec_name: str, path: Pa
         ax.set_xlabel(xlabel)
         ax.set_ylabel("tau = tokens per verify pass (incl. bonus)")
         ax.margins(y=0.12)
+    if not any(r.get("train_samples") for r in rows):
+        axes[1].text(0.5, 0.5, "these rows do not say how many\nsamples they had seen", ha="center",
+                     va="center", fontsize=9, transform=axes[1].transAxes)
     legend(axes[1])  # both panels have the same lines
     tx = fig.add_subplot(gs[1, :])
     tx.axis("off")

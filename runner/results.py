@@ -70,8 +70,9 @@ STEP_METRICS = ("SELECT run_id, variant, stage, step, name, value FROM metrics W
                 "NULL {where}ORDER BY run_id, variant, stage, step, name")
 
 # every stage row of the run(s): what ran, for how long, how it ended
-STAGE_ROWS = ("SELECT run_id, variant, stage, status, reason, round(duration_s, 1) AS duration_s, "
-              "started_at, left(error, 400) AS error FROM stages {where}ORDER BY started_at")
+STAGE_ROWS = ("SELECT run_id, variant, stage, cache_key, status, reason, round(duration_s, 1) AS "
+              "duration_s, started_at, left(error, 400) AS error FROM stages {where}ORDER BY "
+              "started_at")
 
 
 def step_history(store: Store, run_id: str | None) -> list[dict]:

@@ -5,6 +5,7 @@ Rows go in the way the bench stage writes them (Store.emit + ingest) into a temp
 curve is synthetic: tau = 1.2 + 0.12*log2(samples/1000) + 0.05*log2(steps/10), 8,192 training
 samples at 16 a step (one epoch = 512 steps), snapshots over four epochs."""
 
+import json
 import math
 import re
 import subprocess
@@ -220,3 +221,88 @@ def test_runner_report_cli_draws_the_curve_and_prints_the_advice(tmp_path):
                for x in out)
     assert out[-1] == report_curve.CAVEAT
     assert "skipped curve" not in r.stderr
+
+
+RECORDED = ROOT / "benchmarks" / "2026-12-07-smollm2-pays-gpu-3.json"
+
+
+def fill_recorded(db, samples: bool = False, summaries=()):
+    """The third window of 2026-12-07 as the runner stored it (benchmarks/...-3.json: its stage
+    rows and the train stage's step rows, a run cut at step 996 and its resume), under spec
+    "rep"; samples: also the `eval_samples` step rows trainer/evaluation.py records since (the
+    distinct samples the steps had read: step x 64, one epoch = 83,452)."""
+    rec = json.loads(RECORDED.read_text())
+    store = Store(db)
+    for run_id in dict.fromkeys(s["run_id"] for s in rec["stages"]):
+        store.emit("runs", dict(run_id=run_id, spec_name="rep", status="done", started_at=min(
+            s["started_at"] for s in rec["stages"] if s["run_id"] == run_id)))
+    store.emit("stages", [{k: v for k, v in s.items()} for s in rec["stages"]])
+    for h in rec["history"]:
+        for name, value in h.items():
+            if name.startswith("eval_"):
+                store.metric(h["run_id"], "base", "train", name, value, step=h["step"])
+        if samples:
+            store.metric(h["run_id"], "base", "train", "eval_samples",
+                         min(83452, 64 * h["step"]), step=h["step"])
+    if summaries:
+        store.emit("bench_summary", list(summaries))
+    store.ingest()
+    return rec
+
+
+def pays_spec(tmp_path, **train):
+    spec = make_spec(tmp_path).model_dump(mode="json")
+    spec["stages"]["train"] = {"eval_every": 200, "select": "tau", "select_num_steps": 3,
+                               "snapshots": True, "features": "online", **train}
+    from eagle3_runner.runner.spec.load import load_spec
+    return load_spec(data=spec)
+
+
+def test_without_a_benched_snapshot_the_curve_is_the_train_stages_evaluations(tmp_path, capsys):
+    """No bench_curve rows (stages.bench.curve 0, or no bench yet): the curve is the train
+    stage's held-out chain tau of select_num_steps at each evaluated step, from the recorded
+    GPU run (a resumed run's re-evaluations win), the exported step selected; `runner report`
+    draws it alone and says what more steps buy, with the break-even of the same chain where a
+    bench measured one (SGLang's before ours)."""
+    from eagle3_runner.runner.report_curve import HELD_OUT, heldout_rows
+    spec = pays_spec(tmp_path)
+    rec = fill_recorded(tmp_path / "r.duckdb")
+    rows = heldout_rows(spec)
+    want = {h["step"]: h["eval_chain_tau_3"] for h in rec["history"]}
+    assert [r["snapshot_step"] for r in rows] == sorted(want) == [200, 400, 600, 800, 1000, 1017]
+    assert [r["tau"] for r in rows] == [want[s] for s in sorted(want)]
+    resumed = rec["history"][-1]["run_id"]
+    assert {r["snapshot_step"]: r["run_id"] for r in rows}[600] == resumed
+    assert [r["snapshot_step"] for r in rows if r["selected"]] == [1000]  # the highest tau
+    assert all(r["backend"] == HELD_OUT and r["train_samples"] is None for r in rows)
+    assert report.report_cli(spec, tmp_path / "out") == 0
+    cap = capsys.readouterr()
+    assert_png(tmp_path / "out" / "rep_curve.png")
+    line = next(x for x in cap.out.splitlines() if x.startswith("held-out ("))
+    assert "(step 1,000, ? samples) has tau 2.23" in line
+    assert "no bench has measured this chain's break-even tau yet" in line
+    assert "do not say how many samples" in line and "doubling the steps (to 2,000) buys" in line
+    assert "skipped configs" in cap.err and "skipped curve" not in cap.err
+    # with the samples recorded, and a bench of the same chain by both engines
+    db2 = tmp_path / "b" / "r.duckdb"
+    db2.parent.mkdir()
+    be = [{**summary_row(resumed, "base", 3, 65088, 2.3, 50.0), "backend": b,
+           "break_even_tau": t} for b, t in (("sglang", 2.0), ("embedded", 1.7))]
+    fill_recorded(db2, samples=True, summaries=be)
+    spec2 = pays_spec(tmp_path / "b")
+    rows = heldout_rows(spec2)
+    assert [r["train_samples"] for r in rows] == [12800, 25600, 38400, 51200, 64000, 65088]
+    text = " ".join(curve_advice(rows, be))
+    assert "which pays: 0.23 above this engine's break-even tau 2.00" in text
+    assert "every point is in the first epoch" in text
+    # select: last picks the last step; another train key (a changed spec) starts a new curve
+    assert [r["snapshot_step"] for r in heldout_rows(pays_spec(tmp_path, select="last"))
+            if r["selected"]] == [1017]
+    Store(tmp_path / "r.duckdb").emit("runs", dict(run_id="z", spec_name="rep",
+                                                   started_at="2026-12-08 10:00:00"))
+    Store(tmp_path / "r.duckdb").emit("stages", dict(run_id="z", variant="base", stage="train",
+                                                     cache_key="other", status="running",
+                                                     started_at="2026-12-08 10:00:00"))
+    Store(tmp_path / "r.duckdb").metric("z", "base", "train", "eval_chain_tau_3", 1.5, step=200)
+    Store(tmp_path / "r.duckdb").ingest()
+    assert [(r["snapshot_step"], r["tau"]) for r in heldout_rows(spec)] == [(200, 1.5)]

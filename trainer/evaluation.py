@@ -77,6 +77,8 @@ def record_eval(run: TrainRun) -> None:
     run.history.append({"step": run.step, "split": split, "samples": seen_samples(run, run.step),
                         "tokens": run.tokens, **r})
     run.ctx.metric(f"{split}_loss", r["loss"], "nats", step=run.step)
+    # the learning curve's samples axis (runner/report_curve.py heldout_rows)
+    run.ctx.metric(f"{split}_samples", seen_samples(run, run.step), "samples", step=run.step)
     for j, (a, lj) in enumerate(zip(r["acc_step"], r["loss_step"])):
         run.ctx.metric(f"{split}_acc_{j}", a, "fraction", step=run.step)
         run.ctx.metric(f"{split}_loss_{j}", lj, "nats", step=run.step)
