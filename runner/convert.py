@@ -39,7 +39,8 @@ from eagle3_runner.runner.drafts.forward import FORWARD_FLAGS, draft_params
 from eagle3_runner.runner.drafts.layout import (ARCH, AUX_IDS_KEY, FC_NORM_LEGACY, LAYER_LISTS, config_aux_ids,
                                   config_view, eagle_config, from_hf_indices, sglang_name)
 from eagle3_runner.runner.drafts.rules import RULES
-from eagle3_runner.runner.drafts.safetensors import draft_tensors, tensor_values, write_safetensors
+from eagle3_runner.runner.drafts.safetensors import (FLOAT_DTYPES, draft_tensors, tensor_values,
+                                                      write_safetensors)
 from eagle3_runner.runner.errors import ConvertError, InspectError, TargetConfigError
 from eagle3_runner.runner.files import atomic_path
 from eagle3_runner.runner.inspect import inspect_draft, read_small_json
@@ -91,6 +92,22 @@ def _torch_dtype(src_cfg: dict, tensors: dict) -> tuple[str, str]:
     return "bfloat16", (f"torch_dtype: bfloat16 written (weights {sorted(kinds)}, the source "
                         f"named {named!r}; float32 or none would run as float16 under --dtype "
                         "auto)")
+
+
+def _drop_quantization(cfg: dict, tensors: dict) -> list[str]:
+    """Drop a quantization_config over float weights (runner/inspect_tensors.py
+    _check_quantization: SGLang would build the draft's layers with it, E_DRAFT_QUANTIZED);
+    one over quantized weights is kept. Returns the note."""
+    q = cfg.get("quantization_config")
+    if q is None:
+        return []
+    kinds = {t["dtype"] for k, t in tensors.items() if "d2t" not in k and "t2d" not in k}
+    if not kinds <= set(FLOAT_DTYPES):
+        return [f"kept quantization_config (the weights are {sorted(kinds)})"]
+    cfg.pop("quantization_config")
+    method = q.get("quant_method") if isinstance(q, dict) else None
+    return [f"quantization_config (quant_method {method!r}) dropped: the weights are "
+            f"{sorted(kinds)}, and SGLang would build the draft's layers quantized from it"]
 
 
 def _empty_dir(p: Path) -> bool:
@@ -268,6 +285,7 @@ def convert(src, dst, target=None, sglang_version: str | None = None) -> list[st
     cfg["torch_dtype"], n_dt = _torch_dtype(flat, tensors)
     cfg.pop("dtype", None)
     notes.append(n_dt)
+    notes += _drop_quantization(cfg, tensors)
     notes += [f"rename: {a} -> {sglang_name(a)}" for a in sorted(tensors) if sglang_name(a) != a][:3]
     try:
         known = set().union(*(draft_params(r, config_view(cfg)[0]) for r in RULES))

@@ -244,7 +244,8 @@ def check_tensors(view: dict, scan: DraftScan, tgt: dict | None, rules: RuleSet)
         by.setdefault(resolve(row, n, p) if p else n, n)
     out += _check_vocab(view, tensors, by, tgt)
     weights = [n for n in sorted(tensors) if p and resolve(row, n, p) not in (None, "d2t", "t2d")]
-    out += _check_weights(tensors, weights)
+    out += _check_quantization(view, tensors, weights)
+    out += _check_weights(tensors, weights, quantized=_quant_method(view) is not None)
     return out
 
 
@@ -352,12 +353,49 @@ def _check_d2t(d2t: dict, t2d: dict | None, V: int | None) -> Findings:
     return out
 
 
-def _check_weights(tensors: dict, names: list) -> Findings:
-    """Weight dtypes (float only) and non-finite values, with a bounded read (module docstring)."""
+def _quant_method(view: dict) -> str | None:
+    """config.json quantization_config's quant_method ("?" when it names none), or None."""
+    q = view.get("quantization_config")
+    if q is None:
+        return None
+    return str(q.get("quant_method") or "?") if isinstance(q, dict) else "?"
+
+
+def _check_quantization(view: dict, tensors: dict, names: list) -> Findings:
+    """A quantization_config in the draft's config.json. Every SGLang version of the rules table
+    builds the draft's linear layers with that quant_method (SGLang 0.5.6 / 0.5.14 / 0.5.23
+    configs/model_config.py _verify_quantization: the draft's own config wins over the target's
+    method, 0.5.6 refuses one unlike the target's), so float weights without their scales load
+    into quantized parameters: an error. Quantized weights (no float dtype) are a warning: what
+    SGLang does with their scales is not checked here."""
+    out, method = Findings(), _quant_method(view)
+    if method is None:
+        return out
+    floats = [n for n in names if tensors[n]["dtype"] in FLOAT_DTYPES]
+    if floats and len(floats) == len(names):
+        out.error("E_DRAFT_QUANTIZED", f"config.json quantization_config (quant_method "
+                  f"{method!r}) over float weights ({tensors[floats[0]]['dtype']}, e.g. "
+                  f"{floats[0]}): SGLang builds the draft's layers with the draft config's own "
+                  "quant_method (configs/model_config.py, 0.5.6-0.5.23), so these weights load "
+                  "into quantized parameters without their scales (0.5.6 refuses a method unlike "
+                  "the target's). A copy of the target's config carries it over. Remove "
+                  "quantization_config from the draft's config.json (`runner convert` drops it), "
+                  "or launch with --speculative-draft-model-quantization unquant.")
+    else:
+        out.warning("W_DRAFT_QUANTIZED", f"config.json quantization_config (quant_method "
+                    f"{method!r}) with quantized weights: SGLang builds the draft's layers with "
+                    "it; its scales and layout are not checked here, and the non-finite check "
+                    "skips non-float weights.")
+    return out
+
+
+def _check_weights(tensors: dict, names: list, quantized: bool = False) -> Findings:
+    """Weight dtypes (float only, unless the config declares a quantization: quantized) and
+    non-finite values, with a bounded read (module docstring)."""
     out = Findings()
     bad_dtype = [f"{n} ({tensors[n]['dtype']})" for n in names
                  if tensors[n]["dtype"] not in FLOAT_DTYPES]
-    if bad_dtype:
+    if bad_dtype and not quantized:
         out.error("E_WEIGHT_DTYPE", f"weights with a non-float or unknown dtype: {bad_dtype[:5]}"
                   f"{' ...' if len(bad_dtype) > 5 else ''}. SGLang copies them into float "
                   "parameters as plain numbers (no quantization scales), so the draft computes "

@@ -167,3 +167,16 @@ def test_refuses_destination_inside_source_or_under_a_file(tmp_path, capsys):
     (src / "config.json").write_bytes(b"\xff\xfe")
     assert cli_main(["convert", str(src), str(tmp_path / "out")]) == 1
     assert "config.json" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_convert_drops_a_quantization_config_over_float_weights(tmp_path, capsys):
+    """E_DRAFT_QUANTIZED's fix: the converted draft has no quantization_config and passes."""
+    q = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    src = make_draft(tmp_path, TINY, dense=True, cfg_edit=lambda c: c.update(quantization_config=q))
+    assert "E_DRAFT_QUANTIZED" in [f.code for f in inspect_draft(src, _target(tmp_path))]
+    dst = tmp_path / "out"
+    assert cli_main(["convert", str(src), str(dst), "--to", "sglang", "--target",
+                     str(_target(tmp_path))]) == 0
+    assert "quantization_config (quant_method 'fp8') dropped" in capsys.readouterr().out
+    assert "quantization_config" not in json.loads((dst / "config.json").read_text())
+    _clean(dst, tmp_path)

@@ -375,3 +375,30 @@ def test_provenance_not_an_object_is_ignored(tmp_path):
     d = make_draft(tmp_path, TINY)
     (d / "provenance.json").write_text("[1, 2]")
     assert "W_PROVENANCE" in codes(run(d)) and errors(run(d)) == []
+
+
+FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+
+
+def test_a_quantization_config_over_float_weights_is_refused(tmp_path):
+    """A draft config.json that carries the target's quantization_config (an FP8 target's,
+    copied over by a converter) over bf16 weights: SGLang builds the draft's layers with that
+    quant_method (configs/model_config.py 0.5.6-0.5.23), so the weights load without scales.
+    Quantized weights with it are a warning, not the float-dtype error."""
+    f = run(make_draft(tmp_path, cfg_edit=lambda c: c.update(quantization_config=FP8)))
+    assert errors(f) == ["E_DRAFT_QUANTIZED"]
+    m = msg(f, "E_DRAFT_QUANTIZED")
+    assert "'fp8'" in m and "BF16" in m and "--speculative-draft-model-quantization unquant" in m
+    assert "Remove quantization_config" in m
+
+    def to_fp8(ts):
+        for k, (dt, shape, v) in list(ts.items()):
+            if k.startswith(("midlayer.", "fc.")) and k.endswith("weight") and dt == "BF16":
+                ts[k] = ("U8", shape, None)  # 8-bit packed weights (an int8 or fp8 draft)
+    f = run(make_draft(tmp_path, name="q", cfg_edit=lambda c: c.update(quantization_config=FP8),
+                       tensor_edit=to_fp8))
+    assert "W_DRAFT_QUANTIZED" in codes(f) and "E_WEIGHT_DTYPE" not in codes(f)
+    assert "E_DRAFT_QUANTIZED" not in codes(f)
+    # without the config, the same quantized weights are the float-dtype error
+    f = run(make_draft(tmp_path, name="nq", tensor_edit=to_fp8))
+    assert "E_WEIGHT_DTYPE" in errors(f)

@@ -182,6 +182,9 @@ CLAIMS = {
     "W_EMBED_IGNORED": "an embed_tokens.weight in the file is replaced by the target's",
     "W_AUX_IDS_DEFAULT": "no eagle_config ids: SGLang captures its default layers",
     "SIMULATE": f"{SIMULATE} > 0 replaces the measured acceptance",
+    "E_DRAFT_QUANTIZED": "a quantization_config in the draft's config.json over bf16 weights: "
+                         "SGLang builds the draft's layers with its quant_method (configs/"
+                         "model_config.py, source only, no lab row yet)",
 }
 NO_ROW = {  # claims a Llama target cannot test
     "rules.deepseek_first_id_rule": "needs a DeepSeek-family target",
@@ -256,6 +259,11 @@ CASES: tuple[Case, ...] = (
          ("refuses", "crashes"), ("rules.max_draft_tokens",), server={"shape": (2, 2, 8)}),
     Case("simulate_acc_len", f"{SIMULATE}=3 in the server's environment", ("inflated",),
          ("SIMULATE",), env={SIMULATE: "3"}),
+    Case("quantization_config_fp8", "an FP8 target's quantization_config copied into the "
+         "draft's config.json over its bf16 weights", ("refuses", "crashes", "collapses"),
+         ("E_DRAFT_QUANTIZED",), cfg=lambda c, t: c.update(quantization_config={
+             "quant_method": "fp8", "activation_scheme": "dynamic",
+             "weight_block_size": [128, 128]})),
 )
 BY_NAME = {c.name: c for c in CASES}
 
