@@ -106,11 +106,22 @@ def provenance(path: Path) -> dict | None:
         return None
     except (OSError, ValueError) as e:
         raise ValueError(f"{side} is not readable JSON ({e})")
-    if not isinstance(rec, dict) or not isinstance(rec.get("spec"), dict) \
-            or "target" not in (rec.get("inputs") or {}).get("files", {}):
-        raise ValueError(f"{side} is not a regenerate stage's state record (inputs.files.target "
-                         "and spec expected)")
+    if not _is_regenerate_record(rec):
+        raise ValueError(f"{side} is not a regenerate stage's state record (a JSON object with "
+                         "inputs.files.target, a string, and spec.regenerate, an object: "
+                         "<work_dir>/state/base.regenerate.json of the run that made the set)")
     return rec
+
+
+def _is_regenerate_record(rec) -> bool:
+    """Whether `rec` has the shape of a regenerate stage's state record (runner/plan.py
+    write_state of a generating run): what provenance() relies on, each part of its type."""
+    spec = rec.get("spec") if isinstance(rec, dict) else None
+    inputs = rec.get("inputs") if isinstance(rec, dict) else None
+    files = inputs.get("files") if isinstance(inputs, dict) else None
+    return (isinstance(spec, dict) and isinstance(spec.get("regenerate"), dict)
+            and isinstance(spec.get("target", {}), dict) and isinstance(files, dict)
+            and isinstance(files.get("target"), str))
 
 
 def _target_identity(spec) -> str | None:
@@ -180,6 +191,11 @@ def problem(spec) -> str | None:
     if not p.is_file():
         return (f"{head}: {p} is a folder; point it at the carried gzip JSONL file "
                 f"(regen-<spec name>.jsonl.gz), or remove {FIELD} to regenerate.")
+    with open(p, "rb") as f:
+        if f.read(2) != b"\x1f\x8b":
+            return (f"{head}: {p} is not a gzip file (a carried set is the regenerate stage's "
+                    "shards, part-*.jsonl.gz, joined with `cat`). Carry that file, or remove "
+                    f"{FIELD} to regenerate.")
     digest = file_sha256(p)
     try:
         want = sidecar_sha256(p)

@@ -25,9 +25,10 @@ def carry_drafter(work: Path, out: Path) -> str:
     return (out / "r/train.log").read_text() if (out / "r/train.log").exists() else ""
 
 
-def stage(repo: Path, home: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(REPO / "scripts/gpu/stage.sh"), "drafter"], cwd=repo,
-                          env=dict(os.environ, HOME=str(home)), capture_output=True, text=True)
+def stage(repo: Path, home: Path, *args) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(REPO / "scripts/gpu/stage.sh"), *(args or ("drafter",))],
+                          cwd=repo, env=dict(os.environ, HOME=str(home)), capture_output=True,
+                          text=True)
 
 
 @pytest.fixture
@@ -39,6 +40,7 @@ def run_folder(tmp_path):
     (work / "state/base.export.json").write_text(json.dumps({"key": KEY}))
     (export / "model.safetensors").write_bytes(os.urandom(40_000_000))  # 3 parts of 15 MB
     (export / "provenance.json").write_text('{"train_metrics": {}}')
+    (export / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"]}')
     (export / "snapshots/step-000200/model.safetensors").write_bytes(b"x" * 1000)
     (tmp_path / "out/r").mkdir(parents=True)
     return work, export
@@ -74,8 +76,53 @@ def test_a_part_cut_short_is_refused(tmp_path, run_folder):
                                                         else data)
     r = stage(repo, tmp_path / "home")
     assert r.returncode == 1
-    assert "does not test whole: bring its parts back again" in r.stdout
+    assert "do not join into a whole gzip: one is missing, cut, extra or from another set" \
+        in r.stderr
     assert not (tmp_path / "home/stage" / f"drafter-{NAME}" / "model.safetensors").exists()
+    assert not list((tmp_path / "home/stage").glob("drafter-*"))  # nothing left to mix later
+
+
+@pytest.mark.parametrize("case,why", [
+    ("no_first", "has no drafter-demo.tgz.00 beside it: bring every part back"),
+    ("not_tar", "is gzip but not a tar archive"),
+    ("no_config", "holds no config.json: not an exported drafter"),
+    ("first_is_folder", "is not a file"),
+])
+def test_parts_that_are_not_a_drafter_are_refused(tmp_path, case, why):
+    """Parts that join into something other than a drafter are refused with the reason, exit 1,
+    and leave nothing in ~/stage (never 'unpacked' over an empty folder)."""
+    import gzip
+    import io
+    import tarfile
+    d = tmp_path / "repo/.stage/drafter"
+    d.mkdir(parents=True)
+    if case == "no_first":
+        (d / "drafter-demo.tgz.01").write_bytes(b"x")
+    elif case == "not_tar":
+        (d / "drafter-demo.tgz.00").write_bytes(gzip.compress(os.urandom(3000)))
+    elif case == "no_config":
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as t:
+            info = tarfile.TarInfo("./model.safetensors")
+            info.size = 5
+            t.addfile(info, io.BytesIO(b"abcde"))
+        (d / "drafter-demo.tgz.00").write_bytes(buf.getvalue())
+    else:
+        (d / "drafter-demo.tgz.00").mkdir()
+    r = stage(tmp_path / "repo", tmp_path / "home")
+    assert r.returncode == 1 and why in r.stderr, r.stderr
+    assert "unpacked" not in r.stdout
+    assert not list((tmp_path / "home/stage").glob("drafter-demo*"))
+
+
+def test_usage_and_a_missing_or_empty_batch_are_said(tmp_path):
+    (tmp_path / "repo/.stage/empty").mkdir(parents=True)
+    r = stage(tmp_path / "repo", tmp_path / "home", "a", "b")
+    assert r.returncode == 2 and "usage: stage.sh NAME" in r.stderr
+    r = stage(tmp_path / "repo", tmp_path / "home", "drafter")
+    assert r.returncode == 1 and ".stage/drafter is not a folder here: carry it" in r.stderr
+    r = stage(tmp_path / "repo", tmp_path / "home", "empty")
+    assert r.returncode == 1 and ".stage/empty is empty" in r.stderr
 
 
 def test_no_export_brings_nothing_back(tmp_path, run_folder):

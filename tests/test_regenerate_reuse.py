@@ -190,6 +190,21 @@ def test_a_bad_checksum_or_no_sidecar_is_refused_everywhere(tmp_path, regenerate
         build_plan(spec)
 
 
+def test_a_file_that_is_not_gzip_is_refused_before_the_run(tmp_path):
+    """validate and plan refuse a carried set that is not gzip (with a matching checksum) before
+    anything runs, saying what the file should be."""
+    spec_path = write_spec(tmp_path)
+    f = spec_path.parent / "carried" / NAME
+    f.parent.mkdir(parents=True)
+    f.write_text('{"id": "real-000000"}\n')
+    carry.sidecar(f).write_text(f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {NAME}\n")
+    spec = load_spec(spec_path)
+    errors, _ = input_problems(spec)
+    assert len(errors) == 1 and "is not a gzip file" in errors[0] and str(f) in errors[0]
+    with pytest.raises(PlanError, match="is not a gzip file"):
+        build_plan(spec)
+
+
 def test_a_set_that_is_not_a_regenerated_one_is_refused_by_the_stage(tmp_path, no_target):
     """A right checksum over the wrong content: a truncated gzip stream, or records that are
     not regenerate records (the raw data file, say), fail the stage before any shard."""
@@ -420,7 +435,20 @@ def test_a_set_another_target_made_is_refused_and_other_settings_are_said(tmp_pa
     with pytest.raises(StageError, match="Remove stages.regenerate.reuse to regenerate"):
         no_target.run(ctx_of(spec, "regenerate", tmp_path / "o"))
     assert not (tmp_path / "o" / SHARDS).exists()
-    # a sidecar that is not a state record: refused, said so
-    side.write_text('{"key": "x"}')
-    errors, _ = input_problems(spec)
-    assert len(errors) == 1 and "not a regenerate stage's state record" in errors[0]
+    # a sidecar that is not a regenerate state record: refused, said so, never a traceback
+    from eagle3_runner.runner.plan import write_state
+    ps = next(p for p in build_plan(load_spec(write_spec(tmp_path / "x", reuse=None))).stages
+              if p.stage == "extract")
+    write_state(tmp_path / "x-work", ps)  # another stage's real record (it names the target too)
+    extract_rec = (tmp_path / "x-work/state/base.extract.json").read_text()
+    assert '"target"' in extract_rec
+    for bad in ('{"key": "x"}', '{"spec": {}, "inputs": "x"}', '{"spec": {}, "inputs": '
+                '{"files": null}}', '{"spec": {"regenerate": {}}, "inputs": {"files": {"target": '
+                '12345}}}', '{"spec": {"target": "qwen", "regenerate": {}}, "inputs": {"files": '
+                '{"target": "abc"}}}', '{"spec": {"regenerate": ["temperature"]}, "inputs": '
+                '{"files": {"target": "abc"}}}', '[1]', extract_rec):
+        side.write_text(bad)
+        errors, warns = input_problems(spec)
+        assert len(errors) == 1 and "not a regenerate stage's state record" in errors[0], bad
+        with pytest.raises(PlanError, match="not a regenerate stage's state record"):
+            build_plan(spec)
