@@ -17,7 +17,7 @@ and staged again with its sidecar.
 - Which target made it: a second sidecar, PATH + ".json" (`PROVENANCE`), the regenerate
   stage's state record of the run that generated the set (runner/job.py writes it under
   <work_dir>/state/; pays.sh copies it next to the set): its inputs.files.target (the target's
-  content identity, runner/plan.py file_identity) and its spec slice (target, regenerate). A
+  content identity, runner/files.py file_identity) and its spec slice (target, regenerate). A
   set another target made is refused (`problem`): training on another model's answers is a
   drafter for that model, silently. Sampling settings that differ from the spec's (temperature,
   max_new_tokens, ...) and a set without the sidecar are warned about (`warnings`).
@@ -33,7 +33,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from eagle3_runner.runner.errors import EnvVarError
-from eagle3_runner.runner.files import expand_path, sha256_file
+from eagle3_runner.runner.files import expand_path, file_identity, sha256_file
 
 FIELD = "stages.regenerate.reuse"
 SIDECAR = ".sha256"
@@ -125,7 +125,6 @@ def _is_regenerate_record(rec) -> bool:
 
 
 def _target_identity(spec) -> str | None:
-    from eagle3_runner.runner.plan import file_identity
     try:
         return file_identity(expand_path(spec.target.path))
     except (EnvVarError, ValueError, OSError):

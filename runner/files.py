@@ -99,7 +99,7 @@ def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-# `runner plan` hashes an input file smaller than this whole (runner/plan.py file_identity)
+# `runner plan` hashes an input file smaller than this whole (file_identity below)
 HASHED_BELOW = 1 << 30
 
 
@@ -183,3 +183,28 @@ def expand_path(p: str) -> Path:
     has already made a spec file's relative paths absolute against the spec's folder
     (runner/spec/load.py resolve_spec_paths)."""
     return Path(os.path.expanduser(expand_vars(p)))
+
+
+def json_hash(obj) -> str:
+    """sha256 hex of obj as sorted-key JSON (str() for what JSON cannot hold): the cache keys' hash
+    (runner/plan.py)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def file_identity(path: Path) -> str:
+    """Content identity of an input file or folder. Files under HASHED_BELOW (1 GiB) are hashed
+    whole (sha256_memo); larger files and folders use names, sizes and any config.json (hashing
+    a 1 TB target is not practical). Missing paths hash as 'missing'."""
+    p = Path(path)
+    if not p.exists():
+        return "missing"
+    if p.is_file():
+        if p.stat().st_size < HASHED_BELOW:
+            return sha256_memo(p)
+        return f"size:{p.stat().st_size}"
+    items = []
+    for q in sorted(p.rglob("*")):
+        if q.is_file():
+            items.append((str(q.relative_to(p)), q.stat().st_size,  # (a binary one: replaced)
+                          q.read_text(errors="replace") if q.name == "config.json" else None))
+    return json_hash(items)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from eagle3_runner.runner import carry, disk, engines, placement
 from eagle3_runner.runner.errors import PlanError
-from eagle3_runner.runner.files import HASHED_BELOW, atomic_write, expand_path, sha256_memo
+from eagle3_runner.runner.files import atomic_write, expand_path, file_identity, json_hash
 from eagle3_runner.runner.plan_checks import (declared_path, output_problems, sort_problems,
                                               spec_warnings, stage_problems)
 from eagle3_runner.runner.spec.load import variant_spec
@@ -77,8 +77,7 @@ class Plan:
 # hashing
 
 
-def _h(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+_h = json_hash
 
 
 def module_file(name: str) -> Path | None:
@@ -147,25 +146,6 @@ def code_hash(stage: str) -> str:
         h.update(str(p.relative_to(ROOT)).encode())
         h.update(p.read_bytes())
     return h.hexdigest()
-
-
-def file_identity(path: Path) -> str:
-    """Content identity of an input file or folder. Files under HASHED_BELOW (1 GiB) are hashed
-    whole (sha256_memo); larger files and folders use names, sizes and any config.json (hashing
-    a 1 TB target is not practical). Missing paths hash as 'missing'."""
-    p = Path(path)
-    if not p.exists():
-        return "missing"
-    if p.is_file():
-        if p.stat().st_size < HASHED_BELOW:
-            return sha256_memo(p)
-        return f"size:{p.stat().st_size}"
-    items = []
-    for q in sorted(p.rglob("*")):
-        if q.is_file():
-            items.append((str(q.relative_to(p)), q.stat().st_size,  # (a binary one: replaced)
-                          q.read_text(errors="replace") if q.name == "config.json" else None))
-    return _h(items)
 
 
 def input_files(spec: Spec, stage: str) -> dict:
