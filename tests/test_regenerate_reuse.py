@@ -424,3 +424,50 @@ def test_a_set_another_target_made_is_refused_and_other_settings_are_said(tmp_pa
     side.write_text('{"key": "x"}')
     errors, _ = input_problems(spec)
     assert len(errors) == 1 and "not a regenerate stage's state record" in errors[0]
+
+
+def stage_records(f: Path, records: list) -> None:
+    """Write `records` as a carried set at f with a right sha256 sidecar (the checksum passes:
+    only the content can be wrong)."""
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in records).encode()))
+    carry.sidecar(f).write_text(f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.name}\n")
+
+
+def refused(spec, out: Path, no_target) -> str:
+    """The regenerate stage's error on the carried set; nothing written under out."""
+    with pytest.raises(StageError) as e:
+        no_target.run(ctx_of(spec, "regenerate", out))
+    assert not (out / SHARDS).exists()
+    return str(e.value)
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("answer_tokens", ["many"], "answer_tokens ['many'] is not a list of token counts"),
+    ("answer_tokens", [True], "answer_tokens [True] is not a list of token counts"),
+    ("answer_tokens", [-3], "answer_tokens [-3] is not a list of token counts"),
+    ("finish", [7], "finish [7] is not a list of finish reasons"),
+    ("finish", [], "finish has 0 entries and answer_tokens"),
+    ("cut", 3, "cut 3 is not a reason (a string) or null"),
+    ("dropped", ["x"], "dropped ['x'] is not a reason (a string) or null"),
+])
+def test_a_record_field_of_the_wrong_type_is_refused_naming_record_and_field(
+        tmp_path, regenerated, no_target, field, value, says):
+    """A carried set whose checksum is right but one of whose records has a field of another
+    type than the stage's writer makes (answer_tokens ["many"] failed the stage with a
+    TypeError in summarize) is refused before any shard, naming the field, the file, the
+    record's id, the field and the fix."""
+    art, _ = regenerated
+    recs = read_records(art)
+    bad = next(i for i, r in enumerate(recs) if not r["dropped"])
+    recs[bad][field] = value
+    spec_path = write_spec(tmp_path)
+    f = spec_path.parent / "carried" / NAME
+    stage_records(f, recs)
+    msg = refused(load_spec(spec_path), tmp_path / "o", no_target)
+    assert msg.startswith("stages.regenerate.reuse: ") and str(f) in msg, msg
+    assert f"record {bad + 1} ({recs[bad]['id']!r}): {says}" in msg, msg
+    assert "stage it again with its .sha256, or remove stages.regenerate.reuse to regenerate" \
+        in msg
+    assert "TypeError" not in msg
+
