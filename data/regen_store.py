@@ -27,6 +27,7 @@ import zlib
 from collections import Counter
 from pathlib import Path
 
+from eagle3_runner.data.conversations import ROLE_MAP
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.files import atomic_path, atomic_write
 
@@ -120,8 +121,8 @@ def records_problem(records: list) -> str | None:
     """Why `records` are not a regenerate stage's records, or None. Checks what the stage's
     writer (jobs/regen_turns.py Conv.record) produces: the keys of RECORD_KEYS, id a string
     once, source real or synthetic, an int index, each field's type (`_fields_problem`),
-    messages a list and not empty in every record that was not dropped. Names the first bad
-    record (its number and id) and the field."""
+    messages turns the data cleaner reads (`_messages_problem`) and not empty in every record
+    that was not dropped. Names the first bad record (its number and id) and the field."""
     seen = set()
     for n, r in enumerate(records):
         where = f"record {n + 1}"
@@ -135,10 +136,8 @@ def records_problem(records: list) -> str | None:
             return (f"{where}: id {r['id']!r}, source {r['source']!r}, index {r['index']!r} "
                     "(a string; real or synthetic; a non-negative integer)")
         where = f"{where} ({r['id']!r})"
-        if (why := _fields_problem(r)) is not None:
+        if (why := _fields_problem(r) or _messages_problem(r["messages"])) is not None:
             return f"{where}: {why}"
-        if not isinstance(r["messages"], list):
-            return f"{where}: messages {_short(r['messages'])} is not a list"
         if not r["dropped"] and not r["messages"]:
             return f"{where}: neither dropped nor any messages"
         if r["id"] in seen:
@@ -173,6 +172,24 @@ def _fields_problem(r: dict) -> str | None:
     for k in ("cut", "dropped"):
         if r[k] is not None and not isinstance(r[k], str):
             return f"{k} {_short(r[k])} is not a reason (a string) or null"
+    return None
+
+
+def _messages_problem(messages) -> str | None:
+    """Why a record's messages are not a list of turns {"role", "content"} (or ShareGPT's
+    {"from", "value"}) with string role and content and a role the data cleaner knows
+    (data/conversations.py ROLE_MAP); None when they are. Names the turn and its value."""
+    if not isinstance(messages, list):
+        return f"messages {_short(messages)} is not a list of turns"
+    for i, t in enumerate(messages):
+        role, content = (t.get("from", t.get("role")), t.get("value", t.get("content"))) \
+            if isinstance(t, dict) else (None, None)
+        if not isinstance(role, str) or not isinstance(content, str):
+            return (f"messages[{i}] {_short(t)} is not a turn {{\"role\": str, \"content\": "
+                    "str} (or {\"from\": str, \"value\": str})")
+        if role.strip().lower() not in ROLE_MAP:
+            return (f"messages[{i}] has role {_short(role)}, which the data cleaner does not know "
+                    "(user, assistant, system or tool; docs/data.md)")
     return None
 
 

@@ -471,3 +471,38 @@ def test_a_record_field_of_the_wrong_type_is_refused_naming_record_and_field(
         in msg
     assert "TypeError" not in msg
 
+
+@pytest.mark.parametrize("messages, says", [
+    (["hello", "world"], "messages[0] 'hello' is not a turn {\"role\": str, \"content\": str} "
+                         "(or {\"from\": str, \"value\": str})"),
+    ("hello", "messages 'hello' is not a list of turns"),
+    ([{"role": "user", "content": 5}], "messages[0] {'role': 'user', 'content': 5} is not a "
+                                       "turn"),
+    ([{"role": "user"}], "messages[0] {'role': 'user'} is not a turn"),
+    ([{"role": "narrator", "content": "hi"}], "messages[0] has role 'narrator'"),
+])
+def test_messages_that_are_not_turns_are_refused_by_the_regenerate_stage(
+        tmp_path, regenerated, no_target, messages, says):
+    """Records whose messages are not turns used to pass the regenerate stage (cached as a good
+    artifact) and fail only in extract, with a message about the internal artifact folder and
+    data.max_bad_fraction: the stage refuses them, naming stages.regenerate.reuse, the carried
+    file, the record and the turn. ShareGPT turns {"from", "value"} pass."""
+    art, _ = regenerated
+    recs = read_records(art)
+    bad = next(i for i, r in enumerate(recs) if not r["dropped"])
+    spec_path = write_spec(tmp_path)
+    f = spec_path.parent / "carried" / NAME
+    spec = load_spec(spec_path)
+    good = [dict(r) for r in recs]
+    good[bad]["messages"] = [{"from": "human" if t["role"] == "user" else "gpt",
+                              "value": t["content"]} for t in recs[bad]["messages"]]
+    stage_records(f, good)
+    no_target.run(ctx_of(spec, "regenerate", tmp_path / "sharegpt"))
+    recs[bad]["messages"] = messages
+    stage_records(f, recs)
+    msg = refused(spec, tmp_path / "o", no_target)
+    assert msg.startswith("stages.regenerate.reuse: ") and str(f) in msg, msg
+    assert f"record {bad + 1} ({recs[bad]['id']!r}): {says}" in msg, msg
+    assert "stage it again with its .sha256, or remove stages.regenerate.reuse to regenerate" \
+        in msg
+    assert "max_bad_fraction" not in msg
