@@ -212,22 +212,21 @@ def output_problems(spec: Spec) -> list[str]:
 
 
 def _check_results_file(path: Path) -> None:
-    """An existing results.path must be a DuckDB file (its header says DUCK at byte 8; DuckDB
-    refuses an empty file too); a missing one is created by the first ingest. Raises
-    PlanError."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(12)
-    except FileNotFoundError:
+    """An existing results.path must be a DuckDB file (its header says DUCK at byte 8, store.py
+    `not_duckdb`; DuckDB refuses an empty file too), readable and the runner's (store.py
+    `check_readable`); a missing one is created by the first ingest. Raises PlanError."""
+    from eagle3_runner.runner.store import check_readable, not_duckdb
+    if not path.exists():
         return
+    try:
+        why = not_duckdb(path)
     except OSError as e:
         raise PlanError(f"results.path: cannot read {path} ({e.strerror}); point results.path "
                         "at a DuckDB file or a new path.")
-    if head[8:12] != b"DUCK":
+    if why is not None:
         raise PlanError(f"results.path: {path} exists and is not a DuckDB file"
-                        f"{' (it is empty)' if not head else ''}; point "
+                        f"{' (it is empty)' if why == 'it is empty' else ''}; point "
                         "results.path at a DuckDB file or a new path (e.g. runs/results.duckdb).")
-    from eagle3_runner.runner.store import check_readable
     try:
         check_readable(path)
     except StoreError as e:
