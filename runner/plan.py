@@ -22,7 +22,7 @@ from eagle3_runner.runner import carry, disk, engines, placement
 from eagle3_runner.runner.errors import PlanError
 from eagle3_runner.runner.files import HASHED_BELOW, atomic_write, expand_path, sha256_memo
 from eagle3_runner.runner.plan_checks import (declared_path, output_problems, sort_problems,
-                                              spec_warnings, stage_problems)
+                                              spec_warnings, stage_notes, stage_problems)
 from eagle3_runner.runner.spec.load import variant_spec
 from eagle3_runner.runner.spec.schema import Spec
 from eagle3_runner.runner.stage import artifact_identity, read_manifest
@@ -323,7 +323,7 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
                                                                manifests, p.id))
             if errors:
                 raise PlanError(errors[0])
-            warnings += warn
+            warnings += warn + stage_notes(specs[p.variant], p.stage, manifests, p.id)
     ex = spec.executor.kind
     extracts = [(p.id, specs[p.variant]) for p in planned
                 if p.stage == "extract" and p.action == "run"]
