@@ -218,7 +218,9 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
 
     force/only take stage names (or stage@variant ids). variants (names; "base" is the spec
     itself) restricts the run to those variants' stages, including the shared stages they need,
-    which still run under the variant that computes them first. Raises PlanError."""
+    which still run under the variant that computes them first. With only, force reruns the
+    stages only selects; a forced stage outside them is an error (_check_force_in_only).
+    Raises PlanError."""
     for s in (*force, *only):
         if s.split("@")[0] not in STAGE_ORDER:
             import difflib
@@ -256,14 +258,15 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
             keys[(vname, stage)] = key
             sid = stage if vname == "base" else f"{stage}@{vname}"
             notes[(vname, stage)] = stage_note(vspec, stage)
-            entries.append((vname, stage, key, parts, needs,
-                            (stage in force or sid in force) and vname in picked,
-                            (not only or stage in only or sid in only) and vname in picked))
+            selected = (not only or stage in only or sid in only) and vname in picked
+            forced = (stage in force or sid in force) and selected  # inside --only, --variant
+            entries.append((vname, stage, key, parts, needs, forced, selected))
     ids = {e[1] for e in entries} | {e[1] if e[0] == "base" else f"{e[1]}@{e[0]}" for e in entries}
     for s in (*force, *only):
         if s not in ids:
             raise PlanError(f"--force/--only {s!r}: no such stage in this spec; its stages are "
                             f"{', '.join(sorted(ids))}")
+    _check_force_in_only(force, only, entries)
     # entries with the same (stage, key) are computed once, by the first; --force/--only of any
     # of them applies to that one
     forced_keys = {(e[1], e[2]) for e in entries if e[5]}
@@ -357,6 +360,22 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
     return Plan(spec.name, str(work), str(results), ex, tuple(planned),
                 tuple(dict.fromkeys(warnings + spec_warnings(spec))),
                 disk.report(extracts, online, work), placement.report(holds), tuple(chosen))
+
+
+def _check_force_in_only(force: tuple[str, ...], only: tuple[str, ...], entries: list) -> None:
+    """With --only, every --force must name a stage --only runs: a forced stage outside it ran
+    while the stages --only names were skipped as up to date, without a word (and --force has
+    no documented meaning there). entries: build_plan's (vname, stage, ..., forced, selected).
+    Raises PlanError naming both flags and the fix."""
+    if not only:
+        return
+    for s in force:
+        if not any(e[6] and s in (e[1], e[1] if e[0] == "base" else f"{e[1]}@{e[0]}")
+                   for e in entries):
+            raise PlanError(f"--force {s} with --only {' '.join(only)}: {s} is not a stage "
+                            f"--only runs, and --force reruns only what --only selects. Add "
+                            f"--only {s} to rerun it too (e.g. --force {s} --only {s}), or drop "
+                            f"--force {s}.")
 
 
 def stage_note(spec: Spec, stage: str) -> str | None:
