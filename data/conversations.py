@@ -382,6 +382,23 @@ def data_problems(data) -> list[str]:
     return []
 
 
+def train_conversations(data) -> int | None:
+    """How many conversations load_conversations gives the stages to train on (the usable ones
+    after data.holdout, at most data.max_samples), from count_file's count, before any stage
+    runs: an upper bound of the training samples (the bench-prompt guard and the tokenizer may
+    drop some more). None when the file is not counted before the run (over COUNT_MAX_BYTES)
+    or cannot be read (data_problems says why). Raises nothing."""
+    try:
+        path = data_file(data)
+        if not path.is_file() or path.stat().st_size > COUNT_MAX_BYTES:
+            return None
+        clean = count_file(path)["clean"]
+    except (StageError, OSError):
+        return None
+    n = max(0, clean - data.holdout)
+    return n if data.max_samples is None else min(n, data.max_samples)
+
+
 def load_conversations(data) -> tuple[list[list[dict]], list[list[dict]], dict]:
     """Read, clean, check and sample the spec's conversations.
 

@@ -27,6 +27,7 @@ import zlib
 from collections import Counter
 from pathlib import Path
 
+from eagle3_runner.data.conversations import ROLE_MAP
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.files import atomic_path, atomic_write
 
@@ -117,9 +118,11 @@ def read_records(out_dir: Path) -> list[dict]:
 
 
 def records_problem(records: list) -> str | None:
-    """Why `records` are not a regenerate stage's records (the keys of RECORD_KEYS, source real
-    or synthetic, an int index, each id once, messages in every record that was not dropped), or
-    None. Names the first bad record."""
+    """Why `records` are not a regenerate stage's records, or None. Checks what the stage's
+    writer (jobs/regen_turns.py Conv.record) produces: the keys of RECORD_KEYS, id a string
+    once, source real or synthetic, an int index, each field's type (`_fields_problem`),
+    messages turns the data cleaner reads (`_messages_problem`) and not empty in every record
+    that was not dropped. Names the first bad record (its number and id) and the field."""
     seen = set()
     for n, r in enumerate(records):
         where = f"record {n + 1}"
@@ -129,16 +132,64 @@ def records_problem(records: list) -> str | None:
         if missing:
             return f"{where} has no {', '.join(missing)} (not a regenerate record)"
         if not isinstance(r["id"], str) or r["source"] not in ("real", "synthetic") \
-                or not isinstance(r["index"], int) or isinstance(r["index"], bool):
+                or not _count(r["index"]):
             return (f"{where}: id {r['id']!r}, source {r['source']!r}, index {r['index']!r} "
-                    "(a string; real or synthetic; an integer)")
-        if not all(isinstance(r[k], list) for k in ("messages", "finish", "answer_tokens")):
-            return f"{where} ({r['id']!r}): messages, finish and answer_tokens are not lists"
+                    "(a string; real or synthetic; a non-negative integer)")
+        where = f"{where} ({r['id']!r})"
+        if (why := _fields_problem(r) or _messages_problem(r["messages"])) is not None:
+            return f"{where}: {why}"
         if not r["dropped"] and not r["messages"]:
-            return f"{where} ({r['id']!r}): neither dropped nor any messages"
+            return f"{where}: neither dropped nor any messages"
         if r["id"] in seen:
             return f"{where}: id {r['id']!r} twice"
         seen.add(r["id"])
+    return None
+
+
+def _count(v) -> bool:
+    """v is a non-negative int (not a bool)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _short(v, width: int = 60) -> str:
+    text = repr(v)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _fields_problem(r: dict) -> str | None:
+    """Why a record's finish, answer_tokens, cut or dropped is not of the writer's type (finish:
+    a list of strings, answer_tokens: a list of non-negative ints of the same length, one per
+    assistant turn; cut, dropped: a string or null), naming the field and its value; or None."""
+    if not isinstance(r["answer_tokens"], list) or not all(map(_count, r["answer_tokens"])):
+        return (f"answer_tokens {_short(r['answer_tokens'])} is not a list of token counts "
+                "(non-negative integers, one per assistant turn)")
+    if not isinstance(r["finish"], list) or not all(isinstance(f, str) for f in r["finish"]):
+        return (f"finish {_short(r['finish'])} is not a list of finish reasons (\"stop\" or "
+                "\"length\", one per assistant turn)")
+    if len(r["finish"]) != len(r["answer_tokens"]):
+        return (f"finish has {len(r['finish'])} entries and answer_tokens "
+                f"{len(r['answer_tokens'])} (one each per assistant turn)")
+    for k in ("cut", "dropped"):
+        if r[k] is not None and not isinstance(r[k], str):
+            return f"{k} {_short(r[k])} is not a reason (a string) or null"
+    return None
+
+
+def _messages_problem(messages) -> str | None:
+    """Why a record's messages are not a list of turns {"role", "content"} (or ShareGPT's
+    {"from", "value"}) with string role and content and a role the data cleaner knows
+    (data/conversations.py ROLE_MAP); None when they are. Names the turn and its value."""
+    if not isinstance(messages, list):
+        return f"messages {_short(messages)} is not a list of turns"
+    for i, t in enumerate(messages):
+        role, content = (t.get("from", t.get("role")), t.get("value", t.get("content"))) \
+            if isinstance(t, dict) else (None, None)
+        if not isinstance(role, str) or not isinstance(content, str):
+            return (f"messages[{i}] {_short(t)} is not a turn {{\"role\": str, \"content\": "
+                    "str} (or {\"from\": str, \"value\": str})")
+        if role.strip().lower() not in ROLE_MAP:
+            return (f"messages[{i}] has role {_short(role)}, which the data cleaner does not know "
+                    "(user, assistant, system or tool; docs/data.md)")
     return None
 
 

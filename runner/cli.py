@@ -100,7 +100,8 @@ def _render_plan(plan) -> str:
 def _selection_args(p) -> None:
     """--force / --only / --variant, shared by plan and apply (runner.plan.build_plan)."""
     p.add_argument("--force", action="append", metavar="STAGE",
-                   help="rerun STAGE and everything downstream of it")
+                   help="rerun STAGE and everything downstream of it (with --only: a "
+                        "stage --only selects)")
     p.add_argument("--only", action="append", metavar="STAGE", help="run only STAGE")
     p.add_argument("--variant", action="append", metavar="NAME",
                    help="run only variant NAME ('base' = the spec itself) and what it needs")

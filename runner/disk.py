@@ -25,6 +25,7 @@ from pathlib import Path
 
 from eagle3_runner.runner import carry
 from eagle3_runner.runner.files import GZIP_MAGIC, ZSTD_MAGIC, expand_path
+from eagle3_runner.runner.stages import train_samples
 
 READ_BYTES = 4 << 20
 CHARS_PER_TOKEN = 4.0  # English text under a BPE tokenizer, a rule of thumb
@@ -219,9 +220,7 @@ def train_share(spec, e: dict) -> dict:
     """An online train stage's part of `estimate` e: its training samples (the held-out
     stages.train.eval_samples left out, at most stages.train.num_samples) with their tokens and
     what those would take as offline features. Epochs repeat the same samples: no more bytes."""
-    t = spec.stages.train
-    n = max(0, e["samples"] - t.eval_samples)
-    n = min(n, t.num_samples) if t.num_samples else n
+    n = train_samples(spec.stages.train, e["samples"])
     tokens = round(e["tokens"] * n / e["samples"]) if e["samples"] else 0
     return {**e, "samples": n, "tokens": tokens, "bytes": tokens * e["bytes_per_token"]}
 

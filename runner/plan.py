@@ -22,7 +22,7 @@ from eagle3_runner.runner import carry, disk, engines, placement
 from eagle3_runner.runner.errors import PlanError
 from eagle3_runner.runner.files import atomic_write, expand_path, file_identity, json_hash
 from eagle3_runner.runner.plan_checks import (declared_path, output_problems, sort_problems,
-                                              spec_warnings, stage_problems)
+                                              spec_warnings, stage_notes, stage_problems)
 from eagle3_runner.runner.spec.load import variant_spec
 from eagle3_runner.runner.spec.schema import Spec
 from eagle3_runner.runner.stage import artifact_identity, read_manifest
@@ -198,7 +198,9 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
 
     force/only take stage names (or stage@variant ids). variants (names; "base" is the spec
     itself) restricts the run to those variants' stages, including the shared stages they need,
-    which still run under the variant that computes them first. Raises PlanError."""
+    which still run under the variant that computes them first. With only, force reruns the
+    stages only selects; a forced stage outside them is an error (_check_force_in_only).
+    Raises PlanError."""
     for s in (*force, *only):
         if s.split("@")[0] not in STAGE_ORDER:
             import difflib
@@ -236,14 +238,15 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
             keys[(vname, stage)] = key
             sid = stage if vname == "base" else f"{stage}@{vname}"
             notes[(vname, stage)] = stage_note(vspec, stage)
-            entries.append((vname, stage, key, parts, needs,
-                            (stage in force or sid in force) and vname in picked,
-                            (not only or stage in only or sid in only) and vname in picked))
+            selected = (not only or stage in only or sid in only) and vname in picked
+            forced = (stage in force or sid in force) and selected  # inside --only, --variant
+            entries.append((vname, stage, key, parts, needs, forced, selected))
     ids = {e[1] for e in entries} | {e[1] if e[0] == "base" else f"{e[1]}@{e[0]}" for e in entries}
     for s in (*force, *only):
         if s not in ids:
             raise PlanError(f"--force/--only {s!r}: no such stage in this spec; its stages are "
                             f"{', '.join(sorted(ids))}")
+    _check_force_in_only(force, only, entries)
     # entries with the same (stage, key) are computed once, by the first; --force/--only of any
     # of them applies to that one
     forced_keys = {(e[1], e[2]) for e in entries if e[5]}
@@ -303,7 +306,7 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
                                                                manifests, p.id))
             if errors:
                 raise PlanError(errors[0])
-            warnings += warn
+            warnings += warn + stage_notes(specs[p.variant], p.stage, manifests, p.id)
     ex = spec.executor.kind
     extracts = [(p.id, specs[p.variant]) for p in planned
                 if p.stage == "extract" and p.action == "run"]
@@ -337,6 +340,22 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
     return Plan(spec.name, str(work), str(results), ex, tuple(planned),
                 tuple(dict.fromkeys(warnings + spec_warnings(spec))),
                 disk.report(extracts, online, work), placement.report(holds), tuple(chosen))
+
+
+def _check_force_in_only(force: tuple[str, ...], only: tuple[str, ...], entries: list) -> None:
+    """With --only, every --force must name a stage --only runs: a forced stage outside it ran
+    while the stages --only names were skipped as up to date, without a word (and --force has
+    no documented meaning there). entries: build_plan's (vname, stage, ..., forced, selected).
+    Raises PlanError naming both flags and the fix."""
+    if not only:
+        return
+    for s in force:
+        if not any(e[6] and s in (e[1], e[1] if e[0] == "base" else f"{e[1]}@{e[0]}")
+                   for e in entries):
+            raise PlanError(f"--force {s} with --only {' '.join(only)}: {s} is not a stage "
+                            f"--only runs, and --force reruns only what --only selects. Add "
+                            f"--only {s} to rerun it too (e.g. --force {s} --only {s}), or drop "
+                            f"--force {s}.")
 
 
 def stage_note(spec: Spec, stage: str) -> str | None:

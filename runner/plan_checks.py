@@ -1,7 +1,7 @@
 """Checks before a stage runs, said by `runner validate` and `runner plan` alike: what would make
 a stage fail at once, checkable now (`stage_problems`: its required upstreams, input files, the
 data's verdicts, the registry's `file_check`, `preflight` and `check`, the device), sorted into
-errors and warnings (`sort_problems`: on Slurm a problem about this machine is a warning,
+errors and warnings; the registry's `notes` on a stage's settings (`stage_notes`) (`sort_problems`: on Slurm a problem about this machine is a warning,
 `MACHINE_FIELDS`); what is valid but likely a mistake (`spec_warnings`); where the run writes
 (`output_problems`: work_dir, results.path). `input_problems` is validate's whole look;
 runner/plan.py build_plan calls the same functions on the stages it runs.
@@ -93,6 +93,16 @@ def stage_problems(spec: Spec, stage: str, manifests: dict | None = None,
     return out
 
 
+def stage_notes(spec: Spec, stage: str, manifests: dict | None = None,
+                sid: str | None = None) -> list[str]:
+    """The registry's `notes` of `stage`: warnings about settings that are valid but do not do
+    what they say on the stage's input (train: a batch larger than its samples, a warm-up
+    longer than its steps), counted from its upstream artifacts (manifests, as stage_problems)
+    or, before the run, from the data; [] when the count is not known."""
+    kind = stage_kind(stage)
+    return kind.notes(spec, manifests, sid or stage) if kind.notes is not None else []
+
+
 def sort_problems(spec: Spec, problems: list[str]) -> tuple[list[str], list[str]]:
     """(errors, warnings): on Slurm a problem about this machine (MACHINE_FIELDS) is a warning,
     said as such; everything else is an error."""
@@ -181,17 +191,19 @@ def carry_note(spec: Spec) -> list[str]:
 
 def input_problems(spec: Spec) -> tuple[list[str], list[str]]:
     """`runner validate`'s look at the machine: stage_problems of every enabled stage of the
-    spec and of each variant, as (errors, warnings) (sort_problems), each once, then
-    spec_warnings."""
-    found = []
+    spec and of each variant, as (errors, warnings) (sort_problems), each once, then their
+    stage_notes and spec_warnings."""
+    found, notes = [], []
     for vname, vspec in [("base", spec)] + [(v.name, variant_spec(spec, v.name))
                                             for v in spec.variants]:
         for stage in enabled_stages(vspec):
-            found += stage_problems(vspec, stage, None,
-                                    stage if vname == "base" else f"{stage}@{vname}")
+            sid = stage if vname == "base" else f"{stage}@{vname}"
+            found += stage_problems(vspec, stage, None, sid)
+            notes += stage_notes(vspec, stage, None, sid)
     errors, warnings = sort_problems(spec, found)
     errors += output_problems(spec)
-    return list(dict.fromkeys(errors)), list(dict.fromkeys(warnings + spec_warnings(spec)))
+    return list(dict.fromkeys(errors)), list(dict.fromkeys(warnings + notes +
+                                                           spec_warnings(spec)))
 
 
 def output_problems(spec: Spec) -> list[str]:
@@ -212,22 +224,21 @@ def output_problems(spec: Spec) -> list[str]:
 
 
 def _check_results_file(path: Path) -> None:
-    """An existing results.path must be a DuckDB file (its header says DUCK at byte 8; DuckDB
-    refuses an empty file too); a missing one is created by the first ingest. Raises
-    PlanError."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(12)
-    except FileNotFoundError:
+    """An existing results.path must be a DuckDB file (its header says DUCK at byte 8, store.py
+    `not_duckdb`; DuckDB refuses an empty file too), readable and the runner's (store.py
+    `check_readable`); a missing one is created by the first ingest. Raises PlanError."""
+    from eagle3_runner.runner.store import check_readable, not_duckdb
+    if not path.exists():
         return
+    try:
+        why = not_duckdb(path)
     except OSError as e:
         raise PlanError(f"results.path: cannot read {path} ({e.strerror}); point results.path "
                         "at a DuckDB file or a new path.")
-    if head[8:12] != b"DUCK":
+    if why is not None:
         raise PlanError(f"results.path: {path} exists and is not a DuckDB file"
-                        f"{' (it is empty)' if not head else ''}; point "
+                        f"{' (it is empty)' if why == 'it is empty' else ''}; point "
                         "results.path at a DuckDB file or a new path (e.g. runs/results.duckdb).")
-    from eagle3_runner.runner.store import check_readable
     try:
         check_readable(path)
     except StoreError as e:

@@ -17,6 +17,7 @@ Never imports torch or jobs/ (the stage code is imported by name, at run time, i
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
@@ -67,6 +68,10 @@ class StageKind:
     # field and the fix, or None; validate and plan call it (regenerate: the carried set's
     # checksum, runner/carry.py), and the stage checks again when it runs
     file_check: Optional[Callable[[Any], Optional[str]]] = None
+    # (spec, {upstream stage: its artifact.json or None} or None, stage id) -> warnings about
+    # settings that are valid but do not do what they say on this stage's input (train: a batch
+    # larger than its samples, a warm-up longer than its steps); validate and plan say them
+    notes: Optional[Callable[[Any, Optional[dict], str], list[str]]] = None
 
     @property
     def module(self) -> str:
@@ -118,6 +123,72 @@ def _train_check(spec, manifests: dict) -> str | None:
     return None
 
 
+def train_samples(p, n: int) -> int:
+    """The samples the train stage trains on when its input holds `n` (trainer/sources.py
+    split_samples): n less stages.train.eval_samples held out, at most num_samples."""
+    avail = max(0, n - p.eval_samples)
+    return avail if p.num_samples is None else min(avail, p.num_samples)
+
+
+def optimizer_steps(p, n_train: int) -> int:
+    """The train stage's optimizer steps over n_train samples, its schedule's total
+    (trainer/recipe.py setup): epochs x ceil(n_train / batch_size) rounded up, at least 1, at
+    most max_steps (stages.train.max_minutes may stop the run sooner still)."""
+    total = max(1, math.ceil(p.epochs * math.ceil(n_train / p.batch_size)))
+    return min(total, p.max_steps) if p.max_steps else total
+
+
+def _train_input(spec, manifests: dict | None) -> tuple[int, bool, str] | None:
+    """(the samples the train stage's input holds, whether that is exact, where the count comes
+    from): the extract's `samples` metric when its artifact is complete (the count _train_check
+    holds num_samples to), else, when the stage that reads the data file is extract or an
+    online train itself, the data's training conversations (data/conversations.py
+    train_conversations: an upper bound). None when not known before the run: a regenerate
+    stage's output, a data file too big to count, unreadable data (said elsewhere)."""
+    n = ((manifests or {}).get("extract") or {}).get("metrics", {}).get("samples")
+    if isinstance(n, int) and not _online(spec):
+        return n, True, f"the extract holds {n} samples"
+    if not reads_data(spec, "train" if _online(spec) else "extract"):
+        return None
+    n = importlib.import_module(DATA_MODULE).train_conversations(spec.data)
+    if n is None:
+        return None
+    return n, False, (f"the data gives {n} training conversations after data.holdout"
+                      f"{' and data.max_samples' if spec.data.max_samples is not None else ''}, "
+                      "before the tokenizer drops any")
+
+
+def _train_notes(spec, manifests: dict | None, sid: str) -> list[str]:
+    """The train stage's registry `notes` (`_train_input`'s count): stages.train.batch_size
+    above its training samples (each epoch is one optimizer step of fewer samples than asked),
+    warmup_steps at or above its optimizer steps (the learning rate never leaves the linear
+    warm-up: trainer/recipe.py lr_lambda). Said with the numbers and the fix; [] when the count
+    is not known before the run."""
+    p, got = spec.stages.train, _train_input(spec, manifests)
+    if got is None or train_samples(p, got[0]) < 1:  # none left: _train_check refuses it
+        return []
+    n, exact, whence = got
+    n_train, most = train_samples(p, n), "" if exact else "at most "
+    left = f"{whence}, less train.eval_samples = {p.eval_samples}" + (
+        f", at most train.num_samples = {p.num_samples}" if p.num_samples is not None else "")
+    out = []
+    if p.batch_size > n_train:
+        out.append(f"stages.train.batch_size = {p.batch_size}: the {sid} stage trains on "
+                   f"{most}{n_train} samples ({left}), so each epoch is one optimizer step of "
+                   f"{most}{n_train} samples, not {p.batch_size}. Set batch_size <= {n_train}, "
+                   "or train on more data (data.max_samples).")
+    steps = optimizer_steps(p, n_train)
+    if p.warmup_steps >= steps:
+        cap = f", max_steps {p.max_steps}" if p.max_steps and steps == p.max_steps else ""
+        out.append(f"stages.train.warmup_steps = {p.warmup_steps}: the {sid} stage takes "
+                   f"{most}{steps} optimizer steps ({most}{n_train} samples, batch_size "
+                   f"{p.batch_size}, epochs {p.epochs:g}{cap}), so the learning rate never "
+                   f"leaves its warm-up: it ends at {100 * steps / (p.warmup_steps + 1):.2g}% "
+                   f"of stages.train.lr. Set warmup_steps below {steps} "
+                   f"(e.g. {max(1, steps // 10)}).")
+    return out
+
+
 def _external_drafter(spec) -> bool:
     """Whether the bench reads stages.bench.drafter (a draft directory) instead of the export."""
     return spec.stages.bench is not None and spec.stages.bench.drafter is not None
@@ -156,7 +227,7 @@ REGISTRY: tuple[StageKind, ...] = (
               needs=lambda spec: ("regenerate",) if _online(spec) else ("extract",),
               key=_train_key, files=lambda spec: ("target", "data") if _online(spec) else (),
               data_parallel=True, checkpointable=True, resumes=True, resume_file="ckpt.pt",
-              check=_train_check),
+              check=_train_check, notes=_train_notes),
     StageKind("export", ExportStage, "Write the SGLang draft directory.",
               needs=lambda spec: ("train", "extract"), requires=lambda spec: ("train",),
               key=lambda spec, d: {"drafter": d["drafter"], "export": d["stages"]["export"]}),

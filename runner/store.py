@@ -153,19 +153,38 @@ def _ident(name: str) -> str:
 
 def check_readable(db: Path) -> None:
     """`runner plan`'s check of an existing results file: DuckDB opens it and reads every value
-    of it (`_read_everything`; ~0.05 s for a few MB). Raises StoreError. Takes the writer lock,
-    as a query does."""
-    import duckdb
+    of it (`_read_everything`; ~0.05 s for a few MB), and a file with tables has the runner's
+    (`_foreign`: `runner apply` would add its tables to another program's file; an empty
+    database passes, the first ingest makes it a results file). Raises StoreError. Takes the
+    writer lock, as a query does (`Store._checking_lock`: none is left next to a refused file)."""
     store = Store(db)
-    with store._lock():
-        try:
-            con = duckdb.connect(str(db), read_only=True)
-        except duckdb.Error as e:
-            raise StoreError(_cannot_open(db, e)) from None
-        try:
-            _read_everything(con, db)
-        finally:
-            con.close()
+    with store._checking_lock():
+        tables = store._open_and_read(full=True)
+        if tables and "runs" not in tables:
+            raise StoreError(_foreign(store.db_path))
+
+
+DUCKDB_MAGIC = b"DUCK"  # bytes 8 to 12 of a DuckDB file
+
+
+def not_duckdb(path: Path) -> str | None:
+    """Why the existing file at `path` is not a DuckDB file (its header does not say DUCK at
+    byte 8: "it is empty" or "its header is not DuckDB's"), or None when it is one or is not
+    there. Raises OSError when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+    except FileNotFoundError:
+        return None
+    if head[8:12] == DUCKDB_MAGIC:
+        return None
+    return "it is empty" if not head else "its header is not DuckDB's"
+
+
+def _foreign(db: Path) -> str:
+    return (f"{db} is not a results file of this runner (no `runs` table): point --results (or "
+            "results.path) at the runner's results file (runs/results.duckdb by default). "
+            "Nothing was written to it.")
 
 
 def _unwritable(db: Path, e: OSError) -> str:
@@ -200,9 +219,13 @@ class Store:
                                   value=float(value), unit=unit, step=step, ts=now()))
 
     # -- the single writer --
+    @property
+    def lock_path(self) -> Path:
+        return self.db_path.with_name(self.db_path.name + ".lock")
+
     @contextmanager
     def _lock(self):
-        lock = self.db_path.with_name(self.db_path.name + ".lock")
+        lock = self.lock_path
         try:
             self.db_path.parent.mkdir(parents=True, exist_ok=True)
             lf = open(lock, "w")
@@ -214,6 +237,65 @@ class Store:
                 yield
             finally:
                 fcntl.flock(lf, fcntl.LOCK_UN)
+
+    @contextmanager
+    def _checking_lock(self):
+        """The writer lock, for a check of the file before anything writes it: when the check
+        raises StoreError and this call made the lock file, the lock file is removed, so none is
+        left next to a file that is not a results file. (Removing it is safe enough: a process
+        that opened the lock file meanwhile is checking the same file, and is refused too.)"""
+        made = not self.lock_path.exists()
+        try:
+            with self._lock():
+                yield
+        except StoreError:
+            if made:
+                self.lock_path.unlink(missing_ok=True)
+            raise
+
+    def _open_and_read(self, full: bool) -> set[str]:
+        """The tables of the file, opened read-only (under the lock); full: every value read
+        too (`_read_everything`). Raises StoreError when it cannot be opened or is damaged."""
+        import duckdb
+        try:
+            con = duckdb.connect(str(self.db_path), read_only=True)
+        except duckdb.Error as e:
+            raise StoreError(_cannot_open(self.db_path, e)) from None
+        try:
+            try:
+                tables = {r[0] for r in con.execute(
+                    "SELECT table_name FROM information_schema.tables "
+                    "WHERE table_schema = 'main'").fetchall()}
+            except duckdb.Error as e:
+                raise StoreError(_damaged(self.db_path, e)) from None
+            if full:
+                _read_everything(con, self.db_path)
+            return tables
+        except RuntimeError as e:
+            _raise_interrupted(e)
+        finally:
+            con.close()
+
+    def check_results_file(self) -> None:
+        """What a reading verb (query, results, status, report) checks before the ingest, which
+        creates the tables and adds new columns: an existing file must be a DuckDB file
+        (`not_duckdb`, read without the lock) and a results file of this runner, one with the
+        `runs` table every version made (an older file that lacks a newer table or column still
+        is one: the ingest adds them, `_create`). The first time a file is used here (no lock
+        file yet) every value is read too, so a damaged file leaves no lock file behind. A
+        missing file passes: a spool waiting to be ingested makes it. Raises StoreError."""
+        if not self.db_path.is_file():
+            return
+        try:
+            why = not_duckdb(self.db_path)
+        except OSError as e:
+            raise StoreError(_cannot_open(self.db_path, e)) from None
+        if why is not None:
+            raise StoreError(_cannot_open(self.db_path, ValueError(f"not a DuckDB file ({why})")))
+        first = not self.lock_path.exists()
+        with self._checking_lock():
+            if "runs" not in self._open_and_read(full=first):
+                raise StoreError(_foreign(self.db_path))
 
     def _create(self, con) -> None:
         """Create the tables, and add the columns a results file made by an older version
@@ -302,11 +384,14 @@ class Store:
               f"{bad}", file=sys.stderr)
 
     def query(self, sql: str):
-        """Run read-only SQL; returns (column names, rows). Ingests pending rows first.
+        """Run read-only SQL; returns (column names, rows). Ingests pending rows first, into a
+        results file of this runner only (`check_results_file`: another DuckDB file is refused,
+        never given the runner's tables).
 
         The read-only connection is opened under the writer lock: DuckDB refuses to open a file
         that another process holds open for writing. Raises StoreError (e.g. for DELETE)."""
         import duckdb
+        self.check_results_file()
         self.ingest()
         with self._lock():
             try:  # no file access from SQL: COPY TO, EXPORT, ATTACH, read_csv('/etc/..') fail
@@ -327,12 +412,18 @@ class Store:
                                  f"{', '.join(names) or 'none'}.")
             except duckdb.Error as e:
                 raise StoreError(str(e).splitlines()[0])
-            except RuntimeError as e:  # DuckDB turns Ctrl-C during a query into this
-                if "interrupted" in str(e).lower():
-                    raise KeyboardInterrupt from None
-                raise
+            except RuntimeError as e:
+                _raise_interrupted(e)
             finally:
                 con.close()
+
+
+def _raise_interrupted(e: RuntimeError):
+    """DuckDB turns Ctrl-C during a query into RuntimeError('Query interrupted'): raise it as
+    KeyboardInterrupt (the CLI says `interrupted`), any other RuntimeError as it is."""
+    if "interrupted" in str(e).lower():
+        raise KeyboardInterrupt from None
+    raise e
 
 
 READ_ONLY_STATEMENTS = ("SELECT", "EXPLAIN")

@@ -385,6 +385,7 @@ def test_a_lossless_row_has_null_divergence_and_lands_in_an_old_results_file(tmp
     assert (rows[1]["diverge_at"], rows[1]["lossless"]) == (2, False)
     db = tmp_path / "old.duckdb"
     con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE runs (run_id VARCHAR)")  # every version made it (store.py)
     con.execute("CREATE TABLE bench (run_id VARCHAR, prompt_id VARCHAR, lossless BOOLEAN)")
     con.execute("CREATE TABLE bench_summary (run_id VARCHAR, lossless BOOLEAN)")
     con.execute("INSERT INTO bench VALUES ('old', 'q', false)")

@@ -202,6 +202,91 @@ def test_num_samples_above_the_extract_is_refused(tmp_path, fake_stages):
     assert reasons(build_plan(ok))["train"][0] == "run"
 
 
+def _gz_data(tmp_path: Path, n: int) -> Path:
+    """A real gzip JSONL file of n distinct usable conversations."""
+    import gzip
+    f = tmp_path / "convs.jsonl.gz"
+    f.write_bytes(gzip.compress("".join(json.dumps({"conversations": [
+        {"from": "human", "value": f"question {i}?"}, {"from": "gpt", "value": f"answer {i}"}]})
+        + "\n" for i in range(n)).encode()))
+    return f
+
+
+def _schedule_warnings(spec) -> list[str]:
+    from eagle3_runner.runner.plan_checks import input_problems
+    errors, warns = input_problems(spec)  # runner validate
+    assert errors == []
+    return [w for w in warns if w.startswith(("stages.train.batch_size",
+                                              "stages.train.warmup_steps"))]
+
+
+def test_a_batch_above_the_training_samples_and_a_warmup_past_the_steps_are_warned(
+        tmp_path, fake_stages):
+    """20 conversations, data.holdout 2, train.eval_samples 4: at most 14 samples train. A
+    batch_size above them (each epoch one step of fewer samples) and warmup_steps at or above
+    the optimizer steps (the learning rate never leaves its warm-up) are warned about by
+    validate and plan with the numbers and the fix: before the run as an upper bound from the
+    data's count, once the extract is there from its own count (the num_samples rule's)."""
+    import test_plan
+    data = _gz_data(tmp_path, 20)
+    base = [f"data.path={data}", "data.holdout=2", "stages.train.eval_samples=4",
+            "stages.train.warmup_steps=2", "stages.train.epochs=2"]
+    fine = make_spec(tmp_path, base + ["stages.train.batch_size=4"])  # 2 x 4 = 8 steps
+    assert _schedule_warnings(fine) == [] and _plan_train_warnings(fine) == []
+    spec = make_spec(tmp_path, base + ["stages.train.batch_size=100",
+                                       "stages.train.warmup_steps=1000"])
+    bs, wu = _schedule_warnings(spec)
+    assert bs.startswith("stages.train.batch_size = 100: the train stage trains on at most 14 "
+                         "samples (the data gives 18 training conversations after "
+                         "data.holdout"), bs
+    assert "each epoch is one optimizer step of at most 14 samples, not 100" in bs
+    assert "Set batch_size <= 14" in bs
+    assert wu.startswith("stages.train.warmup_steps = 1000: the train stage takes at most 2 "
+                         "optimizer steps (at most 14 samples, batch_size 100, epochs 2)"), wu
+    assert "never leaves its warm-up" in wu and "Set warmup_steps below 2" in wu
+    assert _plan_train_warnings(spec) == [bs, wu]
+
+    def extract(ctx):  # the extract keeps 10 of the 18 conversations (tokenizer drops)
+        test_plan._fake_run(ctx)
+        return {"samples": 10}
+    fake_stages.setattr(sys.modules["eagle3_runner.jobs.extract"], "run", extract)
+    apply(spec, build_plan(spec, only=("extract",)), quiet=True)
+    warned = _plan_train_warnings(spec)
+    assert warned == [
+        "stages.train.batch_size = 100: the train stage trains on 6 samples (the extract holds "
+        "10 samples, less train.eval_samples = 4), so each epoch is one optimizer step of 6 "
+        "samples, not 100. Set batch_size <= 6, or train on more data (data.max_samples).",
+        "stages.train.warmup_steps = 1000: the train stage takes 2 optimizer steps (6 samples, "
+        "batch_size 100, epochs 2), so the learning rate never leaves its warm-up: it ends at "
+        "0.2% of stages.train.lr. Set warmup_steps below 2 (e.g. 1)."], warned
+    # the warm-up alone, on the exact count: 6 samples / batch 2 x 2 epochs = 6 steps
+    w6 = make_spec(tmp_path, base + ["stages.train.batch_size=2", "stages.train.warmup_steps=6"])
+    (w,) = _plan_train_warnings(w6)
+    assert w.startswith("stages.train.warmup_steps = 6: the train stage takes 6 optimizer steps "
+                        "(6 samples, batch_size 2, epochs 2)"), w
+    w5 = make_spec(tmp_path, base + ["stages.train.batch_size=2", "stages.train.warmup_steps=5"])
+    assert _plan_train_warnings(w5) == []
+
+
+def _plan_train_warnings(spec) -> list[str]:
+    return [w for w in build_plan(spec).warnings if w.startswith("stages.train.")]
+
+
+def test_the_schedule_is_not_warned_about_when_the_count_is_unknown(tmp_path, monkeypatch):
+    """No count before the run, nothing said: a data file too big to count, or a regenerate
+    stage's output."""
+    import eagle3_runner.data.conversations as conversations
+    data = _gz_data(tmp_path, 20)
+    over = [f"data.path={data}", "data.holdout=2", "stages.train.batch_size=100"]
+    assert _schedule_warnings(make_spec(tmp_path, over))  # counted: said
+    monkeypatch.setattr(conversations, "COUNT_MAX_BYTES", 10)
+    assert _schedule_warnings(make_spec(tmp_path, over)) == []
+    monkeypatch.undo()
+    regen = make_spec(tmp_path, over + ["stages.regenerate={}"])
+    assert regen.stages.regenerate is not None and _schedule_warnings(regen) == []
+    assert _plan_train_warnings(regen) == []
+
+
 # -- paths relative to the spec file (issue 23 item 4) ------------------------------------------
 
 

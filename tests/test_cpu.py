@@ -208,6 +208,7 @@ def test_the_load_columns_land_in_an_old_results_file(tmp_path):
     from eagle3_runner.runner.store import Store
     db = tmp_path / "old.duckdb"
     con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE runs (run_id VARCHAR)")  # every version made it (store.py)
     con.execute("CREATE TABLE bench_summary (run_id VARCHAR, flags VARCHAR)")
     con.execute("INSERT INTO bench_summary VALUES ('old', '')")
     con.close()

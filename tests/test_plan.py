@@ -238,6 +238,30 @@ def test_force_and_only(tmp_path, fake_stages):
         build_plan(spec, force=("regenerate",))
 
 
+def test_force_of_a_stage_outside_only_is_an_error_naming_both_flags(tmp_path, fake_stages):
+    """`--force bench --only extract` ran bench and skipped the up-to-date extract without a
+    word: a --force outside --only is refused, naming both flags and the fix (plan and apply
+    build the same plan); --force inside --only (bench --only bench, train --only train@v) still runs
+    exactly the selected stage."""
+    spec = make_spec(tmp_path, variants=[{"name": "v", "overrides": {"stages.train.lr": 3e-4}}])
+    apply(spec, build_plan(spec), quiet=True)
+    for force, only in ((("bench",), ("extract",)), (("train",), ("bench@v",)),
+                        (("extract",), ("train", "export"))):
+        with pytest.raises(PlanError) as e:
+            build_plan(spec, force=force, only=only)
+        assert str(e.value) == (
+            f"--force {force[0]} with --only {' '.join(only)}: {force[0]} is not a stage --only "
+            f"runs, and --force reruns only what --only selects. Add --only {force[0]} to rerun "
+            f"it too (e.g. --force {force[0]} --only {force[0]}), or drop --force {force[0]}.")
+    r = reasons(build_plan(spec, force=("bench",), only=("bench",)))
+    assert {k: v for k, v in r.items() if v[0] == "run"} == {"bench": ("run", "forced"),
+                                                             "bench@v": ("run", "forced")}
+    r = reasons(build_plan(spec, force=("train",), only=("train@v",)))
+    assert [k for k, v in r.items() if v[0] == "run"] == ["train@v"]
+    r = reasons(build_plan(spec, force=("extract",), only=("extract", "train")))
+    assert r["extract"] == ("run", "forced") and r["train"][0] == "run"
+
+
 def test_only_with_missing_upstream_is_a_clear_error(tmp_path):
     spec = make_spec(tmp_path)
     with pytest.raises(PlanError) as ei:

@@ -452,3 +452,85 @@ def test_a_set_another_target_made_is_refused_and_other_settings_are_said(tmp_pa
         assert len(errors) == 1 and "not a regenerate stage's state record" in errors[0], bad
         with pytest.raises(PlanError, match="not a regenerate stage's state record"):
             build_plan(spec)
+
+
+def stage_records(f: Path, records: list) -> None:
+    """Write `records` as a carried set at f with a right sha256 sidecar (the checksum passes:
+    only the content can be wrong)."""
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in records).encode()))
+    carry.sidecar(f).write_text(f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.name}\n")
+
+
+def refused(spec, out: Path, no_target) -> str:
+    """The regenerate stage's error on the carried set; nothing written under out."""
+    with pytest.raises(StageError) as e:
+        no_target.run(ctx_of(spec, "regenerate", out))
+    assert not (out / SHARDS).exists()
+    return str(e.value)
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("answer_tokens", ["many"], "answer_tokens ['many'] is not a list of token counts"),
+    ("answer_tokens", [True], "answer_tokens [True] is not a list of token counts"),
+    ("answer_tokens", [-3], "answer_tokens [-3] is not a list of token counts"),
+    ("finish", [7], "finish [7] is not a list of finish reasons"),
+    ("finish", [], "finish has 0 entries and answer_tokens"),
+    ("cut", 3, "cut 3 is not a reason (a string) or null"),
+    ("dropped", ["x"], "dropped ['x'] is not a reason (a string) or null"),
+])
+def test_a_record_field_of_the_wrong_type_is_refused_naming_record_and_field(
+        tmp_path, regenerated, no_target, field, value, says):
+    """A carried set whose checksum is right but one of whose records has a field of another
+    type than the stage's writer makes (answer_tokens ["many"] failed the stage with a
+    TypeError in summarize) is refused before any shard, naming the field, the file, the
+    record's id, the field and the fix."""
+    art, _ = regenerated
+    recs = read_records(art)
+    bad = next(i for i, r in enumerate(recs) if not r["dropped"])
+    recs[bad][field] = value
+    spec_path = write_spec(tmp_path)
+    f = spec_path.parent / "carried" / NAME
+    stage_records(f, recs)
+    msg = refused(load_spec(spec_path), tmp_path / "o", no_target)
+    assert msg.startswith("stages.regenerate.reuse: ") and str(f) in msg, msg
+    assert f"record {bad + 1} ({recs[bad]['id']!r}): {says}" in msg, msg
+    assert "stage it again with its .sha256, or remove stages.regenerate.reuse to regenerate" \
+        in msg
+    assert "TypeError" not in msg
+
+
+@pytest.mark.parametrize("messages, says", [
+    (["hello", "world"], "messages[0] 'hello' is not a turn {\"role\": str, \"content\": str} "
+                         "(or {\"from\": str, \"value\": str})"),
+    ("hello", "messages 'hello' is not a list of turns"),
+    ([{"role": "user", "content": 5}], "messages[0] {'role': 'user', 'content': 5} is not a "
+                                       "turn"),
+    ([{"role": "user"}], "messages[0] {'role': 'user'} is not a turn"),
+    ([{"role": "narrator", "content": "hi"}], "messages[0] has role 'narrator'"),
+])
+def test_messages_that_are_not_turns_are_refused_by_the_regenerate_stage(
+        tmp_path, regenerated, no_target, messages, says):
+    """Records whose messages are not turns used to pass the regenerate stage (cached as a good
+    artifact) and fail only in extract, with a message about the internal artifact folder and
+    data.max_bad_fraction: the stage refuses them, naming stages.regenerate.reuse, the carried
+    file, the record and the turn. ShareGPT turns {"from", "value"} pass."""
+    art, _ = regenerated
+    recs = read_records(art)
+    bad = next(i for i, r in enumerate(recs) if not r["dropped"])
+    spec_path = write_spec(tmp_path)
+    f = spec_path.parent / "carried" / NAME
+    spec = load_spec(spec_path)
+    good = [dict(r) for r in recs]
+    good[bad]["messages"] = [{"from": "human" if t["role"] == "user" else "gpt",
+                              "value": t["content"]} for t in recs[bad]["messages"]]
+    stage_records(f, good)
+    no_target.run(ctx_of(spec, "regenerate", tmp_path / "sharegpt"))
+    recs[bad]["messages"] = messages
+    stage_records(f, recs)
+    msg = refused(spec, tmp_path / "o", no_target)
+    assert msg.startswith("stages.regenerate.reuse: ") and str(f) in msg, msg
+    assert f"record {bad + 1} ({recs[bad]['id']!r}): {says}" in msg, msg
+    assert "stage it again with its .sha256, or remove stages.regenerate.reuse to regenerate" \
+        in msg
+    assert "max_bad_fraction" not in msg

@@ -338,3 +338,95 @@ def test_a_rerun_that_stored_nothing_shows_the_run_that_did(tmp_path, capsys):
     print_results(db, run_id="old", spec_name="s")  # a run with rows: itself, nothing said
     out, err = capsys.readouterr()
     assert "old" in out and err == ""
+
+
+# -- reading verbs on a file that is not a results file of this runner
+
+
+def _tables(db: Path) -> set:
+    import duckdb
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables")
+                .fetchall()}
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("tables", [["CREATE TABLE t (a INT)", "INSERT INTO t VALUES (1)"], []],
+                         ids=["another-programs-db", "empty-db"])
+def test_reading_verbs_refuse_a_duckdb_file_that_is_not_a_results_file(tmp_path, tables):
+    """`runner query "select 1" --results foreign.duckdb` (and results, status) used to create
+    the runner's tables in any DuckDB file (the ingest before the query). Each refuses it,
+    naming the file and the fix, and leaves it as it was, with no lock file next to it."""
+    import duckdb
+    db = tmp_path / "foreign.duckdb"
+    con = duckdb.connect(str(db))
+    for sql in tables:
+        con.execute(sql)
+    con.close()
+    before, raw = _tables(db), db.read_bytes()
+    for args in (["query", "select 1"], ["results"], ["status"]):
+        r = runner(*args, "--results", str(db))
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.startswith(f"error: {db} is not a results file of this runner (no "
+                                   "`runs` table): point --results"), r.stderr
+        assert _tables(db) == before and db.read_bytes() == raw
+        assert not Store(db).lock_path.exists()
+    # runner plan refuses another program's file as results.path; an empty database passes
+    # (the first ingest makes it a results file)
+    from eagle3_runner.runner.store import check_readable
+    if tables:
+        with pytest.raises(StoreError, match="not a results file of this runner"):
+            check_readable(db)
+        assert not Store(db).lock_path.exists()
+    else:
+        check_readable(db)
+    assert _tables(db) == before
+
+
+def test_an_older_results_file_and_a_waiting_spool_still_work(tmp_path, capsys):
+    """A results file of the first version of the runner (runs with its first columns, no
+    bench_curve table) still answers the reading verbs, gaining the new tables and columns;
+    a spool waiting next to it, or with no file yet, is ingested first."""
+    import duckdb
+    from eagle3_runner.runner.cli import main
+    db = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE runs (run_id VARCHAR, spec_name VARCHAR, spec_hash VARCHAR, "
+                "code_version VARCHAR, host VARCHAR, executor VARCHAR, started_at TIMESTAMP, "
+                "finished_at TIMESTAMP, status VARCHAR, spec_json VARCHAR)")
+    con.execute("INSERT INTO runs (run_id, spec_name, started_at, status) VALUES "
+                "('r0', 's', '2026-01-01 00:00:00', 'done')")
+    con.close()
+    Store(db).metric("r0", "base", "train", "final_loss", 2.5, "nats")
+    assert main(["query", "SELECT count(*) AS n FROM bench_curve", "--results", str(db),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"n": 0}]
+    assert main(["results", "--results", str(db)]) == 0
+    assert "final_loss" in capsys.readouterr().out
+    assert "pid" in {c[0] for c in Store(db).query("DESCRIBE runs")[1]}
+    fresh = tmp_path / "new.duckdb"  # only a spool: status ingests it
+    Store(fresh).emit("runs", dict(run_id="r1", spec_name="s", status="done",
+                                   started_at="2026-01-01 00:00:00"))
+    assert main(["status", "--results", str(fresh)]) == 0
+    assert "run r1: done" in capsys.readouterr().out
+
+
+def test_a_file_refused_by_a_reading_verb_leaves_no_lock_file(tmp_path, filled_db):
+    """`runner results` on a garbage, empty or truncated file gives a clear error and leaves no
+    `<file>.lock` next to it; next to a real results file the lock file stays."""
+    raw = filled_db.read_bytes()
+    for name, content, why in (("junk.duckdb", b"not a database", "not a DuckDB file"),
+                               ("empty.duckdb", b"", "it is empty"),
+                               ("cut.duckdb", raw[:len(raw) // 2], "is damaged")):
+        f = tmp_path / name
+        f.write_bytes(content)
+        for args in (["results"], ["query", "SELECT 1"]):
+            r = runner(*args, "--results", str(f))
+            assert r.returncode == 1 and why in r.stderr and "Traceback" not in r.stderr, \
+                r.stderr
+            assert not Store(f).lock_path.exists(), (name, args)
+            assert f.read_bytes() == content
+    assert runner("results", "--results", str(filled_db)).returncode == 0
+    assert Store(filled_db).lock_path.exists()

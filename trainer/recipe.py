@@ -64,7 +64,7 @@ from eagle3_runner.trainer.objective import (Loss, TTTObjective, aux_noise, loss
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.files import atomic_write
 from eagle3_runner.runner.stage import StageContext
-from eagle3_runner.runner.stages import CHECKPOINT_FIELDS
+from eagle3_runner.runner.stages import CHECKPOINT_FIELDS, optimizer_steps
 
 SYNC_EVERY = 32  # optimizer steps between host reads of the step results (module docstring)
 
@@ -246,9 +246,7 @@ def setup(ctx: StageContext, impl: Any = "spec") -> TrainRun:
     if impl is not None:
         head = F.split_head(head, used)
     opt = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
-    spe = math.ceil(len(train_ids) / p.batch_size)
-    total = max(1, math.ceil(p.epochs * spe))
-    total = min(total, p.max_steps) if p.max_steps else total
+    total = optimizer_steps(p, len(train_ids))  # the plan's count too (runner/stages.py)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, p.warmup_steps, total))
     fp = hashlib.sha256(json.dumps({"train": p.model_dump(exclude=set(CHECKPOINT_FIELDS)),
                                     "draft": cfg.as_dict(), "vocab": key,
