@@ -165,16 +165,17 @@ def break_evens(rows: list[dict], summaries: list[dict]) -> dict[str, float]:
     of the same run and configuration (MATCH); lines without one are left out."""
     out = {}
     for label, rs in lines(rows).items():
-        key = tuple(rs[-1].get(f) for f in MATCH)
-        same = (lambda s: tuple(s.get(f) for f in MATCH) == key)
-        if rs[-1].get("backend") == HELD_OUT:  # the same chain as an engine served it (SGLang's
-            # before ours: the engine users serve with), of the latest run that benched it
-            cfg = MATCH[-3:]
-            same = (lambda s: tuple(s.get(f) for f in cfg) == key[-3:])
-            summaries = sorted(summaries, key=lambda s: s.get("backend") == "sglang")
-        be = [s["break_even_tau"] for s in summaries if same(s) and ok(s.get("break_even_tau"))]
+        # the held-out line: the same chain as any engine served it, SGLang's last (kept: the
+        # engine users serve with); the stable sort keeps each engine's latest run last
+        held = rs[-1].get("backend") == HELD_OUT
+        fields = MATCH[-3:] if held else MATCH
+        key = tuple(rs[-1].get(f) for f in fields)
+        be = [s for s in summaries if tuple(s.get(f) for f in fields) == key
+              and ok(s.get("break_even_tau"))]
+        if held:
+            be.sort(key=lambda s: s.get("backend") == "sglang")
         if be:
-            out[label] = be[-1]
+            out[label] = be[-1]["break_even_tau"]
     return out
 
 

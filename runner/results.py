@@ -102,10 +102,11 @@ def latest_run_with_results(store: Store, spec_name: str) -> str | None:
 def print_results(db: Path, run_id: str | None = None, as_json: bool = False,
                   spec_name: str | None = None, skip_empty: bool = False) -> None:
     """The latest summary metric of each (run, variant, stage, name), and bench summaries: of
-    run_id, or of every run. as_json adds every column of the summaries, the learning curve,
-    the stage rows and the step rows (`step_history`): what benchmarks/<date>-<spec>.json keeps. With spec_name, a run_id that computed nothing (every stage up to
-    date, or none finished) shows the newest run of that spec that stored some, said on stderr.
-    skip_empty: print nothing when there is nothing to show (a failed apply: no bare header)."""
+    run_id, or of every run. as_json adds every column of the summaries, the learning curve, the
+    stage rows and the step rows (`step_history`): what benchmarks/<date>-<spec>.json keeps. With
+    spec_name, a run_id that computed nothing (every stage up to date, or none finished) shows the
+    newest run of that spec that stored some, said on stderr. skip_empty: print nothing when there
+    is nothing to show (a failed apply: no bare header)."""
     if not Path(db).exists():
         raise StoreError(f"no results at {db}; run `runner apply SPEC` first or pass --results")
     store = Store(db)
