@@ -213,6 +213,19 @@ def _regenerate_key(spec, d: dict) -> dict:
     return {"target": _target(d), "data": _data(d), "regenerate": regen}
 
 
+def _bench_key(spec, d: dict) -> dict:
+    """The bench's inputs: the target (and its device), the whole stages.bench block, the data's
+    holdout and seed. stages.bench.sglang.curve_parallel is left out while null (its default:
+    waves of `parallel`), so a spec written before the field keeps its key; set, it is part of
+    the key as `parallel` is."""
+    bench = d["stages"]["bench"]
+    if bench["sglang"].get("curve_parallel") is None:
+        bench = {**bench, "sglang": {k: v for k, v in bench["sglang"].items()
+                                     if k != "curve_parallel"}}
+    return {"target": {**_target(d), "device": d["target"]["device"]}, "bench": bench,
+            "data": {k: d["data"][k] for k in ("holdout", "seed")}}
+
+
 REGISTRY: tuple[StageKind, ...] = (
     StageKind("regenerate", RegenerateStage, "Regenerate the training responses with the target "
               "(optional).", needs=lambda spec: (), key=_regenerate_key,
@@ -235,9 +248,7 @@ REGISTRY: tuple[StageKind, ...] = (
               needs=lambda spec: () if _external_drafter(spec) else ("export",),
               requires=lambda spec: () if _external_drafter(spec) else ("export",),
               preflight="check_backend",
-              key=lambda spec, d: {"target": {**_target(d), "device": d["target"]["device"]},
-                                   "bench": d["stages"]["bench"],
-                                   "data": {k: d["data"][k] for k in ("holdout", "seed")}},
+              key=_bench_key,
               files=lambda spec: ("target", "drafter") if _external_drafter(spec) else ("target",)),
 )
 STAGE_ORDER = tuple(k.name for k in REGISTRY)

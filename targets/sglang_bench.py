@@ -3,8 +3,9 @@ SGLang servers, one plain server (no speculation) per cuda_graph setting and one
 server per configuration, the same prompts through /generate at batch 1, and the `bench` /
 `bench_summary` rows of runner/bench_rows.py (the columns every backend writes).
 
-Servers (targets/sglang.py) start in waves of stages.bench.sglang.parallel on the one GPU, each on
-free ports (HTTP and torch.distributed's), with the target's dtype and
+Servers (targets/sglang.py) start in waves on the one GPU (plan_waves: the timed servers,
+stages.bench.sglang.parallel at a time, then the learning curve's, curve_parallel at a time),
+each on free ports (HTTP and torch.distributed's), with the target's dtype and
 stages.bench.sglang.mem_fraction_static; `start` launches the first wave and returns at once (the
 embedded bench builds its engines meanwhile), `measure` waits for each server (startup_timeout_s),
 then sends every prompt to one server after another, so only one server decodes at a time, and
@@ -117,6 +118,30 @@ def plan_servers(p, snapshots: list[dict] = ()) -> list[Planned]:
     return out
 
 
+def plan_waves(plan: list[Planned], parallel: int,
+               curve_parallel: int | None = None) -> list[list[Planned]]:
+    """The bench's waves (servers started together) of `plan` (plan_servers' order): the timed
+    servers (plain and configurations, snapshot None) in chunks of `parallel`, in plan order,
+    then the learning curve's snapshot servers in chunks of `curve_parallel` (None = parallel).
+    A curve server never shares a timed server's wave.
+
+    Why: a timed server's tok/s is measured while the rest of its wave is up, and an idle SGLang
+    server still costs CPU (its scheduler, tokenizer and detokenizer processes), which a small
+    target's batch-1 decode is bound by. On an H100 with SGLang 0.5.14 (SmolLM2-135M, 80
+    MT-bench prompts; BENCHMARKS.md, session of 2026-12-07, fourth window) all 8 servers in one
+    wave (parallel 8) against waves of 2 gave plain 629.8 vs 751.0 tok/s, 3/1/4 511.9 vs 707.0,
+    5/1/6 639.2 vs 815.6, 5/4/8 598.6 vs 788.9 (speedups 0.813/1.015/0.950 vs 0.941/1.086/1.050).
+    The curve's servers measure tau only, which no neighbour changes: they may start many at
+    once."""
+    timed = [pl for pl in plan if pl.snapshot is None]
+    curve = [pl for pl in plan if pl.snapshot is not None]
+
+    def chunks(xs: list[Planned], n: int) -> list[list[Planned]]:
+        return [xs[i:i + n] for i in range(0, len(xs), n)]
+
+    return chunks(timed, parallel) + chunks(curve, curve_parallel or parallel)
+
+
 class SglangBench:
     """The sglang side of one bench stage. sets: {prompt_set: [(prompt_id, input_ids)]};
     stop_ids: the target's end-of-turn ids (targets/load.py end_of_turn_ids), the embedded
@@ -137,8 +162,7 @@ class SglangBench:
                      if (m := load_measured(self.root, pl, sets, p.max_new_tokens) if resume
                          else _forget(self.root, pl)) is not None}
         plan = [pl for pl in plan if pl.name not in self.done]
-        n = self.o.parallel
-        self.waves = [plan[i:i + n] for i in range(0, len(plan), n)]
+        self.waves = plan_waves(plan, self.o.parallel, self.o.curve_parallel)
         self.started: list[Server] | None = None
 
     def _argv(self, pl: Planned, port: int, nccl: int) -> list[str]:
@@ -181,8 +205,8 @@ class SglangBench:
         self.started = None
 
     def measure(self) -> dict[str, Measured]:
-        """Every wave: wait for its servers, measure them one after another (the curve's
-        snapshot servers all at once after the others: their tau does not depend on time),
+        """Every wave (plan_waves): wait for its servers, measure them one after another (a
+        wave of the curve's snapshot servers all at once: their tau does not depend on time),
         stop them. Returns {server name: Measured}. The servers are stopped whatever happens."""
         from concurrent.futures import ThreadPoolExecutor
         out = dict(self.done)

@@ -148,6 +148,16 @@ def test_spec_change_names_the_field_and_cascades(tmp_path, fake_stages):
     r = reasons(build_plan(make_spec(tmp_path, ["stages.train.checkpoint_every=7",
                                                 "stages.train.checkpoint_minutes=1"])))
     assert {r[s][0] for s in r} == {"skip"}, r
+    # stages.bench.sglang.curve_parallel: out of the key while null (a spec written before the
+    # field keeps its key: the whole bench block as it was), in it once set
+    from eagle3_runner.runner.stages import stage_slice
+    bench = stage_slice(spec, "bench")["bench"]
+    assert bench == {**spec.stages.bench.model_dump(mode="json"),
+                     "sglang": {k: v for k, v in spec.stages.bench.sglang.model_dump(
+                         mode="json").items() if k != "curve_parallel"}}
+    r = reasons(build_plan(make_spec(tmp_path, ["stages.bench.sglang.curve_parallel=4"])))
+    assert r["bench"] == ("run", "spec changed: bench.sglang.curve_parallel")
+    assert {r[s][0] for s in ("extract", "train", "export")} == {"skip"}
 
 
 def test_input_file_change(tmp_path, fake_stages):

@@ -328,7 +328,7 @@ def test_a_resumed_bench_reads_back_the_servers_it_measured(rec, tmp_path, monke
     assert B.load_measured(root, measured[spec_name].planned, sets,
                            p.max_new_tokens).accept_lens == measured[spec_name].accept_lens
     # the bench's own constructor: nothing left to launch when every server is there
-    opts = SimpleNamespace(parallel=2, port=None, host="127.0.0.1")
+    opts = SimpleNamespace(parallel=2, curve_parallel=None, port=None, host="127.0.0.1")
     bp = SimpleNamespace(**vars(p), sglang=opts)
     bench = B.SglangBench(None, bp, tmp_path, "m", tmp_path, sets, resume=True)
     assert set(bench.done) == set(measured) and bench.waves == []
@@ -342,3 +342,144 @@ def test_a_resumed_bench_reads_back_the_servers_it_measured(rec, tmp_path, monke
     monkeypatch.setattr(B, "machine", bench_rows.machine)
     fresh = B.SglangBench(None, bp, tmp_path, "m", tmp_path, sets, resume=False)
     assert fresh.done == {} and not (root / "plain-cg1" / B.MEASURED).exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# waves: the timed servers with few neighbours, the curve's after them
+
+
+def _pays_plan(curve: int = 4):
+    """plan_servers of a bench shaped like specs/smollm2-pays-gpu.yaml: one cuda_graph setting,
+    3/1/4, 5/1/6 and 5/4/8, and `curve` snapshot drafters."""
+    from eagle3_runner.runner.spec.stage_blocks import SpecParams
+    from eagle3_runner.targets.sglang_bench import plan_servers
+    p = SimpleNamespace(cuda_graph=[True], configs=[
+        SpecParams(num_steps=3), SpecParams(num_steps=5),
+        SpecParams(num_steps=5, eagle_topk=4, num_draft_tokens=8)])
+    snaps = [{"step": 400 * (i + 1), "dir": f"/snap/{i}", "samples": 100 * (i + 1)}
+             for i in range(curve)]
+    return plan_servers(p, snaps)
+
+
+def _names(waves) -> list[list[str]]:
+    return [[pl.name for pl in w] for w in waves]
+
+
+TIMED = ["plain-cg1", "s3-k1-n4-cg1", "s5-k1-n6-cg1", "s5-k4-n8-cg1"]
+SNAPS = [f"snap{400 * i:06d}-s3-k1-n4-cg1" for i in (1, 2, 3, 4)]
+
+
+@pytest.mark.parametrize("parallel,curve_parallel,want", [
+    (2, 4, [TIMED[:2], TIMED[2:], SNAPS]),  # the pays spec
+    (2, None, [TIMED[:2], TIMED[2:], SNAPS[:2], SNAPS[2:]]),  # default: curve_parallel = parallel
+    (1, 8, [[t] for t in TIMED] + [SNAPS]),
+    (3, 3, [TIMED[:3], TIMED[3:], SNAPS[:3], SNAPS[3:]]),  # room left: no curve server joins
+    (8, None, [TIMED, SNAPS]),  # the timed wave never takes a curve server, even with room
+    (8, 1, [TIMED] + [[s] for s in SNAPS]),
+])
+def test_waves_time_each_server_beside_few_and_start_the_curve_after(parallel, curve_parallel,
+                                                                     want):
+    """plan_waves: the timed servers (plain, configurations) in plan order, `parallel` at a
+    time; then the curve's snapshot servers, `curve_parallel` (None = parallel) at a time; no
+    wave mixes the two (an idle neighbour slows a timed server: BENCHMARKS.md, 2026-12-07)."""
+    from eagle3_runner.targets.sglang_bench import plan_waves
+    waves = plan_waves(_pays_plan(), parallel, curve_parallel)
+    assert _names(waves) == want
+    for w in waves:
+        assert len({pl.snapshot is None for pl in w}) == 1  # all timed or all curve
+    assert plan_waves([], 2, 4) == []
+    # the timed ones go first whatever order they come in, each kind keeping its own order
+    plan = _pays_plan()
+    mixed = [plan[4], plan[0], plan[5], plan[1], plan[2], plan[6], plan[3], plan[7]]
+    assert _names(plan_waves(mixed, 2, 4)) == [TIMED[:2], TIMED[2:], SNAPS]
+    # no curve: the timed waves alone
+    assert _names(plan_waves(_pays_plan(curve=0), 2, 4)) == [TIMED[:2], TIMED[2:]]
+
+
+def test_the_bench_launches_its_waves_and_resumes_without_the_measured(tmp_path):
+    """SglangBench's waves are plan_waves' (stages.bench.sglang parallel / curve_parallel); a
+    resumed bench leaves out the servers it measured (their recordings read back) and waves the
+    rest the same way."""
+    from eagle3_runner.runner.spec.stage_blocks import BenchStage, SglangOptions
+    from eagle3_runner.targets import sglang_bench as B
+    plan = _pays_plan()
+    snaps = [pl.snapshot for pl in plan if pl.snapshot is not None]
+    p = BenchStage(configs=[pl.config.model_dump() for pl in plan[1:4]], cuda_graph=[True],
+                   max_new_tokens=[8], sglang=SglangOptions(parallel=2, curve_parallel=4))
+    sets = {"mtbench": [("mtbench-81", [1, 2, 3])]}
+    bench = B.SglangBench(None, p, tmp_path, "m", tmp_path, sets, snapshots=snaps)
+    assert _names(bench.waves) == [TIMED[:2], TIMED[2:], SNAPS]
+    # the plain server and one snapshot were measured by an earlier run on this machine
+    for name in ("plain-cg1", SNAPS[1]):
+        pl = next(x for x in plan if x.name == name)
+        (tmp_path / "sglang" / name).mkdir(parents=True)
+        (tmp_path / "sglang" / name / "generate.jsonl").write_text(json.dumps(B.record(
+            "mtbench", "mtbench-81", 8, [1, 2, 3], 0.0, (), {"meta_info": {}}, 0.1)) + "\n")
+        B.keep_measured(tmp_path / "sglang", B.Measured(pl))
+    resumed = B.SglangBench(None, p, tmp_path, "m", tmp_path, sets, snapshots=snaps,
+                            resume=True)
+    assert set(resumed.done) == {"plain-cg1", SNAPS[1]}
+    assert _names(resumed.waves) == [TIMED[1:3], TIMED[3:], [SNAPS[0]] + SNAPS[2:]]
+    default = BenchStage(**{**p.model_dump(), "sglang": {"parallel": 3}})
+    assert _names(B.SglangBench(None, default, tmp_path, "m", tmp_path, sets,
+                                snapshots=snaps).waves) == [TIMED[:3], TIMED[3:], SNAPS[:3],
+                                                            SNAPS[3:]]
+
+
+def test_a_replayed_bench_measures_timed_servers_without_curve_neighbours(tmp_path, monkeypatch):
+    """The recorded H200 servers replayed (tests/sglang_replay.py), the pays spec's shape with 2
+    snapshot drafters, parallel 3 and curve_parallel 2: measure() runs 3 waves (3 timed, the
+    fourth alone, though a wave of 3 has room for a curve server, then the curve's 2); while a
+    timed server is measured at most 2 others are up and never a curve one; the two curve
+    servers are up together; every server answers every prompt and the curve gets its rows."""
+    from eagle3_runner.runner.spec.stage_blocks import BenchStage, SglangOptions
+    from eagle3_runner.targets import sglang_bench as B
+    rec = next(d for d in SETS if d.name == "h200-0.5.14")
+    measured, rp, sets = _measured(rec)
+    sets = {k: v[:2] for k, v in sets.items()}
+    root = fake_sglang(tmp_path / "fake", rec)
+    import os
+    monkeypatch.setenv("PYTHONPATH", f"{root}:{os.environ.get('PYTHONPATH', '')}")
+    p = BenchStage(configs=[c.model_dump() for c in rp.configs], cuda_graph=[True],
+                   max_new_tokens=rp.max_new_tokens,
+                   sglang=SglangOptions(python=sys.executable, startup_timeout_s=60,
+                                        parallel=3, curve_parallel=2))
+    snaps = [{"step": s, "dir": str(tmp_path / f"step-{s:06d}"), "samples": 64 * s}
+             for s in (200, 400)]
+    up: set = set()
+    seen: dict = {}
+    real_launch, real_stop, real_one = B.launch, B.stop_all, B.SglangBench._measure_one
+
+    def launch(name, *a, **k):
+        up.add(name)
+        return real_launch(name, *a, **k)
+
+    def stop_all(servers):
+        up.difference_update(s.name for s in servers)
+        return real_stop(servers)
+
+    def measure_one(self, pl, srv):
+        seen[pl.name] = set(up)
+        return real_one(self, pl, srv)
+
+    monkeypatch.setattr(B, "launch", launch)
+    monkeypatch.setattr(B, "stop_all", stop_all)
+    monkeypatch.setattr(B.SglangBench, "_measure_one", measure_one)
+    bench = B.SglangBench(None, p, tmp_path / "out", "/m", tmp_path / "export", sets,
+                          snapshots=snaps)
+    curve = {f"snap{s:06d}-s3-k1-n4-cg1" for s in (200, 400)}
+    assert [len(w) for w in bench.waves] == [3, 1, 2]
+    assert {pl.name for pl in bench.waves[2]} == curve
+    bench.start()
+    got = bench.measure()
+    assert not up and set(got) == set(measured) | curve
+    assert all(m.error is None and len(m.responses) == 2 * len(rp.max_new_tokens)
+               for m in got.values()), {n: m.error for n, m in got.items()}
+    for name, alive in seen.items():
+        assert name in alive
+        if name in curve:
+            assert alive == curve
+        else:
+            assert len(alive) <= 3 and not alive & curve, (name, alive)
+    rows = B.curve_rows(got, p, sets)
+    assert {r["snapshot_step"] for r in rows} == {200, 400} and all(r["tau"] > 1 for r in rows)

@@ -609,6 +609,27 @@ def test_bench_sweep_axes_are_never_empty_or_zero(bench, field):
     one(field, problems(d))
 
 
+def test_sglang_curve_parallel_is_optional_and_at_least_1():
+    """stages.bench.sglang.curve_parallel: null (waves of `parallel`) unless set; 0 is refused
+    naming the field; the widest wave's ports are checked, naming curve_parallel when it is
+    the wider one."""
+    def sglang(**o):
+        d = spec_dict()
+        d["stages"] = {"bench": {"configs": [{"num_steps": 3}], "sglang": o}}
+        return d
+    assert load_spec(data=spec_dict()).stages.bench.sglang.curve_parallel is None
+    o = load_spec(data=sglang(parallel=2, curve_parallel=4)).stages.bench.sglang
+    assert (o.parallel, o.curve_parallel) == (2, 4)
+    msg = one("stages.bench.sglang.curve_parallel", problems(sglang(curve_parallel=0)))
+    assert "greater than or equal to 1" in msg
+    msg = one("stages.bench.sglang.port", problems(sglang(port=55000, parallel=2,
+                                                           curve_parallel=300)))
+    assert "stages.bench.sglang.curve_parallel = 300" in msg and "lower curve_parallel" in msg
+    msg = one("stages.bench.sglang.port", problems(sglang(port=55000, parallel=300,
+                                                           curve_parallel=2)))
+    assert "stages.bench.sglang.parallel = 300" in msg and "lower parallel" in msg
+
+
 def test_train_init_head_is_target_or_random():
     assert load_spec(data=spec_dict(stages={"extract": {}, "train": {}})) \
         .stages.train.init_head == "random"

@@ -110,19 +110,21 @@ GRPC_PORT_OFFSET = 10000
 MAX_HTTP_PORT = MAX_PORT - GRPC_PORT_OFFSET
 
 
-def ports_problem(port: int | None, parallel: int = 1) -> str | None:
+def ports_problem(port: int | None, parallel: int = 1,
+                  field: str = "parallel") -> str | None:
     """Why the ports the bench's servers take from stages.bench.sglang.port would not work, or
     None: each of the `parallel` servers started at once takes two consecutive ports (HTTP,
     --nccl-port; targets/sglang_bench.py), so a wave takes port .. port + 2 x parallel - 1, and
     its last HTTP port, port + 2 x (parallel - 1), must be at most MAX_HTTP_PORT (55535: SGLang
-    adds 10000 for its gRPC port). None (free ports picked per server) takes none."""
+    adds 10000 for its gRPC port). None (free ports picked per server) takes none. `field`: the
+    field that sets the widest wave (parallel, or curve_parallel when that is larger)."""
     if port is None:
         return None
     last_http = port + 2 * (parallel - 1)
     if last_http <= MAX_HTTP_PORT:
         return None
-    return (f"{BENCH_FIELD}.port = {port}: {BENCH_FIELD}.parallel = {parallel} servers at once "
+    return (f"{BENCH_FIELD}.port = {port}: {BENCH_FIELD}.{field} = {parallel} servers at once "
             f"take HTTP ports up to {last_http}, and SGLang 0.5.14 refuses to start when the HTTP "
             f"port + {GRPC_PORT_OFFSET} (its gRPC port) is past {MAX_PORT}. Set port to at most "
-            f"{MAX_HTTP_PORT - 2 * (parallel - 1)}, lower parallel, or leave port out (free "
+            f"{MAX_HTTP_PORT - 2 * (parallel - 1)}, lower {field}, or leave port out (free "
             f"ports at most {MAX_HTTP_PORT} are picked per server).")

@@ -230,10 +230,19 @@ class SglangOptions(Strict):
                                 "its gRPC port and refuses one past 65535); null = free ports "
                                 "picked per server, at most 55535.")
     tp: int = Field(1, ge=1, description="--tp-size.")
-    parallel: int = Field(1, ge=1, description="Servers started at once on the GPU(s) (the plain "
-                          "one and the configurations); each decodes alone, one after another. "
-                          "Above 1, set mem_fraction_static and a --max-total-tokens in "
-                          "extra_args so that they fit together.")
+    parallel: int = Field(1, ge=1, description=(
+        "Timed servers (the plain one and the configurations) started at once on the GPU(s). "
+        "Each decodes alone, one after another, but its tok/s is measured beside the wave's "
+        "other servers, and idle ones still cost CPU (their scheduler, tokenizer and "
+        "detokenizer processes; a small target's batch-1 decode is CPU-bound): on the H100 of "
+        "2026-12-07 (SmolLM2-135M, SGLang 0.5.14) 7 idle neighbours instead of 1 made plain "
+        "16% and 3/1/4 28% slower. For timing use 1-2, and curve_parallel to start the "
+        "curve's tau-only servers together. Above 1, set mem_fraction_static and a "
+        "--max-total-tokens in extra_args so that they fit together."))
+    curve_parallel: Optional[int] = Field(None, ge=1, description=(
+        "Learning-curve servers (stages.bench.curve's snapshot drafters: tau only, which no "
+        "neighbour changes) started at once, in waves of their own after the timed servers; "
+        "null = parallel. They must fit together as parallel's do."))
     mem_fraction_static: Optional[float] = Field(None, gt=0, lt=1, description="--mem-fraction-"
                                                  "static of every server; null = SGLang's "
                                                  "choice (most of the GPU: one server at a time).")
@@ -250,7 +259,9 @@ class SglangOptions(Strict):
         problems = extra_args_problems(self.extra_args)
         if (bad := host_problem(self.host)) is not None:
             problems.append(bad)
-        if (bad := ports_problem(self.port, self.parallel)) is not None:
+        # the widest wave takes the most ports: the timed one or the curve's
+        widest = max((self.parallel, "parallel"), (self.curve_parallel or 0, "curve_parallel"))
+        if (bad := ports_problem(self.port, *widest)) is not None:
             problems.append(bad)
         if problems:
             raise ValueError("\n".join(problems))
