@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Train against serve on the bench's own text: a drafter's simulated greedy chains over the text a
+recorded plain SGLang server wrote, next to the accept lengths the speculative servers measured.
+
+    python scripts/bench/sim_recorded.py --spec specs/smollm2-pays-gpu.yaml --drafter DIR \
+        --sglang BENCH_SGLANG_DIR [--steps 3,5] [--prompts 80] [--device cpu]
+
+BENCH_SGLANG_DIR: a bench stage's `sglang/` folder (runs/<spec>/bench/<key>/sglang, in the
+sglang-rec.tgz scripts/gpu/pays.sh brings back), holding `plain-cg1/generate.jsonl` (each prompt's
+input_ids and SGLang's greedy output_ids) and one `s<N>-k1-n<N+1>-cg1/` folder per chain it
+measured. DIR: an exported drafter (config.json + model.safetensors).
+
+Why: SGLang 0.5.14 reports only a request's accept length, not which draft position failed, so
+the bench's SGLang-only rows cannot say whether a tau below the training's held-out simulation is
+the text (MT-bench's prompts are not the regenerated set's) or a train/serve mismatch of features,
+positions or masks at TTT steps >= 1. trainer/acceptance.py simulate is exact for greedy chains
+on the target's own greedy text: run on the very text SGLang's plain server wrote, its tau is
+what a drafter that serves as it trained must reach. Equal (up to numerics: this runs the target
+in the spec's dtype on --device, SGLang ran bfloat16 on a GPU) = no mismatch, the gap is the text;
+SGLang well below = a mismatch. Prints one line per chain: simulated tau and per-position
+acceptance, SGLang's tau (its accept length over the recorded requests) and per-position acceptance (its
+spec_accept_histogram), and the difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def load_recorded(folder: Path, prompts: int) -> list[tuple[list[int], int]]:
+    """[(prompt ids + SGLang's output ids, index of the first generated token)] of the first
+    `prompts` requests of a recorded server (generate.jsonl: request.input_ids,
+    response.output_ids). Raises SystemExit naming the file when it is missing or has no
+    output_ids (a server that never became ready)."""
+    f = folder / "generate.jsonl"
+    if not f.is_file():
+        sys.exit(f"sim_recorded: {f} not found: --sglang must be a bench stage's sglang/ folder")
+    out = []
+    for line in f.read_text().splitlines()[:prompts]:
+        r = json.loads(line)
+        ids, gen = r["request"]["input_ids"], r["response"].get("output_ids")
+        if not gen:
+            sys.exit(f"sim_recorded: {f}: request {r.get('prompt_id')} has no output_ids")
+        out.append((list(ids) + list(gen), len(ids)))
+    return out
+
+
+def sglang_accept(folder: Path, prompts: int) -> tuple[float, list[float]] | None:
+    """(tau, per-position acceptance) over a speculative server's first `prompts` recorded
+    requests, from SGLang 0.5.14's meta_info: tau = 1 + sum(spec_num_correct_drafts) /
+    sum(spec_verify_ct) (its accept length, targets/sglang.py), and position j's acceptance =
+    the share of verify rounds that accepted more than j drafts (spec_accept_histogram[k]: the
+    rounds that accepted k). None when the folder or the counts are missing."""
+    f = folder / "generate.jsonl"
+    if not f.is_file():
+        return None
+    correct = rounds = 0
+    hist: list[int] = []
+    for line in f.read_text().splitlines()[:prompts]:
+        mi = json.loads(line)["response"].get("meta_info", {})
+        if not mi.get("spec_verify_ct") or "spec_accept_histogram" not in mi:
+            return None
+        correct += mi["spec_num_correct_drafts"]
+        rounds += mi["spec_verify_ct"]
+        h = mi["spec_accept_histogram"]
+        n = max(len(hist), len(h))  # a request's histogram stops at its longest accept
+        hist = [a + b for a, b in zip(hist + [0] * (n - len(hist)), list(h) + [0] * (n - len(h)))]
+    total = sum(hist)
+    pos = [sum(hist[j + 1:]) / total for j in range(len(hist) - 1)] if total else []
+    return 1 + correct / rounds, pos
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--spec", required=True)
+    ap.add_argument("--drafter", required=True, type=Path)
+    ap.add_argument("--sglang", required=True, type=Path)
+    ap.add_argument("--steps", default="3,5", help="chain lengths (num_steps), comma-separated")
+    ap.add_argument("--prompts", type=int, default=80)
+    ap.add_argument("--device", default="cpu")
+    a = ap.parse_args()
+    import torch
+    from eagle3_runner.models.draft_model import load_exported
+    from eagle3_runner.runner.spec.load import load_spec
+    from eagle3_runner.targets.load import load_target
+    from eagle3_runner.trainer.acceptance import simulate, summarize
+    steps = sorted({int(s) for s in a.steps.split(",")})
+    texts = load_recorded(a.sglang / "plain-cg1", a.prompts)
+    spec = load_spec(a.spec)
+    hf, _tok, _cfg = load_target(spec, device=a.device)
+    dtype = next(hf.parameters()).dtype
+    embed = hf.get_input_embeddings().weight
+    draft = load_exported(a.drafter, embed, device=a.device, dtype=dtype)
+    eps = float(getattr(hf.config, "rms_norm_eps", 1e-5))
+    with torch.inference_mode():
+        hists = simulate(draft, hf, texts, list(spec.drafter.aux_layer_ids), steps, eps)
+    print(f"{len(texts)} recorded plain answers ({sum(len(t) - s for t, s in texts):,} tokens), "
+          f"target {dtype} on {a.device}")
+    for n in steps:
+        sm = summarize(hists[n])
+        sg = sglang_accept(a.sglang / f"s{n}-k1-n{n + 1}-cg1", a.prompts)
+        pos = ", ".join(f"{x:.3f}" for x in sm["accept_per_pos"])
+        vs = ("SGLang not recorded" if sg is None else f"SGLang {sg[0]:.3f} "
+              f"[{', '.join(f'{x:.3f}' for x in sg[1])}] ({sg[0] - sm['tau']:+.3f})")
+        print(f"chain {n}: simulated tau {sm['tau']:.3f} [{pos}] over {sm['rounds']} rounds; {vs}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
