@@ -53,6 +53,9 @@ _ERROR_RE = re.compile(r"(Error|Exception|error:|Traceback|Assertion|CUDA error|
 _HARMLESS_RE = re.compile(r"Ignore import error|Can not import FA3")
 # meta_info key of the accepted drafts per request (0.5.14; `spec_accepted_drafts` is its alias)
 CORRECT_KEYS = ("spec_num_correct_drafts", "spec_accepted_drafts")
+# meta_info key of the verify passes per accepted-draft count (0.5.14; `spec_accept_histogram`
+# is its alias): histogram[n] = the request's verify passes that accepted exactly n drafts
+HISTOGRAM_KEYS = ("spec_correct_drafts_histogram", "spec_accept_histogram")
 
 
 def interpreter(python: str) -> str:
@@ -183,6 +186,27 @@ def tau_from_meta(metas: list[dict]) -> float:
     if None not in correct:
         return 1 + sum(correct) / verify
     return (sum(int(m["completion_tokens"]) for m in metas) - len(metas)) / verify
+
+
+def accept_per_pos_from_meta(metas: list[dict], num_steps: int) -> list[float]:
+    """Per-position acceptance of speculative responses, on the embedded engine's definition
+    (engine/speculative.py Stats.accept_per_pos: position j's share of verify passes that
+    accepted more than j drafts), from SGLang 0.5.14's per-request histogram (meta_info
+    `spec_correct_drafts_histogram`, alias `spec_accept_histogram`: entry n = the verify passes
+    that accepted exactly n drafts; tokenizer_manager.py; a request's list may stop at its
+    longest accept). Pooled over `metas` (sums, not a mean of ratios); `num_steps` positions.
+    [] when a response carries no histogram (a server older than the key), one whose counts do
+    not sum to its spec_verify_ct, or nothing verified: the caller stores NULL rather than a
+    made-up number."""
+    hist = [0] * (num_steps + 1)
+    for m in metas:
+        h = next((m[k] for k in HISTOGRAM_KEYS if k in m), None)
+        if not isinstance(h, list) or sum(h) != m.get("spec_verify_ct"):
+            return []  # absent, or not one count per verify pass: not what we read it as
+        for n, count in enumerate(h):
+            hist[min(n, num_steps)] += int(count)
+    total = sum(hist)
+    return [sum(hist[j + 1:]) / total for j in range(num_steps)] if total else []
 
 
 def server_accept_length(metas: list[dict]) -> float:

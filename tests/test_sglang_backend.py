@@ -21,6 +21,7 @@ from sglang_replay import spec_servers as _spec_servers  # noqa: E402
 from eagle3_runner.runner.errors import ServerError, StageError  # noqa: E402
 from eagle3_runner.targets.sglang import (error_line, free_ports, generate, launch,  # noqa: E402
                                          parse_accept_lens, server, server_accept_length,
+                                         accept_per_pos_from_meta,
                                          server_argv, server_info, sglang_available, stop_all,
                                          tau_from_meta, wait_ready)
 
@@ -112,6 +113,34 @@ def test_every_recorded_speculative_log_and_response_parses(rec):
     for r in load_generate(rec / "plain-cg1"):
         with pytest.raises(ValueError, match="EAGLE3"):
             tau_from_meta([r["response"]["meta_info"]])
+
+
+@pytest.mark.parametrize("rec", SETS, ids=lambda p: p.name)
+def test_recorded_histograms_give_per_position_acceptance_consistent_with_tau(rec):
+    """SGLang's per-request accept histogram, pooled into per-position acceptance, sums back to
+    tau - 1 (tau = 1 + accepted drafts / verify passes), falls with the position, and has one
+    entry per draft step."""
+    for d in _spec_servers(rec):
+        steps = int(d.name.split("-")[0][1:])  # s<num_steps>-k..-n..-cg..
+        metas = [r["response"]["meta_info"] for r in load_generate(d)]
+        pos = accept_per_pos_from_meta(metas, steps)
+        hists = [m.get("spec_correct_drafts_histogram", m.get("spec_accept_histogram"))
+                 for m in metas]
+        if any(h is None or sum(h) != m["spec_verify_ct"] for h, m in zip(hists, metas)):
+            assert pos == []  # none recorded, or not one count per verify pass: NULL
+            continue
+        assert len(pos) == steps
+        assert sum(pos) == pytest.approx(tau_from_meta(metas) - 1)
+        assert all(a >= b for a, b in zip(pos, pos[1:]))
+
+
+def test_accept_per_pos_pools_histograms_of_different_lengths():
+    a = {"spec_verify_ct": 4, "spec_correct_drafts_histogram": [1, 1, 2]}
+    b = {"spec_verify_ct": 2, "spec_accept_histogram": [1, 0, 0, 1]}
+    # passes accepting 0/1/2/3 drafts: 2, 1, 2, 1 of 6
+    assert accept_per_pos_from_meta([a, b], 3) == pytest.approx([4 / 6, 3 / 6, 1 / 6])
+    assert accept_per_pos_from_meta([a, {"spec_verify_ct": 2}], 3) == []
+    assert accept_per_pos_from_meta([a, {**b, "spec_verify_ct": 3}], 3) == []
 
 
 def test_tau_pools_requests_and_falls_back_without_correct_drafts():

@@ -48,29 +48,18 @@ def load_recorded(folder: Path, prompts: int) -> list[tuple[list[int], int]]:
     return out
 
 
-def sglang_accept(folder: Path, prompts: int) -> tuple[float, list[float]] | None:
+def sglang_accept(folder: Path, prompts: int, num_steps: int) -> tuple[float, list[float]] | None:
     """(tau, per-position acceptance) over a speculative server's first `prompts` recorded
-    requests, from SGLang 0.5.14's meta_info: tau = 1 + sum(spec_num_correct_drafts) /
-    sum(spec_verify_ct) (its accept length, targets/sglang.py), and position j's acceptance =
-    the share of verify rounds that accepted more than j drafts (spec_accept_histogram[k]: the
-    rounds that accepted k). None when the folder or the counts are missing."""
+    requests: targets/sglang.py tau_from_meta (1 + accepted drafts / verify passes) and
+    accept_per_pos_from_meta (SGLang 0.5.14's spec_correct_drafts_histogram). None when the
+    folder is missing."""
+    from eagle3_runner.targets.sglang import accept_per_pos_from_meta, tau_from_meta
     f = folder / "generate.jsonl"
     if not f.is_file():
         return None
-    correct = rounds = 0
-    hist: list[int] = []
-    for line in f.read_text().splitlines()[:prompts]:
-        mi = json.loads(line)["response"].get("meta_info", {})
-        if not mi.get("spec_verify_ct") or "spec_accept_histogram" not in mi:
-            return None
-        correct += mi["spec_num_correct_drafts"]
-        rounds += mi["spec_verify_ct"]
-        h = mi["spec_accept_histogram"]
-        n = max(len(hist), len(h))  # a request's histogram stops at its longest accept
-        hist = [a + b for a, b in zip(hist + [0] * (n - len(hist)), list(h) + [0] * (n - len(h)))]
-    total = sum(hist)
-    pos = [sum(hist[j + 1:]) / total for j in range(len(hist) - 1)] if total else []
-    return 1 + correct / rounds, pos
+    metas = [json.loads(line)["response"]["meta_info"]
+             for line in f.read_text().splitlines()[:prompts]]
+    return tau_from_meta(metas), accept_per_pos_from_meta(metas, num_steps)
 
 
 def main() -> int:
@@ -101,7 +90,7 @@ def main() -> int:
           f"target {dtype} on {a.device}")
     for n in steps:
         sm = summarize(hists[n])
-        sg = sglang_accept(a.sglang / f"s{n}-k1-n{n + 1}-cg1", a.prompts)
+        sg = sglang_accept(a.sglang / f"s{n}-k1-n{n + 1}-cg1", a.prompts, n)
         pos = ", ".join(f"{x:.3f}" for x in sm["accept_per_pos"])
         vs = ("SGLang not recorded" if sg is None else f"SGLang {sg[0]:.3f} "
               f"[{', '.join(f'{x:.3f}' for x in sg[1])}] ({sg[0] - sm['tau']:+.3f})")
