@@ -25,6 +25,7 @@ import os
 import sys
 import zlib
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3_runner.data.conversations import ROLE_MAP
@@ -36,6 +37,7 @@ from eagle3_runner.runner.files import atomic_path, atomic_write
 RECORD_KEYS = ("id", "source", "index", "messages", "finish", "answer_tokens", "cut", "dropped")
 SHARDS = "shards"
 SYNTHETIC = "synthetic_prompts.jsonl.gz"
+BUDGET = "time_budget"  # the cut/dropped reason of the stage's time budget (jobs/regen_turns.py)
 LEGACY = "conversations.jsonl"  # artifacts of the HF-generate stage (before shards)
 
 
@@ -238,16 +240,10 @@ def reuse_set(path: Path, out: Path, shard_conversations: int) -> dict:
     Returns summarize's metrics over the records (the generation's speeds and the data's drops
     belong to the run that made the set) with reused = 1; report.json says `reused` (file,
     sha256, records kept and dropped)."""
-    from eagle3_runner.runner.carry import FIELD, file_sha256
+    from eagle3_runner.runner.carry import FIELD
     out = Path(out)
     fix = f"stage it again with its .sha256, or remove {FIELD} to regenerate"
-    digest = file_sha256(path)
-    try:
-        records = read_gz_jsonl(path)
-    except ValueError as e:
-        raise StageError(f"{FIELD}: {e}; {fix}")
-    if (why := records_problem(records)) is not None:
-        raise StageError(f"{FIELD}: {path} is not a regenerated set ({why}); {fix}")
+    digest, records = _load_set(path)
     writer = ShardWriter(out, shard_conversations)
     done = {r["id"] for r in writer.done}
     for r in records:
@@ -276,3 +272,75 @@ def reuse_set(path: Path, out: Path, shard_conversations: int) -> dict:
     print(f"regenerate: reused {path} (sha256 {digest[:12]}...): {kept} conversations kept, "
           f"{len(written) - kept} dropped records", file=sys.stderr, flush=True)
     return m
+
+
+def _load_set(path: Path) -> tuple[str, list[dict]]:
+    """(sha256, records) of the carried set at `path`, checked to be a regenerate stage's records
+    (records_problem). Raises StageError naming stages.regenerate.reuse and the fix."""
+    from eagle3_runner.runner.carry import FIELD, file_sha256
+    fix = f"stage it again with its .sha256, or remove {FIELD} to regenerate"
+    digest = file_sha256(path)
+    try:
+        records = read_gz_jsonl(path)
+    except ValueError as e:
+        raise StageError(f"{FIELD}: {e}; {fix}")
+    if (why := records_problem(records)) is not None:
+        raise StageError(f"{FIELD}: {path} is not a regenerated set ({why}); {fix}")
+    return digest, records
+
+
+def _text(turn: dict) -> str:
+    """A turn's text: {"role", "content"} or ShareGPT's {"from", "value"} (_messages_problem)."""
+    return turn.get("content", turn.get("value"))
+
+
+@dataclass(frozen=True)
+class Carried:
+    """A carried set written as a growing stage's first shards (carry_into). ids: the records
+    written (every record of the set but those its run never started, dropped for the time
+    budget: those conversations are generated again); prompts: the carried synthetic user turns
+    (the first turn of each answered synthetic record), which no new prompt may repeat;
+    next_synthetic: the first synthetic index free (the set's highest + 1, dropped records'
+    included: their prompts are lost, their indices used); kept: the training conversations
+    among ids (not dropped); unstarted: the never-started records left out; info: report.json's
+    `extended` {file, sha256, records, kept, unstarted}."""
+
+    ids: frozenset
+    prompts: tuple
+    next_synthetic: int
+    kept: int
+    unstarted: int
+    info: dict
+
+
+def carry_into(path: Path, out: Path, shard_conversations: int) -> Carried:
+    """The carried set at `path` (stages.regenerate.reuse with extend; its checksum already
+    checked) as the first shards of a regenerate stage that then regenerates on top of them
+    (jobs/regenerate.py regenerate `carried`: ShardWriter.done makes the carried conversations
+    done, as a resumed run's). Writes every record but the never-started ones (dropped
+    time_budget) in the file's order, shard_conversations per shard; a resumed run keeps what it
+    wrote (a record already in `out`, carried or generated, is not written again). Raises
+    StageError when the set is not a regenerated one, or when `out` holds records of another set
+    (a carried id missing after the write)."""
+    digest, records = _load_set(path)
+    carried = [r for r in records if r["dropped"] != BUDGET]
+    writer = ShardWriter(out, shard_conversations)
+    done = {r["id"] for r in writer.done}
+    for r in carried:
+        if r["id"] not in done:
+            writer.add(r)
+    writer.flush()
+    ids = frozenset(r["id"] for r in carried)
+    if missing := ids - {r["id"] for r in read_records(out)}:
+        raise StageError(f"regenerate: {out} lacks {len(missing)} records of {path} (records of "
+                         "another set); remove the partial directory and run again")
+    syn = [r for r in records if r["source"] == "synthetic"]
+    kept = sum(not r["dropped"] for r in carried)
+    info = {"file": str(path), "sha256": digest, "records": len(records), "kept": kept,
+            "unstarted": len(records) - len(carried)}
+    print(f"regenerate: extends {path} (sha256 {digest[:12]}...): {kept} conversations carried, "
+          f"{info['unstarted']} never started there generated again", file=sys.stderr,
+          flush=True)
+    return Carried(ids, tuple(_text(r["messages"][0]) for r in syn
+                              if not r["dropped"] and r["messages"]),
+                   max((r["index"] for r in syn), default=-1) + 1, kept, info["unstarted"], info)

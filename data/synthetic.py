@@ -82,12 +82,14 @@ def verdict(text: str, ended: bool, guard) -> str | None:
     return why
 
 
-def select(candidates: list[tuple[int, str, bool]], guard, want: int) -> tuple[list, Counter]:
+def select(candidates: list[tuple[int, str, bool]], guard, want: int,
+           seen: set[str] | frozenset = frozenset()) -> tuple[list, Counter]:
     """candidates (index, text, ended by a stop token) -> (kept [(index, text)] in index order,
     at most `want`; drops {reason: n}). Deterministic: a duplicate keeps the lowest index, so the
-    kept ones are the same for any set of candidates 0..n-1 holding `want` distinct passing ones
-    (however many more were written)."""
-    kept, drops, seen = [], Counter(), set()
+    kept ones are the same for any set of candidates first..first+n-1 holding `want` distinct
+    passing ones (however many more were written). `seen`: normalised texts kept before (a
+    grown carried set's prompts): a candidate equal to one is a duplicate."""
+    kept, drops, seen = [], Counter(), set(seen)
     for i, text, ended in sorted(candidates):
         why = verdict(text, ended, guard)
         if why is None:

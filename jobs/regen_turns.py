@@ -108,7 +108,8 @@ MAX_CANDIDATES = 80  # candidates per synthetic prompt wanted, at most (4 rounds
 
 
 def synthesize(gen: Generator, tok, params, guard, stop_ids: tuple[int, ...], progress=True,
-               budget: Optional[Budget] = None) -> tuple[list, dict]:
+               budget: Optional[Budget] = None, first_index: int = 0,
+               avoid: tuple[str, ...] = ()) -> tuple[list, dict]:
     """Magpie: params.synthetic_prompts user turns written by the target, in ONE run of the
     engine, so no round waits for its slowest candidate: candidates 0, 1, 2, ... are drawn while
     those in flight fall short of what the prompts still wanted need at the keep rate so far
@@ -117,7 +118,10 @@ def synthesize(gen: Generator, tok, params, guard, stop_ids: tuple[int, ...], pr
     wanted, none once the budget is over. data/synthetic.py select then keeps the lowest-indexed
     ones: the prompts any longer run would keep. A candidate ends at the end of its user turn
     (data/synthetic.py user_turn_prefix: stop_ids, the target's end-of-turn ids, and the
-    template's end-of-turn token).
+    template's end-of-turn token). Candidates are numbered from `first_index` (a grown carried set,
+    jobs/regenerate.py: after its highest synthetic index, so their seeds, seed_of(seed,
+    "syn-candidate", index), are new ones) and one equal (normalised) to a text of `avoid` (the
+    carried prompts) is dropped as a duplicate.
     Returns (kept [(index, text)], report {candidates, kept, dropped {reason: n}, tokens, seconds,
     wait_s, row_steps (decode steps x rows: the token slots the steps ran), window (the SGLang
     engine's request window, engine/sglang_generate.py; None on the embedded engine)})."""
@@ -128,6 +132,7 @@ def synthesize(gen: Generator, tok, params, guard, stop_ids: tuple[int, ...], pr
     from eagle3_runner.engine.generate import Request
     prefix, stop = user_turn_prefix(tok, stop_ids)
     want, cands, passing, drawn = params.synthetic_prompts, [], set(), [0]
+    avoid = {normalize(t) for t in avoid}
     bar = tqdm(unit="tok", desc="synthetic prompts", disable=not progress, smoothing=0.1)
 
     def short() -> bool:  # another candidate is needed in flight
@@ -138,7 +143,7 @@ def synthesize(gen: Generator, tok, params, guard, stop_ids: tuple[int, ...], pr
 
     def candidate():
         drawn[0] += 1
-        i = drawn[0] - 1
+        i = first_index + drawn[0] - 1
         return Request(i, prefix, params.synthetic_max_tokens,
                        seed_of(params.seed, "syn-candidate", i))
 
@@ -150,12 +155,13 @@ def synthesize(gen: Generator, tok, params, guard, stop_ids: tuple[int, ...], pr
         texts = tok.batch_decode([r.tokens for r in results], skip_special_tokens=True)
         for r, t in zip(results, texts):
             cands.append((r.key, t.strip(), r.finish == "stop"))
-            if verdict(*cands[-1][1:], guard) is None:
-                passing.add(normalize(cands[-1][1]))
+            n = normalize(cands[-1][1])
+            if verdict(*cands[-1][1:], guard) is None and n not in avoid:
+                passing.add(n)
         return [candidate() if short() else None for _ in results]
     st = gen.run(first(), done, params.synthetic_temperature, params.synthetic_top_p, stop, bar)
     bar.close()
-    kept, drops = select(cands, guard, want)
+    kept, drops = select(cands, guard, want, avoid)
     return kept, {"candidates": len(cands), "kept": len(kept), "dropped": dict(drops),
                   "tokens": st["new_tokens"], "seconds": st["seconds"], "wait_s": st["wait_s"],
                   "row_steps": st["steps"] * gen.R, "window": st.get("window")}

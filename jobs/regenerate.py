@@ -45,7 +45,11 @@ A set carried from an earlier GPU window (stages.regenerate.reuse, runner/carry.
 of a run concatenated into one gzip JSONL file with its sha256 sidecar): when the file is there
 and its checksum right, the stage loads no target (nor torch: imported only where generation
 starts) and writes the set's records as its shards (`reuse`); when it is not there, the stage
-regenerates.
+regenerates. Grown (stages.regenerate.extend): the set's records are written as the first
+shards (data/regen_store.py carry_into; its never-started conversations left out) and the run
+goes on as a resumed one on top of them: the real conversations without a record are
+generated, and synthetic_prompts new prompts numbered after the set's highest synthetic index
+(new seeds; none equal to a carried prompt). The output is the union.
 
 This module is the stage: `run` (a carried set, or the stage's engine), `regenerate` (the turns in
 order, the resume check, the report) and `generate_batch`, the HF generate baseline. The turns
@@ -60,8 +64,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from eagle3_runner.data.regen_store import (SYNTHETIC, ShardWriter, read_gz_jsonl, read_records,
-                                            reuse_set, summarize, write_gz_jsonl)
+from eagle3_runner.data.regen_store import (SYNTHETIC, Carried, ShardWriter, carry_into,
+                                            read_gz_jsonl, read_records, reuse_set, summarize,
+                                            write_gz_jsonl)
 from eagle3_runner.data.synthetic import synthesis_share
 from eagle3_runner.jobs.regen_turns import (Budget, Conv, answer, real_conversations, synthesize,
                                             warm_up)
@@ -141,15 +146,19 @@ def make_generator(target, params, max_length: int, compile_backend=None) -> Gen
 def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path, guard=None,
                progress: bool = True, compile_backend=None,
                clock: Callable[[], float] = time.monotonic, gen=None, *,
-               stop_ids: tuple[int, ...]) -> dict:
+               stop_ids: tuple[int, ...], carried: Carried | None = None) -> dict:
     """Regenerate `convs` (+ params.synthetic_prompts synthetic ones) into out_dir's shards,
     resuming what an earlier run left there, within params.max_minutes (None = no budget;
     clock: seconds, for the budget). target: our Llama (models.llama.from_hf_model), for the
     embedded Generator (make_generator); gen: another engine with the Generator's run() contract
     instead (engine/sglang_generate.py SglangGenerator; target is then unused). stop_ids: the
     target's end-of-turn ids (targets/load.py end_of_turn_ids), where every answer and synthetic
-    prompt ends (the SGLang engine sends them as stop_token_ids).
-    Returns the report: metrics (see summarize), generation tokens/s and sizes."""
+    prompt ends (the SGLang engine sends them as stop_token_ids). carried: a carried set already
+    written into out_dir's shards (data/regen_store.py carry_into; stages.regenerate.extend):
+    its conversations are done, as a resumed run's, and the synthetic prompts are new ones
+    (numbered from carried.next_synthetic, none equal to a carried one).
+    Returns the report: metrics (see summarize; with `carried`, over the union, plus
+    carried_conversations and new_conversations), generation tokens/s and sizes."""
     if not getattr(tok, "chat_template", None):
         raise StageError("target.chat_template: the target tokenizer has no chat template; "
                          "regenerate needs one")
@@ -159,6 +168,9 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
     warm_s = warm_up(gen, tok, params)
     budget = Budget(params.max_minutes, clock)  # generation time: the compile is not in it
     jobs, pre = real_conversations(convs, params, guard)
+    writer = ShardWriter(out_dir, params.shard_conversations)
+    done_ids = {r["id"] for r in writer.done}
+    carried_ids = carried.ids if carried is not None else frozenset()
     syn, kept, syn_path = None, [], out_dir / SYNTHETIC
     if params.synthetic_prompts:
         if syn_path.is_file():  # a resumed run: the prompts were written before answering
@@ -167,25 +179,27 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
                    "window": None, "resumed": True}
             kept = [(r["index"], r["content"]) for r in recs[1:]]
         else:
-            share = synthesis_share(params.synthetic_prompts, sum(len(j.steps) for j in jobs),
+            share = synthesis_share(params.synthetic_prompts,
+                                    sum(len(j.steps) for j in jobs if j.id not in done_ids),
                                     params)
             kept, syn = synthesize(gen, tok, params, guard, stop_ids, progress,
-                                   budget.share(share))
+                                   budget.share(share),
+                                   first_index=carried.next_synthetic if carried else 0,
+                                   avoid=carried.prompts if carried else ())
             syn["budget_share"] = share
             write_gz_jsonl(syn_path, [{"meta": syn}] +
                            [{"index": i, "content": t} for i, t in kept])
     jobs += [Conv(f"syn-{i:06d}", "synthetic", i, [[{"role": "user", "content": t}]], [])
              for i, t in kept]
-    writer = ShardWriter(out_dir, params.shard_conversations)
-    done_ids = {r["id"] for r in writer.done}
     todo = [j for j in jobs if j.id not in done_ids]
     st = answer(gen, tok, todo, params, max_length, writer, stop_ids, progress, budget) \
         if todo else {"new_tokens": 0, "seconds": 0.0, "prefill_tokens": 0, "reused_tokens": 0,
                       "wait_s": 0.0, "steps": 0, "by_source": {}}
     records = read_records(out_dir)
     ids = [r["id"] for r in records]
-    if len(ids) != len(set(ids)) or set(ids) != {j.id for j in jobs}:
-        raise StageError(f"regenerate: {out_dir} holds {len(ids)} records for {len(jobs)} "
+    want = {j.id for j in jobs} | carried_ids
+    if len(ids) != len(set(ids)) or set(ids) != want:
+        raise StageError(f"regenerate: {out_dir} holds {len(ids)} records for {len(want)} "
                          "conversations (duplicates or losses); remove the partial directory "
                          "and run again")
     m = summarize(records, pre, syn)
@@ -212,7 +226,11 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
     if syn and syn.get("seconds"):
         m["tokens_per_s_synthesis"] = (syn["tokens"] / syn["seconds"], "tok/s")
     m["warmup_seconds"] = (warm_s, "s")
-    m["resumed_conversations"] = writer.resumed
+    m["resumed_conversations"] = len(done_ids - carried_ids)  # this stage's own, earlier run
+    if carried is not None:
+        m["carried_conversations"] = carried.kept
+        m["carried_unstarted"] = carried.unstarted  # generated again here (or dropped again)
+        m["new_conversations"] = m["conversations"] - carried.kept
     m["prefill_tokens"] = (st["prefill_tokens"], "tok")
     m["reused_prefix_tokens"] = (st["reused_tokens"], "tok")
     m["output_bytes"] = (writer.bytes, "B")
@@ -226,11 +244,12 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
 def run(ctx: StageContext) -> dict:
     """Regenerate the spec's training conversations (+ synthetic ones) into ctx.out_dir/shards,
     on the stage's engine (runner/engines.py stage_engine: embedded or sglang); or, when the
-    carried set of stages.regenerate.reuse is there, write its records instead (`reuse`)."""
+    carried set of stages.regenerate.reuse is there, write its records instead (`reuse`), or
+    write them and regenerate what it does not hold on top (stages.regenerate.extend)."""
     from eagle3_runner.runner import carry
     if (why := carry.problem(ctx.spec)) is not None:
         raise StageError(why)
-    if (path := carry.present(ctx.spec)) is not None:
+    if (path := carry.reuses(ctx.spec)) is not None:
         return reuse_set(path, Path(ctx.out_dir), ctx.params.shard_conversations)
     from eagle3_runner.data.contamination import bench_guard
     from eagle3_runner.data.conversations import load_conversations, show_data_report
@@ -243,33 +262,40 @@ def run(ctx: StageContext) -> dict:
     train, _holdout, data_report = load_conversations(spec.data)
     show_data_report(ctx, data_report)  # what the data lost, before any compute
     guard = bench_guard(spec)
+    grown = carry.extends(spec)  # written before the target loads: a bad set fails fast
+    carried = carry_into(grown, out, ctx.params.shard_conversations) if grown else None
     if engine.engine == SGLANG:
-        m, info = _regenerate_sglang(ctx, train, guard)
+        m, info = _regenerate_sglang(ctx, train, guard, carried)
     else:
-        m, info = _regenerate_embedded(ctx, train, guard), {}
+        m, info = _regenerate_embedded(ctx, train, guard, carried), {}
     if not m["conversations"]:
         raise StageError(f"regenerate: no conversation kept ({m}); raise data.max_length "
                          "(prompts longer than it are cut) or check the target")
     atomic_write(out / "report.json", json.dumps(
         {"data": data_report, "bench_prompts_guarded": guard.size,
          "engine": {"engine": engine.engine, "why": engine.why, **info},
+         **({"extended": carried.info} if carried else {}),
          "regenerate": {k: (v[0] if isinstance(v, tuple) else v) for k, v in m.items()}},
         indent=1, default=str))
     return m
 
 
-def _regenerate_embedded(ctx: StageContext, train: list, guard) -> dict:
-    """regenerate() on the embedded Generator: the target loaded as our Llama."""
+def _regenerate_embedded(ctx: StageContext, train: list, guard,
+                         carried: Carried | None = None) -> dict:
+    """regenerate() on the embedded Generator: the target loaded as our Llama (on top of a
+    carried set's records when `carried`)."""
     from eagle3_runner.models.llama import from_hf_model
     from eagle3_runner.targets.load import end_of_turn_ids, load_target
     hf, tok, _cfg = load_target(ctx.spec)
     target = from_hf_model(hf)
     del hf
     return regenerate(target, tok, train, ctx.params, ctx.spec.data.max_length,
-                      Path(ctx.out_dir), guard, stop_ids=end_of_turn_ids(ctx.spec, tok))
+                      Path(ctx.out_dir), guard, stop_ids=end_of_turn_ids(ctx.spec, tok),
+                      carried=carried)
 
 
-def _regenerate_sglang(ctx: StageContext, train: list, guard) -> tuple[dict, dict]:
+def _regenerate_sglang(ctx: StageContext, train: list, guard,
+                       carried: Carried | None = None) -> tuple[dict, dict]:
     """regenerate() through the stage's SGLang server (targets/sglang_target.py stage_server, its
     log in out_dir/logs). Returns (metrics, {sglang_version, url})."""
     from eagle3_runner.engine.sglang_generate import SglangGenerator
@@ -283,6 +309,6 @@ def _regenerate_sglang(ctx: StageContext, train: list, guard) -> tuple[dict, dic
     with stage_server(spec, GENERATE, target_config(spec), Path(ctx.out_dir) / "logs") as srv:
         gen = SglangGenerator(srv, p.batch_size, width)
         m = regenerate(None, tok, train, p, spec.data.max_length, Path(ctx.out_dir), guard,
-                       gen=gen, stop_ids=stop)
+                       gen=gen, stop_ids=stop, carried=carried)
     return m, {"sglang_version": srv.info.get("version"), "url": srv.url,
                "tp": srv.info.get("tp_size"), "dp": srv.info.get("dp_size")}

@@ -21,6 +21,11 @@ and staged again with its sidecar.
   set another target made is refused (`problem`): training on another model's answers is a
   drafter for that model, silently. Sampling settings that differ from the spec's (temperature,
   max_new_tokens, ...) and a set without the sidecar are warned about (`warnings`).
+- Grown (`stages.regenerate.extend: true`, `EXTEND`): with the file there, the stage writes the
+  set's records as its shards and then regenerates what the set does not hold (jobs/regenerate.py
+  run, data/regen_store.py carry_into); it runs the target, its key is the file's sha256 with the
+  generation's inputs, and its state record names the target: the union it outputs is carried
+  into the next window like a regenerated set (`extends`; `reuses` is the plain reuse).
 `note` is the plan's line about it. Torch-free.
 """
 
@@ -36,6 +41,7 @@ from eagle3_runner.runner.errors import EnvVarError
 from eagle3_runner.runner.files import expand_path, file_identity, sha256_file
 
 FIELD = "stages.regenerate.reuse"
+EXTEND = "stages.regenerate.extend"
 SIDECAR = ".sha256"
 PROVENANCE = ".json"  # the generating run's regenerate state record
 # the stage's settings that shape the set's text: a set made with others is warned about
@@ -60,6 +66,20 @@ def present(spec) -> Path | None:
     """The carried set's path when it is declared and there (a file): the stage reuses it."""
     p = declared(spec)
     return p if p is not None and p.is_file() else None
+
+
+def extends(spec) -> Path | None:
+    """The carried set's path when it is there and stages.regenerate.extend is on: the stage
+    writes its records and regenerates on top of them (runs the target)."""
+    p = present(spec)
+    return p if p is not None and spec.stages.regenerate.extend else None
+
+
+def reuses(spec) -> Path | None:
+    """The carried set's path when it is there and only reused (extend off): the stage writes
+    its records and runs no target."""
+    p = present(spec)
+    return p if p is not None and not spec.stages.regenerate.extend else None
 
 
 def sidecar(path: Path) -> Path:
@@ -172,10 +192,35 @@ def warnings(spec) -> list[str]:
     ours = spec.stages.regenerate.model_dump()
     diff = [f"{k} {made[k]!r} (this spec: {ours.get(k)!r})" for k in SHAPING
             if k in made and made[k] != ours.get(k)]
-    if not diff:
-        return []
-    return [f"{head}: the set was made with other stages.regenerate settings: "
-            f"{', '.join(diff)}; it is reused as it was made (they shape only new sets)."]
+    out = [] if not diff else [
+        f"{head}: the set was made with other stages.regenerate settings: "
+        f"{', '.join(diff)}; it is reused as it was made (they shape only new sets)."]
+    if spec.stages.regenerate.extend and (why := _data_differs(spec, rec)):
+        out.append(f"{EXTEND}: the set was made from other data ({why}): its real conversations "
+                   "are named by data order (real-NNNNNN), so growing it may skip conversations "
+                   "of this data or answer one it holds again (the train stage drops exact "
+                   "duplicates). Point data at the set's data, or remove stages.regenerate.extend.")
+    return out
+
+
+def _data_differs(spec, rec: dict) -> str | None:
+    """How the data of the run that made the set (its state record `rec`: the spec's data
+    section and the data file's identity) differs from spec's, or None (same, or unknown)."""
+    made = rec["spec"].get("data")
+    ours = {k: v for k, v in spec.data.model_dump(mode="json").items() if k != "max_bad_fraction"}
+    if isinstance(made, dict):
+        diff = [f"data.{k} {made.get(k)!r} (this spec: {v!r})" for k, v in ours.items()
+                if k in made and made[k] != v]
+        if diff:
+            return ", ".join(diff)
+    was = rec["inputs"]["files"].get("data")
+    try:
+        now = file_identity(expand_path(spec.data.path)) if spec.data.path else None
+    except (EnvVarError, ValueError, OSError):
+        now = None
+    if isinstance(was, str) and now not in (None, "missing") and was != now:
+        return f"the data file's content (identity {was[:12]}..., now {now[:12]}...)"
+    return None
 
 
 def problem(spec) -> str | None:
@@ -210,23 +255,33 @@ def problem(spec) -> str | None:
 
 
 def note(spec) -> str | None:
-    """The plan's line about the carried set: `reuses PATH (sha256 ...)` or `regenerates: PATH not
-    found`; None when the field is not set."""
+    """The plan's line about the carried set: `reuses PATH (sha256 ...)`, `extends PATH (sha256
+    ...)` or `regenerates: PATH not found`; None when the field is not set."""
     p = declared(spec)
     if p is None:
         return None
+    if p.is_file() and spec.stages.regenerate.extend:
+        return (f"extends {p} (sha256 {file_sha256(p)[:12]}...: its records, then new "
+                "conversations regenerated on top)")
     if p.is_file():
         return f"reuses {p} (sha256 {file_sha256(p)[:12]}..., no target run)"
     return f"regenerates: {p} not found ({FIELD})"
 
 
 def explain(old: dict, new: dict) -> str | None:
-    """The plan's rerun reason when a stage's key slice went from generating to reusing or back,
-    or to another carried set (runner/plan.py _explain); None for any other change."""
-    was, now = "reuse" in old, "reuse" in new
+    """The plan's rerun reason when a stage's key slice went from generating to reusing or
+    extending or back, or to another carried set (runner/plan.py _explain); None for any other
+    change."""
+    def mode(s: dict) -> str | None:
+        return "reuse" if "reuse" in s else "extend" if "extend" in s else None
+    was, now = mode(old), mode(new)
     if was != now:
+        if "extend" in (was, now):
+            what = {"extend": "the carried set is there: grows it", "reuse": "reuses the carried "
+                    "set as it is", None: "no carried set: regenerates"}[now]
+            return f"spec changed: {EXTEND} ({what})"
         what = "the carried set is there" if now else "no carried set: regenerates"
         return f"spec changed: {FIELD} ({what})"
-    if now and old["reuse"] != new["reuse"]:
+    if now is not None and old[now] != new[now]:
         return f"input changed: {FIELD} holds another set"
     return None

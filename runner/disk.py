@@ -7,7 +7,9 @@ the data file (the first READ_BYTES): each record's turn texts at CHARS_PER_TOKE
 per token plus TURN_TOKENS chat-template tokens per turn, capped at data.max_length; with
 stages.regenerate, only the first max_turns exchanges and at most max_new_tokens per answer,
 plus its synthetic_prompts at their token caps (an upper bound: as many as its time allows), or
-the carried regenerated set (stages.regenerate.reuse) itself when it is there.
+the carried regenerated set (stages.regenerate.reuse) itself when it is there (grown, extend:
+its records plus the synthetic_prompts on top; the real conversations it regenerates are not
+counted).
 The record count is the file size over the mean record size of that head (exact when the
 whole file was read), then holdout and max_samples apply. A gzip or zstd file (recognised by
 its magic bytes, as data/records.py reads it) is read through its decompressor, its text size
@@ -199,7 +201,8 @@ def estimate(spec) -> dict:
     n = max(0, n_file - spec.data.holdout)
     n = min(n, spec.data.max_samples) if spec.data.max_samples else n
     tokens = round(n * sum(per) / len(per))
-    synth = 0 if carried or regen is None else regen.synthetic_prompts
+    # a set grown (stages.regenerate.extend) gets up to synthetic_prompts new ones on top
+    synth = 0 if regen is None or (carried and not regen.extend) else regen.synthetic_prompts
     if synth:  # self-written prompts, as many as the stage's time allows: at their token caps
         n += synth
         tokens += synth * min(spec.data.max_length, regen.synthetic_max_tokens

@@ -50,9 +50,9 @@ class Choice:
 def stage_role(spec, stage: str) -> str | None:
     """GENERATE (regenerate), CAPTURE (extract, train with features: online) or None (the stage
     does not run the target: train offline, export, bench, and a regenerate that reuses a
-    carried set that is there, runner/carry.py)."""
+    carried set that is there without extending it, runner/carry.py)."""
     if stage == "regenerate":
-        return None if carry.present(spec) else GENERATE
+        return None if carry.reuses(spec) else GENERATE
     if stage == "extract" or (stage == "train" and spec.stages.train is not None
                               and spec.stages.train.features == "online"):
         return CAPTURE

@@ -203,14 +203,17 @@ def _data(d: dict) -> dict:
 def _regenerate_key(spec, d: dict) -> dict:
     """A carried set that is there (stages.regenerate.reuse, runner/carry.py) is the stage's
     output: the key is its sha256 (and the shard size it is written in), whatever the target,
-    data and generation settings. Otherwise the generation's inputs, without `reuse`: declaring
-    a set that is not there yet keeps a finished regeneration's key."""
-    regen = {k: v for k, v in d["stages"]["regenerate"].items() if k != "reuse"}
-    path = carry.present(spec)
-    if path is not None:
+    data and generation settings. Grown (stages.regenerate.extend, with the set there): its
+    sha256 under "extend" with the generation's inputs. Otherwise the generation's inputs,
+    without `reuse` and `extend`: declaring a set that is not there yet keeps a finished
+    regeneration's key (and extend: false is not in any key)."""
+    regen = {k: v for k, v in d["stages"]["regenerate"].items() if k not in ("reuse", "extend")}
+    if (path := carry.reuses(spec)) is not None:
         return {"reuse": {"sha256": carry.file_sha256(path)},
                 "shard_conversations": regen["shard_conversations"]}
-    return {"target": _target(d), "data": _data(d), "regenerate": regen}
+    grown = carry.extends(spec)
+    return {**({"extend": {"sha256": carry.file_sha256(grown)}} if grown else {}),
+            "target": _target(d), "data": _data(d), "regenerate": regen}
 
 
 def _bench_key(spec, d: dict) -> dict:
@@ -229,7 +232,7 @@ def _bench_key(spec, d: dict) -> dict:
 REGISTRY: tuple[StageKind, ...] = (
     StageKind("regenerate", RegenerateStage, "Regenerate the training responses with the target "
               "(optional).", needs=lambda spec: (), key=_regenerate_key,
-              files=lambda spec: () if carry.present(spec) else ("target", "data"),
+              files=lambda spec: () if carry.reuses(spec) else ("target", "data"),
               resumes=True, file_check=carry.problem),
     StageKind("extract", ExtractStage, "Capture the target's aux hidden states for training.",
               needs=lambda spec: ("regenerate",),

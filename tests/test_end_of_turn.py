@@ -319,7 +319,8 @@ def test_regenerate_on_the_embedded_engine_stops_at_the_models_end_of_turn(im_st
     from eagle3_runner.targets import load
     seen = {}
 
-    def regenerate(target, tok, convs, params, max_length, out_dir, guard=None, *, stop_ids):
+    def regenerate(target, tok, convs, params, max_length, out_dir, guard=None, *, stop_ids,
+                   carried=None):
         seen["stop_ids"] = tuple(stop_ids)
         return {}
     monkeypatch.setattr(load, "load_target", lambda spec: (None, _tok(im_start), {}))

@@ -342,10 +342,11 @@ def test_a_missing_set_is_regenerated_by_the_stage(tmp_path, monkeypatch):
     target = from_hf_model(tiny_hf_llama(vocab=49152, hidden=32, layers=2, heads=4, kv=2))
     calls = []
 
-    def embedded(ctx, train, guard):
+    def embedded(ctx, train, guard, carried=None):
         calls.append(len(train))
         return regen.regenerate(target, tok, train, ctx.params, ctx.spec.data.max_length,
-                                Path(ctx.out_dir), guard, progress=False, stop_ids=(2,))
+                                Path(ctx.out_dir), guard, progress=False, stop_ids=(2,),
+                                carried=carried)
     monkeypatch.setattr(regen, "_regenerate_embedded", embedded)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

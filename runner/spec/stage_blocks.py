@@ -65,7 +65,25 @@ class RegenerateStage(Strict):
         "the stage regenerates, with the key it has without this field. A second sidecar, "
         "PATH.json (the state record of the run that made the set), names its target: a set "
         "another target generated is refused (docs/data.md). Relative = relative to the spec "
-        "file's folder; ${VAR} expanded."))
+        "file's folder; ${VAR} expanded. With extend: true the set is grown, not just reused."))
+    extend: bool = Field(False, description=(
+        "Grow the carried set of `reuse` instead of only reusing it (docs/data.md): when the "
+        "file is there, the stage writes its records as its shards, then regenerates, within "
+        "max_minutes, what the set does not hold: the real conversations it has no record of "
+        "(and those its own run never started, dropped_time_budget) and synthetic_prompts NEW "
+        "self-written prompts (numbered after the set's highest synthetic index, seeded by that "
+        "index, none equal to a carried prompt). The output is the union; it runs the target, and "
+        "its key is the set's sha256 with the generation settings. When the file is not there, "
+        "the stage regenerates as without it (the same key). Needs reuse."))
+
+    @model_validator(mode="after")
+    def _extend_needs_reuse(self):
+        if self.extend and self.reuse is None:
+            raise ValueError("stages.regenerate.extend: true grows the carried set of "
+                             "stages.regenerate.reuse, which is not set. Set "
+                             "stages.regenerate.reuse to the carried file (regen-NAME.jsonl.gz), "
+                             "or remove stages.regenerate.extend.")
+        return self
 
 
 class ExtractStage(Strict):

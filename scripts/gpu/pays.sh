@@ -33,7 +33,9 @@
 # A regenerated set carried from an earlier window (regen-<name>.jsonl.gz, its .sha256 and its
 # .json, the state record of the run that made it: which target, in .stage/regen/ here, staged
 # with `stage.sh regen`) goes where the spec's stages.regenerate.reuse
-# looks for it: the regenerate stage then reuses it instead of generating.
+# looks for it: the regenerate stage then reuses it instead of generating, or, with
+# stages.regenerate.extend, grows it (its records, then new conversations for the budget) and the
+# regen phase brings the union back under the same name: the next window carries the bigger set.
 source scripts/gpu/sglang_setup.sh
 mkdir -p "$OUT/r" ~/stage
 if [ -n "${EXTRA_O+set}" ]; then echo "$EXTRA_O" > ~/stage/pays_extra
@@ -129,10 +131,14 @@ case $phase in
     # (beside the train stage they cost its set-up 3 minutes on 2026-12-07)
     [ -z "${WARM_AFTER:-}" ] && warm $(( $(left) - 30 ))
     # the regenerated set (its gzip shards are one gzip stream end to end), with its checksum:
-    # carry it to the next window (DEVELOPERS.md: .stage/regen/, stages.regenerate.reuse)
-    # (not when it was carried in: ~/stage has it)
+    # carry it to the next window (DEVELOPERS.md: .stage/regen/, stages.regenerate.reuse).
+    # The artifact of the stage's state record: one that ran the target (its record names it:
+    # a regeneration, or stages.regenerate.extend's union of the carried set and the new
+    # conversations); not a plain reuse of a set carried in (~/stage has it, unchanged)
     R=/tmp/regen-$NAME.jsonl.gz
-    [ ! -f ~/stage/regen-$NAME.jsonl.gz ] && cat $W/regenerate/*/shards/part-*.jsonl.gz > "$R" 2>/dev/null \
+    K=$(python3 -c "import json; r = json.load(open('$W/state/base.regenerate.json'))
+print(r['key'][:16] if 'target' in r['inputs']['files'] else '')" 2>/dev/null)
+    [ -n "$K" ] && cat $W/regenerate/$K/shards/part-*.jsonl.gz > "$R" 2>/dev/null \
       && (cd /tmp && sha256sum "$(basename "$R")" > "$R.sha256") \
       && split -b 15M -d "$R" "$OUT/r/$(basename "$R")." && cp "$R.sha256" "$OUT/r/" \
       && cp $W/state/base.regenerate.json "$OUT/r/$(basename "$R").json" ;;  # runner/carry.py
