@@ -9,7 +9,8 @@ spec tok/s / baseline tok/s; base_ms_per_token = 1000 / baseline tok/s.
 Losslessness (temperature 0): lossless = the speculative tokens equal the baseline's; where they
 do not, diverge_at / diverge_margin / diverge_runner_up say where and how close the target's own
 choice was there (the embedded backend's jobs.bench.divergence), and the summary tells near-ties
-(margin < NEAR_TIE) from bugs (lossless_verdict).
+(margin < NEAR_TIE) from bugs (lossless_verdict). Without margins (backend sglang alone: no target
+forward) a difference is left unjudged (UNJUDGED), never called a bug.
 train_samples = the samples the drafter was actually trained on, read from the export's
 provenance.json (the train stage's summary), the same for every backend, so data-scaling plots
 (runner/report.py) never mix definitions.
@@ -66,20 +67,38 @@ def first_divergence(spec: list[int], base: list[int]) -> int | None:
                 min(len(spec), len(base)))
 
 
+UNJUDGED = "unjudged: no target margins"
+"""What the flag of a row whose outputs differ from the baseline's with no divergence margin says
+(backend sglang alone: no target forward runs, so nothing tells a bf16 near-tie from a bug):
+"differs from plain on 60/80 prompts (unjudged: no target margins)". Not "not lossless": on the
+H100 (BENCHMARKS.md, session of 2026-12-07, fourth window) SGLang 0.5.14's speculative servers
+with the trained SmolLM2-135M drafter gave greedy output_ids unlike its own plain server's on 60,
+63 and 64 of 80 MT-bench prompts (256 new tokens; first difference at new token 1-250, medians
+31.5-37.5), as the H200 recordings (tests/data/sglang/h200-0.5.14) do on all 3 of theirs; flagged
+"not lossless", that read as a broken drafter or SGLang when nothing said so. Backend both
+measures the margins (the embedded target's forward) and judges such rows."""
+
+
 def flags_for(tau: float, speedup: float | None, lossless: bool | None,
-              margin: float | None = None, busy_machine: bool = False) -> list[str]:
-    """margin: the (worst) first-divergence logit margin of a row that is not lossless; None =
-    unknown (no target forward: sglang), flagged "not lossless" as a margin >= NEAR_TIE is.
-    busy_machine: other processes used the cores while it was measured (runner/cpu.py busy):
-    its times and speedup say more about the machine than about the drafter."""
+              margin: float | None = None, busy_machine: bool = False,
+              differ: tuple[int, int] | None = None) -> list[str]:
+    """margin: the (worst) first-divergence logit margin of a row that is not lossless: below
+    NEAR_TIE "not lossless (near-ties)", at or above it "not lossless" (a bug); None = unknown
+    (no target forward: backend sglang alone): "differs from plain (unjudged: ...)" (UNJUDGED),
+    with differ = (prompts that differ, prompts) of a summary row: "differs from plain on 60/80
+    prompts (unjudged: ...)". busy_machine: other processes used the cores while it was
+    measured (runner/cpu.py busy): its times and speedup say more about the machine than about
+    the drafter."""
     out = ["busy machine"] if busy_machine else []
     if tau == tau and tau < 1.05:
         out.append("drafter broken")
     if speedup is not None and speedup < 1:
         out.append("slower than baseline")
-    if lossless is False:
-        near = margin is not None and margin < NEAR_TIE
-        out.append("not lossless (near-ties)" if near else "not lossless")
+    if lossless is False and margin is None:
+        on = f" on {differ[0]}/{differ[1]} prompts" if differ else ""
+        out.append(f"differs from plain{on} ({UNJUDGED})")
+    elif lossless is False:
+        out.append("not lossless (near-ties)" if margin < NEAR_TIE else "not lossless")
     return out
 
 
@@ -88,7 +107,9 @@ def lossless_verdict(rows: list[dict]) -> tuple[bool | None, int | None, float |
     largest first-divergence margin in logits (None when all are lossless or any margin is
     unknown), a sentence for the explanation ("" when lossless or at temperature > 0)). E.g.
     "17/30 prompts differ from the baseline; first divergences at target logit margins median
-    0.031 (max 0.12), ...: near-ties (< 0.5 logits)."
+    0.031 (max 0.12), ...: near-ties (< 0.5 logits)." Without margins (backend sglang alone) the
+    sentence says the difference is unjudged and how to judge it, not that it is a bug (UNJUDGED:
+    SGLang 0.5.14's speculative servers differ from its plain server on most prompts).
     """
     if not rows or rows[0]["lossless"] is None:
         return None, None, None, ""
@@ -99,7 +120,13 @@ def lossless_verdict(rows: list[dict]) -> tuple[bool | None, int | None, float |
     text = f" {len(bad)}/{len(rows)} prompts differ from the baseline"
     margins = [r["diverge_margin"] for r in bad]
     if None in margins:
-        return False, n, None, text + " (no target margins on this backend)."
+        return False, n, None, text + (
+            f", unjudged: no target margins on this backend (backend sglang alone runs no "
+            f"target forward), so nothing tells a bf16 near-tie (margin < {NEAR_TIE} logits) "
+            f"from a bug; backend both measures them. A difference alone does not show a broken "
+            f"drafter or server: SGLang 0.5.14's speculative servers with a trained drafter "
+            f"differed from its own plain server on 60-64 of 80 MT-bench prompts (H100, "
+            f"2026-12-07).")
     worst = max(bad, key=lambda r: r["diverge_margin"])
     m = worst["diverge_margin"]
     up = sum(bool(r["diverge_runner_up"]) for r in bad)
@@ -149,11 +176,12 @@ def config_fields(c, cuda_graph: bool, max_new: int, temperature: float, backend
 
 
 def _measured(cfg: dict, tau: float, spec_tok_s: float, base_tok_s: float,
-              lossless: bool | None, margin: float | None, load: dict | None) -> dict:
+              lossless: bool | None, margin: float | None, load: dict | None,
+              differ: tuple[int, int] | None = None) -> dict:
     speedup = spec_tok_s / base_tok_s
     return dict(tau=tau, mean_accepted=tau - 1, accept_rate=tau / cfg["num_draft_tokens"],
                 spec_tok_s=spec_tok_s, base_tok_s=base_tok_s, speedup=speedup, lossless=lossless,
-                flags=", ".join(flags_for(tau, speedup, lossless, margin, busy(load))),
+                flags=", ".join(flags_for(tau, speedup, lossless, margin, busy(load), differ)),
                 **(load or {}))
 
 
@@ -179,17 +207,18 @@ def summary_row(cfg: dict, rows: list[dict], tau: float, spec_tok_s: float, base
                 break_even_tau: float, explanation: str, load: dict | None = None,
                 **extra) -> dict:
     """One `bench_summary` row: configuration `cfg` over its `bench` rows (prompt_row; sums, not
-    means of ratios). lossless, lossless_prompts and the near-tie flag come from the rows
-    (lossless_verdict), whose sentence ends the explanation. load: the machine's load over the
-    whole measurement (baseline and speculative decodes; runner/cpu.py load_columns): on a busy
-    machine, flag `busy machine` and a sentence with the numbers. extra: more columns
-    (accept_per_pos, draft/verify/other_ms_per_round)."""
+    means of ratios). lossless, lossless_prompts and the near-tie / bug / unjudged flag come
+    from the rows (lossless_verdict), whose sentence ends the explanation. load: the machine's
+    load over the whole measurement (baseline and speculative decodes; runner/cpu.py
+    load_columns): on a busy machine, flag `busy machine` and a sentence with the numbers.
+    extra: more columns (accept_per_pos, draft/verify/other_ms_per_round)."""
     lossless, n_lossless, margin, why = lossless_verdict(rows)
     if busy(load):
         n = sum("busy machine" in r["flags"] for r in rows)
         why += busy_text(load) + f" {n}/{len(rows)} prompt rows flagged `busy machine`."
+    differ = (len(rows) - n_lossless, len(rows)) if lossless is False else None
     return {**cfg, "n_prompts": len(rows),
-            **_measured(cfg, tau, spec_tok_s, base_tok_s, lossless, margin, load),
+            **_measured(cfg, tau, spec_tok_s, base_tok_s, lossless, margin, load, differ),
             "lossless_prompts": n_lossless, "base_ms_per_token": 1000 / base_tok_s,
             "break_even_tau": break_even_tau, "explanation": explanation + why, **extra}
 

@@ -26,7 +26,11 @@ Definitions (SGLang 0.5.14 meta_info, targets/sglang.py):
 - lossless (temperature 0) = the speculative server's output_ids equal the plain server's;
   ref_* = the plain server's output_ids against the embedded engine's greedy baseline, when
   both backends ran (Compare); divergence margins come from our target's own forward
-  (jobs.bench.divergence) when it is loaded, else NULL.
+  (jobs.bench.divergence) when it is loaded, else NULL: a prompt that differs is then flagged
+  unjudged ("differs from plain ... (unjudged: no target margins)", bench_rows.UNJUDGED), not
+  "not lossless", since SGLang 0.5.14's speculative servers differ from its plain server on
+  most prompts (60-64 of 80 on the H100, 2026-12-07) and nothing here tells a near-tie from a
+  bug.
 
 Recorded under the stage's output (the layout tests/data/sglang/ replays;
 scripts/gpu/sglang_fixtures.py turns it into fixtures):

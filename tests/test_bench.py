@@ -31,7 +31,8 @@ def test_explain_reproduces_the_seed_case_in_numbers():
     assert be == pytest.approx(round_ms / base_ms) and be == pytest.approx(3.566, abs=1e-3)
     assert "3 draft steps x 4.00 ms" in text and "Break-even tau" in text and "1.47 short" in text
     assert flags_for(2.1, sp, True) == ["slower than baseline"]
-    assert flags_for(1.0, 0.3, False) == ["drafter broken", "slower than baseline", "not lossless"]
+    assert flags_for(1.0, 0.3, False, 2.0) == ["drafter broken", "slower than baseline",
+                                             "not lossless"]
 
 
 def _spec(smollm2_path, **bench):
@@ -319,6 +320,9 @@ def test_sglang_only_stage_and_a_failed_server(smollm2_path, tmp_path, monkeypat
     good = next(x for x in res["summary"] if x["num_steps"] == 3)
     assert good["tau"] == pytest.approx(1 + 9 / 8) and good["lossless_prompts"] == 1
     assert all(r["diverge_margin"] is None and "ref_same" not in r for r in res["rows"])
+    # the prompt that differs has no margin here: unjudged, not "not lossless"
+    assert "differs from plain on 1/2 prompts (unjudged: no target margins)" in \
+        good["flags"].split(", ") and "not lossless" not in good["flags"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -404,7 +408,7 @@ def test_a_lossless_row_has_null_divergence_and_lands_in_an_old_results_file(tmp
 def test_the_summary_tells_near_ties_from_a_bug():
     """lossless_prompts counts the lossless prompts; the explanation and the flag say near-ties
     when every first divergence is within NEAR_TIE logits, a bug (naming the prompt) when one
-    is not, and plain "not lossless" when no margins were measured (sglang)."""
+    is not, and "unjudged" when no margins were measured (sglang: test_unknown_margins_...)."""
     s = _summary(_rows([None, None, None]))
     assert (s["lossless"], s["lossless_prompts"], s["flags"]) == (True, 3, "")
     assert s["explanation"] == "tree 4/4/8: measured."
@@ -423,14 +427,57 @@ def test_the_summary_tells_near_ties_from_a_bug():
     assert "a bug" in just["explanation"] and "near-ties" not in just["flags"]
     r = _rows([0.01, 2.0])  # each prompt row carries its own flag
     assert "not lossless (near-ties)" in r[0]["flags"] and r[1]["flags"] == "not lossless"
-    unknown = [{**x, "diverge_margin": None} for x in _rows([0.01])]  # no target forward
-    s = _summary(unknown)
-    assert s["flags"] == "not lossless" and "no target margins" in s["explanation"]
     s = _summary(_rows([0.01, None], temperature=0.7))
     assert (s["lossless"], s["lossless_prompts"]) == (None, None)
     assert "differ" not in s["explanation"]
     assert flags_for(2.0, 1.2, False, 0.1) == ["not lossless (near-ties)"]
-    assert flags_for(2.0, 1.2, False, None) == ["not lossless"]
+    assert flags_for(2.0, 1.2, False, 3.2) == ["not lossless"]
+
+
+def _sglang_rows(margins):
+    """Backend sglang's rows (targets/sglang_bench.py _prompt_row): margins[i] None and "same"
+    = lossless, None alone = outputs differ with no target forward (no margin), a number = the
+    margin backend both measures."""
+    cfg = config_fields(_Cfg, True, 256, 0.0, "sglang", "mtbench", None)
+    return [prompt_row(cfg, f"p{i}", 2.0, 32, 16, 50.0, 40.0, m == "same",
+                       None if m in ("same", None) else
+                       dict(diverge_at=i + 1, diverge_margin=m, diverge_runner_up=False))
+            for i, m in enumerate(margins)]
+
+
+def test_unknown_margins_are_unjudged_not_a_bug():
+    """Backend sglang alone runs no target forward, so a prompt whose speculative output_ids
+    differ from the plain server's has no margin: its row and the summary say it differs, on how
+    many prompts, unjudged, never "not lossless" (SGLang 0.5.14 with the trained SmolLM2
+    drafter differed on 60-64 of 80 prompts, H100 2026-12-07: runner/bench_rows.py UNJUDGED);
+    `lossless` stays False. A measured margin >= NEAR_TIE is still "not lossless" (a bug), one
+    below it near-ties."""
+    from eagle3_runner.runner.bench_rows import UNJUDGED
+    cfg = config_fields(_Cfg, True, 256, 0.0, "sglang", "mtbench", None)
+    rows = _sglang_rows(["same", None, None, "same", None])
+    assert [r["flags"] for r in rows] == ["", f"differs from plain ({UNJUDGED})",
+                                          f"differs from plain ({UNJUDGED})", "",
+                                          f"differs from plain ({UNJUDGED})"]
+    s = summary_row(cfg, rows, 2.0, 30.0, 40.0, 2.5, "chain: measured.")
+    flags = s["flags"].split(", ")
+    assert flags == ["slower than baseline",
+                     "differs from plain on 3/5 prompts (unjudged: no target margins)"]
+    assert not any("not lossless" in f for f in flags)
+    assert (s["lossless"], s["lossless_prompts"]) == (False, 2)
+    why = s["explanation"]
+    assert "3/5 prompts differ from the baseline, unjudged: no target margins" in why
+    assert "backend both measures them" in why and "a bug." not in why
+    # backend both: the same differences with measured margins are judged
+    s = summary_row(cfg, _sglang_rows(["same", 0.1, 3.2, "same", 0.2]), 2.0, 30.0, 40.0, 2.5,
+                    "chain: measured.")
+    assert s["flags"].split(", ") == ["slower than baseline", "not lossless"]
+    assert "unjudged" not in s["explanation"] and s["explanation"].endswith("a bug.")
+    s = summary_row(cfg, _sglang_rows(["same", 0.1, 0.3]), 2.0, 50.0, 40.0, 2.5, "m.")
+    assert s["flags"] == "not lossless (near-ties)"
+    assert flags_for(2.0, 1.2, False, None) == [f"differs from plain ({UNJUDGED})"]
+    assert flags_for(2.0, 1.2, False, None, differ=(60, 80)) == \
+        [f"differs from plain on 60/80 prompts ({UNJUDGED})"]
+    assert flags_for(2.0, 1.2, True, None, differ=(0, 80)) == []
 
 
 def test_the_embedded_bench_records_where_a_prompt_diverged(smollm2_path, tmp_path,
