@@ -59,9 +59,10 @@ from eagle3_runner.runner.bench_rows import (config_fields, failed_summary_row, 
                                              machine, prompt_row, round_cost, summary_row)
 from eagle3_runner.runner.errors import ServerError
 from eagle3_runner.runner.files import atomic_write
-from eagle3_runner.targets.sglang import (Server, generate, launch, parse_accept_lens,
+from eagle3_runner.targets.sglang import (Server, accept_per_pos_from_meta, free_ports,
+                                         generate, launch, parse_accept_lens,
                                          server_accept_length, server_argv, server_info,
-                                         stop_all, tau_from_meta, wait_ready, free_ports)
+                                         stop_all, tau_from_meta, wait_ready)
 
 # /server_info keys kept in the recording (the rest is every ServerArgs field)
 INFO_KEYS = ("version", "model_path", "dtype", "attention_backend", "speculative_algorithm",
@@ -393,8 +394,10 @@ def _prompt_row(cfg: dict, prompt_set: str, pid: str, spec: tuple, plain: tuple,
         extra = dict(ref_same=ref == ours, ref_diverge_at=(rdiv or {}).get("diverge_at"),
                      ref_diverge_margin=(rdiv or {}).get("diverge_margin"),
                      _ref_runner_up=(rdiv or {}).get("diverge_runner_up"))
+    pos = accept_per_pos_from_meta([mi], cfg["num_steps"])
     return prompt_row(cfg, pid, tau_from_meta([mi]), toks, int(mi["spec_verify_ct"]), toks / e2e,
                       btoks / be2e, lossless, div, server_accept_length=server_accept_length([mi]),
+                      **({"accept_per_pos": pos} if pos else {}),
                       _meta=mi, _e2e=e2e, _be2e=be2e, _btoks=btoks, **extra)
 
 
@@ -432,8 +435,10 @@ def _summary(cfg: dict, rows: list[dict], spec_m: Measured, version: str | None)
             f"end (server e2e_latency); one round = {round_ms:.2f} ms = {cost:.2f} plain tokens of "
             f"{base_ms:.2f} ms (break-even tau {cost:.2f}).")
     ref = _ref_verdict(rows)
+    pos = accept_per_pos_from_meta(metas, K)  # SGLang's per-request accept histograms
     out = summary_row(cfg, rows, tau, spec_tps, base_tps, cost, text,
                       server_accept_length=sal, server_version=version,
+                      **({"accept_per_pos": pos} if pos else {}),
                       **{k: v for k, v in ref.items() if not k.startswith("_")})
     out["explanation"] += ref.get("_ref_text", "")
     return out
@@ -462,6 +467,7 @@ def curve_rows(measured: dict[str, Measured], p, sets: dict) -> list[dict]:
                 except ValueError:  # not a speculative response: no tau to draw
                     continue
                 verify = sum(int(mi["spec_verify_ct"]) for mi in metas)
-                out.append(curve_row(cfg, pl.snapshot, "sglang", "measured", tau, [], verify,
-                                     len(metas), sal))
+                out.append(curve_row(cfg, pl.snapshot, "sglang", "measured", tau,
+                                     accept_per_pos_from_meta(metas, pl.config.num_steps),
+                                     verify, len(metas), sal))
     return out

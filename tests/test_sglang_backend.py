@@ -296,6 +296,13 @@ def test_rows_of_recorded_servers(rec):
         assert "not lossless" not in s["flags"]
         unjudged = f"differs from plain on {len(got) - same}/{len(got)} prompts (unjudged"
         assert (unjudged in s["flags"]) == (same < len(got)), s["flags"]
+        # per position from SGLang's own accept histograms (NULL where none is recorded)
+        if all(sum(m.get("spec_correct_drafts_histogram", [-1])) == m["spec_verify_ct"]
+               for m in metas):
+            assert len(s["accept_per_pos"]) == s["num_steps"]
+            assert sum(s["accept_per_pos"]) == pytest.approx(s["tau"] - 1)
+        else:
+            assert "accept_per_pos" not in s
     assert {r["prompt_id"] for r in rows} <= {pid for v in sets.values() for pid, _ in v}
     measured["plain-cg1"].error = "sglang server plain-cg1 exited with code 1: CUDA out of memory"
     _, sums = rows_and_summaries(measured, p, sets, 123)
