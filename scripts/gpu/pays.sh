@@ -83,7 +83,10 @@ bring_back() {
     q "SELECT backend, snapshot_step, train_samples, selected, round(tau,3) tau, round(heldout_tau,3) held, round(server_accept_length,3) sgl_al FROM bench_curve ORDER BY 1, 2"
     echo "phase $phase: $((SECONDS - T0)) s"
   } >> "$TXT" 2>&1
-  cp "$RES" "$OUT/r/" 2>/dev/null  # after the queries: they ingest the stages' last rows
+  # after the queries: they ingest the stages' last rows. Not beside a regenerated set's parts
+  # (8 files come back a call: log, state, up to 4 parts, .sha256, .json); the machine keeps the
+  # results file and the next phase brings it back, the log above has the regen tables
+  ls "$OUT/r"/regen-*.jsonl.gz.[0-9][0-9] >/dev/null 2>&1 || cp "$RES" "$OUT/r/" 2>/dev/null
   [ "$phase" = train ] && carry_drafter
   tail -45 "$TXT"
 }
