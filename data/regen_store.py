@@ -231,6 +231,20 @@ def summarize(records: list, pre: Counter, syn: dict | None) -> dict:
     return m
 
 
+def _write_missing(out: Path, shard_conversations: int,
+                   records: list[dict]) -> tuple[ShardWriter, list[dict]]:
+    """Write the `records` that `out`'s shards do not hold yet (by id: a resumed run keeps what
+    it wrote), in order, shard_conversations per shard. Returns (the writer: its resumed and
+    bytes, every record `out` holds then)."""
+    writer = ShardWriter(out, shard_conversations)
+    done = {r["id"] for r in writer.done}
+    for r in records:
+        if r["id"] not in done:
+            writer.add(r)
+    writer.flush()
+    return writer, read_records(out)
+
+
 def reuse_set(path: Path, out: Path, shard_conversations: int) -> dict:
     """The carried set at `path` (stages.regenerate.reuse, runner/carry.py; its checksum already
     checked) as the regenerate stage's output in `out`, without the target: its records (this
@@ -244,13 +258,7 @@ def reuse_set(path: Path, out: Path, shard_conversations: int) -> dict:
     out = Path(out)
     fix = f"stage it again with its .sha256, or remove {FIELD} to regenerate"
     digest, records = _load_set(path)
-    writer = ShardWriter(out, shard_conversations)
-    done = {r["id"] for r in writer.done}
-    for r in records:
-        if r["id"] not in done:
-            writer.add(r)
-    writer.flush()
-    written = read_records(out)
+    writer, written = _write_missing(out, shard_conversations, records)
     if sorted(r["id"] for r in written) != sorted(r["id"] for r in records):
         raise StageError(f"regenerate: {out} holds {len(written)} records for the {len(records)} "
                          f"of {path} (records of another set); remove the partial directory and "
@@ -324,14 +332,9 @@ def carry_into(path: Path, out: Path, shard_conversations: int) -> Carried:
     (a carried id missing after the write)."""
     digest, records = _load_set(path)
     carried = [r for r in records if r["dropped"] != BUDGET]
-    writer = ShardWriter(out, shard_conversations)
-    done = {r["id"] for r in writer.done}
-    for r in carried:
-        if r["id"] not in done:
-            writer.add(r)
-    writer.flush()
+    _, written = _write_missing(out, shard_conversations, carried)
     ids = frozenset(r["id"] for r in carried)
-    if missing := ids - {r["id"] for r in read_records(out)}:
+    if missing := ids - {r["id"] for r in written}:
         raise StageError(f"regenerate: {out} lacks {len(missing)} records of {path} (records of "
                          "another set); remove the partial directory and run again")
     syn = [r for r in records if r["source"] == "synthetic"]
