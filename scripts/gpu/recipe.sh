@@ -16,17 +16,22 @@
 #                                                     # `specforge` variant benches its drafter
 #   bash scripts/gpu/recipe.sh sweep SECONDS NAME...  # variants at once, one process each on the
 #                                                     # one GPU (scale.sh sweep: tau exact, tok/s not)
-# The conversations: ~/stage/regenerated.jsonl.gz (carried, records with `messages`) or the
-# regen phase. stages.train.kernels: TRAIN_KERNELS (default triton, as the scale runs measured).
+# The conversations: the pays spec's carried set ~/stage/regen-smollm2-pays-gpu.jsonl.gz
+# (`stage.sh regen`: 84,424 of SmolLM2's own greedy answers, made after the end-of-turn fix,
+# issue 44's data; its records read as data.source jsonl: 83,708 clean), else
+# ~/stage/regenerated.jsonl.gz (an older carried set, records with `messages`), else the regen
+# phase. stages.train.kernels: TRAIN_KERNELS (default triton, as the scale runs measured).
 source scripts/gpu/setup.sh
 mkdir -p "$OUT/r"
 export SPEC=specs/smollm2-recipe-gpu.yaml PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 [ -f ~/stage/train_kernels ] || echo "${TRAIN_KERNELS:-triton}" > ~/stage/train_kernels
 touch ~/stage/extra_o
 REGEN=$EAGLE3_CACHE/regen/regenerated.jsonl.gz
-if [ -f ~/stage/regenerated.jsonl.gz ] && [ ! -f "$REGEN" ]; then
-  mkdir -p "$(dirname "$REGEN")" && cp ~/stage/regenerated.jsonl.gz "$REGEN"
-fi
+for carried in ~/stage/regen-smollm2-pays-gpu.jsonl.gz ~/stage/regenerated.jsonl.gz; do
+  if [ -f "$carried" ] && [ ! -f "$REGEN" ]; then
+    mkdir -p "$(dirname "$REGEN")" && cp "$carried" "$REGEN" && echo "recipe.sh: conversations: $carried"
+  fi
+done
 phase=$1; LIMIT=$2; shift 2
 T0=$SECONDS
 left() { echo $((LIMIT - (SECONDS - T0))); }
