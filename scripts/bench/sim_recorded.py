@@ -33,33 +33,71 @@ from pathlib import Path
 def load_recorded(folder: Path, prompts: int) -> list[tuple[list[int], int]]:
     """[(prompt ids + SGLang's output ids, index of the first generated token)] of the first
     `prompts` requests of a recorded server (generate.jsonl: request.input_ids,
-    response.output_ids). Raises SystemExit naming the file when it is missing or has no
-    output_ids (a server that never became ready)."""
+    response.output_ids). Raises SystemExit naming the file when it is missing, holds no request,
+    a line that is not a recorded request, or one without output_ids (a server that never became
+    ready)."""
     f = folder / "generate.jsonl"
     if not f.is_file():
         sys.exit(f"sim_recorded: {f} not found: --sglang must be a bench stage's sglang/ folder")
     out = []
-    for line in f.read_text().splitlines()[:prompts]:
-        r = json.loads(line)
-        ids, gen = r["request"]["input_ids"], r["response"].get("output_ids")
+    for n, line in enumerate(f.read_text().splitlines()[:prompts], 1):
+        try:
+            r = json.loads(line)
+            ids, gen = r["request"]["input_ids"], r["response"].get("output_ids")
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            sys.exit(f"sim_recorded: {f} line {n} is not a recorded request ({e!r}): --sglang "
+                     "must be a bench stage's sglang/ folder as the stage wrote it")
         if not gen:
             sys.exit(f"sim_recorded: {f}: request {r.get('prompt_id')} has no output_ids")
         out.append((list(ids) + list(gen), len(ids)))
+    if not out:
+        sys.exit(f"sim_recorded: {f} holds no recorded request (a server that never answered)")
     return out
+
+
+def drafter_problem(folder: Path) -> str | None:
+    """Why `folder` is not an exported drafter (config.json + model.safetensors), or None."""
+    if not folder.is_dir():
+        return f"--drafter {folder} is not a folder"
+    missing = [n for n in ("config.json", "model.safetensors") if not (folder / n).is_file()]
+    if missing:
+        return (f"--drafter {folder} has no {' or '.join(missing)}: give an exported drafter "
+                "(runs/<spec>/export/<key>/, or one `runner convert` wrote)")
+    return None
+
+
+def positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return v
+
+
+def chain_lengths(text: str) -> list[int]:
+    """argparse type of --steps: comma-separated integers >= 1, sorted, each once."""
+    return sorted({positive(s.strip()) for s in text.split(",")})
 
 
 def sglang_accept(folder: Path, prompts: int, num_steps: int) -> tuple[float, list[float]] | None:
     """(tau, per-position acceptance) over a speculative server's first `prompts` recorded
     requests: targets/sglang.py tau_from_meta (1 + accepted drafts / verify passes) and
     accept_per_pos_from_meta (SGLang 0.5.14's spec_correct_drafts_histogram). None when the
-    folder is missing."""
+    folder is missing; SystemExit naming the file when its requests are not a speculative
+    server's."""
     from eagle3_runner.targets.sglang import accept_per_pos_from_meta, tau_from_meta
     f = folder / "generate.jsonl"
     if not f.is_file():
         return None
-    metas = [json.loads(line)["response"]["meta_info"]
-             for line in f.read_text().splitlines()[:prompts]]
-    return tau_from_meta(metas), accept_per_pos_from_meta(metas, num_steps)
+    try:
+        metas = [json.loads(line)["response"]["meta_info"]
+                 for line in f.read_text().splitlines()[:prompts]]
+        return tau_from_meta(metas), accept_per_pos_from_meta(metas, num_steps)
+    except (ValueError, KeyError, TypeError) as e:
+        sys.exit(f"sim_recorded: {f}: not a speculative server's recorded requests ({e})")
 
 
 def main() -> int:
@@ -67,16 +105,19 @@ def main() -> int:
     ap.add_argument("--spec", required=True)
     ap.add_argument("--drafter", required=True, type=Path)
     ap.add_argument("--sglang", required=True, type=Path)
-    ap.add_argument("--steps", default="3,5", help="chain lengths (num_steps), comma-separated")
-    ap.add_argument("--prompts", type=int, default=80)
+    ap.add_argument("--steps", default="3,5", type=chain_lengths,
+                    help="chain lengths (num_steps), comma-separated")
+    ap.add_argument("--prompts", type=positive, default=80)
     ap.add_argument("--device", default="cpu")
     a = ap.parse_args()
+    if (why := drafter_problem(a.drafter)) is not None:
+        sys.exit(f"sim_recorded: {why}")
     import torch
     from eagle3_runner.models.draft_model import load_exported
     from eagle3_runner.runner.spec.load import load_spec
     from eagle3_runner.targets.load import load_target
     from eagle3_runner.trainer.acceptance import simulate, summarize
-    steps = sorted({int(s) for s in a.steps.split(",")})
+    steps = a.steps
     texts = load_recorded(a.sglang / "plain-cg1", a.prompts)
     spec = load_spec(a.spec)
     hf, _tok, _cfg = load_target(spec, device=a.device)
@@ -99,4 +140,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from eagle3_runner.runner.errors import exit_code
+    sys.exit(exit_code(main))  # a spec, target or device error: one `error:` line
