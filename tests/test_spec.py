@@ -630,6 +630,18 @@ def test_sglang_curve_parallel_is_optional_and_at_least_1():
     assert "stages.bench.sglang.parallel = 300" in msg and "lower parallel" in msg
 
 
+@pytest.mark.parametrize("field", ["parallel", "curve_parallel"])
+def test_sglang_wave_no_port_fits_names_the_most_servers_not_a_negative_port(field):
+    """A wave too wide for any port (port >= 1024, every HTTP port at most 55535) used to be told
+    "Set port to at most -1944463": the fix names how many servers a wave may have instead."""
+    d = spec_dict()
+    d["stages"] = {"bench": {"configs": [{"num_steps": 3}],
+                             "sglang": {"port": 30000, field: 1_000_000}}}
+    msg = one("stages.bench.sglang.port", problems(d))
+    assert f"stages.bench.sglang.{field} = 1000000" in msg, msg
+    assert "at most -" not in msg and f"lower {field} to at most 27256" in msg, msg
+
+
 def test_train_init_head_is_target_or_random():
     assert load_spec(data=spec_dict(stages={"extract": {}, "train": {}})) \
         .stages.train.init_head == "random"

@@ -108,6 +108,7 @@ MAX_PORT = 65535
 # (seen on the H200, 2026-12-05, with a port the kernel picked)
 GRPC_PORT_OFFSET = 10000
 MAX_HTTP_PORT = MAX_PORT - GRPC_PORT_OFFSET
+MIN_PORT = 1024  # stages.bench.sglang.port's lowest: below it ports need root
 
 
 def ports_problem(port: int | None, parallel: int = 1,
@@ -117,14 +118,19 @@ def ports_problem(port: int | None, parallel: int = 1,
     --nccl-port; targets/sglang_bench.py), so a wave takes port .. port + 2 x parallel - 1, and
     its last HTTP port, port + 2 x (parallel - 1), must be at most MAX_HTTP_PORT (55535: SGLang
     adds 10000 for its gRPC port). None (free ports picked per server) takes none. `field`: the
-    field that sets the widest wave (parallel, or curve_parallel when that is larger)."""
+    field that sets the widest wave (parallel, or curve_parallel when that is larger). When no
+    port from MIN_PORT fits the wave, the fix says how many servers any port fits instead of a
+    port below MIN_PORT."""
     if port is None:
         return None
     last_http = port + 2 * (parallel - 1)
     if last_http <= MAX_HTTP_PORT:
         return None
+    highest = MAX_HTTP_PORT - 2 * (parallel - 1)
+    fix = (f"Set port to at most {highest}, lower {field}," if highest >= MIN_PORT else
+           f"No port from {MIN_PORT} fits {parallel} servers at once: lower {field} to at most "
+           f"{(MAX_HTTP_PORT - MIN_PORT) // 2 + 1},")
     return (f"{BENCH_FIELD}.port = {port}: {BENCH_FIELD}.{field} = {parallel} servers at once "
             f"take HTTP ports up to {last_http}, and SGLang 0.5.14 refuses to start when the HTTP "
-            f"port + {GRPC_PORT_OFFSET} (its gRPC port) is past {MAX_PORT}. Set port to at most "
-            f"{MAX_HTTP_PORT - 2 * (parallel - 1)}, lower {field}, or leave port out (free "
-            f"ports at most {MAX_HTTP_PORT} are picked per server).")
+            f"port + {GRPC_PORT_OFFSET} (its gRPC port) is past {MAX_PORT}. {fix} or leave port "
+            f"out (free ports at most {MAX_HTTP_PORT} are picked per server).")

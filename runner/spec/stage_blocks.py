@@ -16,7 +16,8 @@ from pydantic import Field, model_validator
 
 from eagle3_runner.runner.drafts.checks import chain_draft_tokens, spec_draft_tokens_problem
 from eagle3_runner.runner.spec.base import Strict
-from eagle3_runner.runner.spec.server import extra_args_problems, host_problem, ports_problem
+from eagle3_runner.runner.spec.server import (MIN_PORT, extra_args_problems, host_problem,
+                                               ports_problem)
 
 
 class RegenerateStage(Strict):
@@ -242,7 +243,7 @@ class SglangOptions(Strict):
                         "PYTHONPATH to sglang's own folder (DEVELOPERS.md).")
     host: str = Field("127.0.0.1", description="Bind address: loopback only (127.0.0.1, ::1, "
                       "localhost).")
-    port: Optional[int] = Field(None, ge=1024, le=65000, description="First port: each server "
+    port: Optional[int] = Field(None, ge=MIN_PORT, le=65000, description="First port: each server "
                                 "takes two consecutive ones (HTTP, --nccl-port) from it, every "
                                 "HTTP port at most 55535 (SGLang 0.5.14 takes HTTP + 10000 as "
                                 "its gRPC port and refuses one past 65535); null = free ports "
