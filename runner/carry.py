@@ -203,11 +203,19 @@ def warnings(spec) -> list[str]:
     return out
 
 
+# data settings that do not change which conversation a real-NNNNNN id names: the bad-record
+# bound, and max_samples (the training conversations are a prefix of one seeded order after the
+# holdout, data/conversations.py load_conversations: more samples add ids, fewer keep the carried
+# ones, so raising it is how a grown set takes in more real conversations)
+_ID_FREE = ("max_bad_fraction", "max_samples")
+
+
 def _data_differs(spec, rec: dict) -> str | None:
     """How the data of the run that made the set (its state record `rec`: the spec's data
-    section and the data file's identity) differs from spec's, or None (same, or unknown)."""
+    section but _ID_FREE, and the data file's identity) differs from spec's, or None (same, or
+    unknown)."""
     made = rec["spec"].get("data")
-    ours = {k: v for k, v in spec.data.model_dump(mode="json").items() if k != "max_bad_fraction"}
+    ours = {k: v for k, v in spec.data.model_dump(mode="json").items() if k not in _ID_FREE}
     if isinstance(made, dict):
         diff = [f"data.{k} {made.get(k)!r} (this spec: {v!r})" for k, v in ours.items()
                 if k in made and made[k] != v]

@@ -164,9 +164,12 @@ def test_extend_keys_plan_and_provenance(tmp_path):
     assert carry.provenance(f)["inputs"]["files"]["target"] == b.parts["inputs"]["files"]["target"]
     assert carry.problem(grow) is None and carry.warnings(grow) == []
     # grown from other data: the real ids may not line up, said (extend only)
-    w = carry.warnings(load_spec(path, overrides=["data.max_samples=5"]))
+    w = carry.warnings(load_spec(path, overrides=["data.seed=5"]))
     assert len(w) == 1 and w[0].startswith("stages.regenerate.extend: the set was made from "
-                                           "other data (data.max_samples None (this spec: 5))")
+                                           "other data (data.seed 0 (this spec: 5))")
+    # more (or fewer) samples of the same data: the ids still name the same conversations (the
+    # training set is a prefix of one seeded order), so growing with more of them is not warned
+    assert carry.warnings(load_spec(path, overrides=["data.max_samples=5"])) == []
     (path.parent / "data.jsonl").write_text(json.dumps({"messages": [
         {"role": "user", "content": "another question"}, {"role": "assistant", "content": "a"}]}))
     assert "the data file's content" in carry.warnings(load_spec(path))[0]
