@@ -195,13 +195,17 @@ def accept_per_pos_from_meta(metas: list[dict], num_steps: int) -> list[float]:
     `spec_correct_drafts_histogram`, alias `spec_accept_histogram`: entry n = the verify passes
     that accepted exactly n drafts; tokenizer_manager.py; a request's list may stop at its
     longest accept). Pooled over `metas` (sums, not a mean of ratios); `num_steps` positions.
-    [] when a response carries no histogram (a server older than the key), one whose counts do
-    not sum to its spec_verify_ct, or nothing verified: the caller stores NULL rather than a
-    made-up number."""
+    [] when a response carries no histogram (a server older than the key), one with a count that
+    is not a non-negative integer (a recording edited or damaged: a string count crashed the
+    bench's read-back, a negative one gave an acceptance above 1), one whose counts do not sum to
+    its spec_verify_ct, or nothing verified: the caller stores NULL rather than a made-up
+    number."""
     hist = [0] * (num_steps + 1)
     for m in metas:
         h = next((m[k] for k in HISTOGRAM_KEYS if k in m), None)
-        if not isinstance(h, list) or sum(h) != m.get("spec_verify_ct"):
+        if not isinstance(h, list) or not all(isinstance(c, int) and not isinstance(c, bool)
+                                              and c >= 0 for c in h) \
+                or sum(h) != m.get("spec_verify_ct"):
             return []  # absent, or not one count per verify pass: not what we read it as
         for n, count in enumerate(h):
             hist[min(n, num_steps)] += int(count)

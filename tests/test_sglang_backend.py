@@ -143,6 +143,15 @@ def test_accept_per_pos_pools_histograms_of_different_lengths():
     assert accept_per_pos_from_meta([a, {**b, "spec_verify_ct": 3}], 3) == []
 
 
+@pytest.mark.parametrize("hist", [[1, "2"], [None, 3], [-1, 4], [0.5, 2.5], [True, 2]])
+def test_accept_per_pos_refuses_counts_that_are_not_counts(hist):
+    """A histogram count that is not a non-negative integer (an edited or damaged recording) is
+    NULL, not a TypeError in the bench's read-back ("2", None) nor a made-up acceptance (-1 gave
+    1.5 at position 1, 0.5 was truncated to 0)."""
+    m = {"spec_verify_ct": 3, "spec_accept_histogram": hist}
+    assert accept_per_pos_from_meta([m], 2) == []
+
+
 def test_tau_pools_requests_and_falls_back_without_correct_drafts():
     a = {"completion_tokens": 8, "spec_verify_ct": 3, "spec_num_correct_drafts": 4}
     b = {"completion_tokens": 11, "spec_verify_ct": 5, "spec_num_correct_drafts": 5}
