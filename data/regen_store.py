@@ -284,7 +284,8 @@ def reuse_set(path: Path, out: Path, shard_conversations: int) -> dict:
 
 def _load_set(path: Path) -> tuple[str, list[dict]]:
     """(sha256, records) of the carried set at `path`, checked to be a regenerate stage's records
-    (records_problem). Raises StageError naming stages.regenerate.reuse and the fix."""
+    (records_problem) and not empty. Raises StageError naming stages.regenerate.reuse and the
+    fix."""
     from eagle3_runner.runner.carry import FIELD, file_sha256
     fix = f"stage it again with its .sha256, or remove {FIELD} to regenerate"
     digest = file_sha256(path)
@@ -294,6 +295,9 @@ def _load_set(path: Path) -> tuple[str, list[dict]]:
         raise StageError(f"{FIELD}: {e}; {fix}")
     if (why := records_problem(records)) is not None:
         raise StageError(f"{FIELD}: {path} is not a regenerated set ({why}); {fix}")
+    if not records:  # e.g. the gzip of an empty shard list: nothing was carried
+        raise StageError(f"{FIELD}: {path} holds no records: not the set a regenerate run "
+                         f"brought back; {fix}")
     return digest, records
 
 

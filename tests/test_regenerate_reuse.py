@@ -215,7 +215,8 @@ def test_a_set_that_is_not_a_regenerated_one_is_refused_by_the_stage(tmp_path, n
     for content, why in ((gzip.compress(b'{"id": "real-000000"}\n' * 50)[:-12],
                           "not a complete gzip JSONL file"),
                          (gzip.compress((spec_path.parent / "data.jsonl").read_bytes()),
-                          "not a regenerated set")):
+                          "not a regenerated set"),
+                         (gzip.compress(b""), "holds no records")):
         f.write_bytes(content)
         carry.sidecar(f).write_text(f"{hashlib.sha256(content).hexdigest()}  {NAME}\n")
         with pytest.raises(StageError, match=why):
