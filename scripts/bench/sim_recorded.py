@@ -126,7 +126,8 @@ def main() -> int:
     draft = load_exported(a.drafter, embed, device=a.device, dtype=dtype)
     eps = float(getattr(hf.config, "rms_norm_eps", 1e-5))
     with torch.inference_mode():
-        hists = simulate(draft, hf, texts, list(spec.drafter.aux_layer_ids), steps, eps)
+        # the layers the drafter reads are its own config's (eagle_config), not the spec's
+        hists = simulate(draft, hf, texts, list(draft.config.aux_layer_ids), steps, eps)
     print(f"{len(texts)} recorded plain answers ({sum(len(t) - s for t, s in texts):,} tokens), "
           f"target {dtype} on {a.device}")
     for n in steps:
