@@ -208,7 +208,7 @@ def accept_per_pos_from_meta(metas: list[dict], num_steps: int) -> list[float]:
                 or sum(h) != m.get("spec_verify_ct"):
             return []  # absent, or not one count per verify pass: not what we read it as
         for n, count in enumerate(h):
-            hist[min(n, num_steps)] += int(count)
+            hist[min(n, num_steps)] += count
     total = sum(hist)
     return [sum(hist[j + 1:]) / total for j in range(num_steps)] if total else []
 
