@@ -38,7 +38,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from eagle3_runner.runner.errors import EnvVarError
-from eagle3_runner.runner.files import expand_path, file_identity, sha256_file
+from eagle3_runner.runner.files import GZIP_MAGIC, expand_path, file_identity, sha256_file
 
 FIELD = "stages.regenerate.reuse"
 EXTEND = "stages.regenerate.extend"
@@ -244,7 +244,7 @@ def problem(spec) -> str | None:
         return (f"{head}: {p} is a folder; point it at the carried gzip JSONL file "
                 f"(regen-<spec name>.jsonl.gz), or remove {FIELD} to regenerate.")
     with open(p, "rb") as f:
-        if f.read(2) != b"\x1f\x8b":
+        if f.read(2) != GZIP_MAGIC:
             return (f"{head}: {p} is not a gzip file (a carried set is the regenerate stage's "
                     "shards, part-*.jsonl.gz, joined with `cat`). Carry that file, or remove "
                     f"{FIELD} to regenerate.")

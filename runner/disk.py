@@ -27,7 +27,7 @@ from pathlib import Path
 
 from eagle3_runner.runner import carry
 from eagle3_runner.runner.files import GZIP_MAGIC, ZSTD_MAGIC, expand_path
-from eagle3_runner.runner.stages import train_samples
+from eagle3_runner.runner.train_counts import train_samples
 
 READ_BYTES = 4 << 20
 CHARS_PER_TOKEN = 4.0  # English text under a BPE tokenizer, a rule of thumb

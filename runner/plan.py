@@ -73,13 +73,6 @@ class Plan:
         return json.dumps(d, indent=2, sort_keys=True)
 
 
-# ----------------------------------------------------------------------------------------------
-# hashing
-
-
-_h = json_hash
-
-
 def module_file(name: str) -> Path | None:
     """The source of project module `name` under ROOT (`a/b.py` or `a/b/__init__.py`), or None
     when `name` is not a project module (torch, a function imported from a module, ...)."""
@@ -234,7 +227,7 @@ def build_plan(spec: Spec, force: tuple[str, ...] = (), only: tuple[str, ...] = 
                      "inputs": {"upstream": {n: keys[(vname, n)] for _, n in needs},
                                 "files": input_files(vspec, stage)},
                      "code": code_hash(stage)}
-            key = _h(parts)
+            key = json_hash(parts)
             keys[(vname, stage)] = key
             sid = stage if vname == "base" else f"{stage}@{vname}"
             notes[(vname, stage)] = stage_note(vspec, stage)

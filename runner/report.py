@@ -357,13 +357,14 @@ def write_report(spec: Spec, out_dir) -> tuple[list[Path], list[str], list[str]]
     (runner/report_curve.py heldout_rows). Raises ReportError when the spec has neither."""
     from eagle3_runner.runner.report_curve import (curve_advice, curve_rows, heldout_rows,
                                                    plot_curve)
+    held = None  # heldout_rows, asked for once
     try:
         rows = bench_rows(spec)
     except ReportError:
-        if not heldout_rows(spec):
+        if not (held := heldout_rows(spec)):
             raise
         rows = []
-    curve = curve_rows(spec) or heldout_rows(spec)
+    curve = curve_rows(spec) or (heldout_rows(spec) if held is None else held)
     out = expand_path(str(out_dir))
     written, notes = [], []
     for name, fn, what in (

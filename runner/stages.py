@@ -17,7 +17,6 @@ Never imports torch or jobs/ (the stage code is imported by name, at run time, i
 from __future__ import annotations
 
 import importlib
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
@@ -28,6 +27,7 @@ from eagle3_runner.runner.errors import PlanError
 from eagle3_runner.runner.spec.base import Strict
 from eagle3_runner.runner.spec.stage_blocks import (BenchStage, ExportStage, ExtractStage,
                                                     RegenerateStage, TrainStage)
+from eagle3_runner.runner.train_counts import optimizer_steps, train_samples
 
 # ----------------------------------------------------------------------------------------------
 # the registry
@@ -123,21 +123,6 @@ def _train_check(spec, manifests: dict) -> str | None:
     return None
 
 
-def train_samples(p, n: int) -> int:
-    """The samples the train stage trains on when its input holds `n` (trainer/sources.py
-    split_samples): n less stages.train.eval_samples held out, at most num_samples."""
-    avail = max(0, n - p.eval_samples)
-    return avail if p.num_samples is None else min(avail, p.num_samples)
-
-
-def optimizer_steps(p, n_train: int) -> int:
-    """The train stage's optimizer steps over n_train samples, its schedule's total
-    (trainer/recipe.py setup): epochs x ceil(n_train / batch_size) rounded up, at least 1, at
-    most max_steps (stages.train.max_minutes may stop the run sooner still)."""
-    total = max(1, math.ceil(p.epochs * math.ceil(n_train / p.batch_size)))
-    return min(total, p.max_steps) if p.max_steps else total
-
-
 def _train_input(spec, manifests: dict | None) -> tuple[int, bool, str] | None:
     """(the samples the train stage's input holds, whether that is exact, where the count comes
     from): the extract's `samples` metric when its artifact is complete (the count _train_check
@@ -165,10 +150,12 @@ def _train_notes(spec, manifests: dict | None, sid: str) -> list[str]:
     warm-up: trainer/recipe.py lr_lambda). Said with the numbers and the fix; [] when the count
     is not known before the run."""
     p, got = spec.stages.train, _train_input(spec, manifests)
-    if got is None or train_samples(p, got[0]) < 1:  # none left: _train_check refuses it
+    if got is None:
         return []
     n, exact, whence = got
     n_train, most = train_samples(p, n), "" if exact else "at most "
+    if n_train < 1:  # none left: _train_check refuses it
+        return []
     left = f"{whence}, less train.eval_samples = {p.eval_samples}" + (
         f", at most train.num_samples = {p.num_samples}" if p.num_samples is not None else "")
     out = []

@@ -198,6 +198,7 @@ class Store:
     def __init__(self, db_path: str | Path):
         self.db_path = Path(db_path)
         self.spool = self.db_path.with_name(self.db_path.name + ".spool")
+        self._ours = False  # check_results_file passed on this file: not checked again
 
     # -- writers (any process) --
     def emit(self, table: str, rows: list[dict] | dict) -> None:
@@ -283,8 +284,10 @@ class Store:
         `runs` table every version made (an older file that lacks a newer table or column still
         is one: the ingest adds them, `_create`). The first time a file is used here (no lock
         file yet) every value is read too, so a damaged file leaves no lock file behind. A
-        missing file passes: a spool waiting to be ingested makes it. Raises StoreError."""
-        if not self.db_path.is_file():
+        missing file passes: a spool waiting to be ingested makes it. Once a file passed, this
+        Store does not check it again (a verb's several queries open it once for the check).
+        Raises StoreError."""
+        if self._ours or not self.db_path.is_file():
             return
         try:
             why = not_duckdb(self.db_path)
@@ -296,6 +299,7 @@ class Store:
         with self._checking_lock():
             if "runs" not in self._open_and_read(full=first):
                 raise StoreError(_foreign(self.db_path))
+        self._ours = True
 
     def _create(self, con) -> None:
         """Create the tables, and add the columns a results file made by an older version

@@ -64,7 +64,8 @@ from eagle3_runner.trainer.objective import (Loss, TTTObjective, aux_noise, loss
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.files import atomic_write
 from eagle3_runner.runner.stage import StageContext
-from eagle3_runner.runner.stages import CHECKPOINT_FIELDS, optimizer_steps
+from eagle3_runner.runner.stages import CHECKPOINT_FIELDS
+from eagle3_runner.runner.train_counts import optimizer_steps
 
 SYNC_EVERY = 32  # optimizer steps between host reads of the step results (module docstring)
 

@@ -39,6 +39,7 @@ from eagle3_runner.targets.capture_embedded import EmbeddedCapture
 from eagle3_runner.targets.features import MANIFEST, ONLINE_FORMAT, Features, open_features
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.stage import StageContext
+from eagle3_runner.runner.train_counts import train_samples
 
 
 class Offline:
@@ -224,4 +225,4 @@ def split_samples(n_total: int, p) -> tuple[list[int], list[int]]:
                          "data (data.max_samples).")
     held = set(random.Random(p.seed).sample(range(n_total), p.eval_samples))
     rest = [i for i in range(n_total) if i not in held]
-    return rest[:min(p.num_samples or n_avail, n_avail)], sorted(held)
+    return rest[:train_samples(p, n_total)], sorted(held)
