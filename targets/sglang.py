@@ -343,8 +343,9 @@ def wait_ready(srv: Server, timeout_s: float, poll_s: float = 1.0) -> None:
     """Block until `srv` is ready (READY_LINE in its log, or GET /health 200); sets srv.ready_s.
     Raises ServerError (message and log tail) when the process exits first, or after timeout_s
     seconds from its launch (stages.bench.sglang.startup_timeout_s); the process is left
-    running for the caller to stop."""
-    while True:
+    running for the caller to stop. A server already found ready returns at once (its ready_s
+    kept)."""
+    while srv.ready_s is None:
         if srv.proc.poll() is not None:
             tail = srv.log_tail()
             raise ServerError(f"sglang server {srv.name} exited with code {srv.proc.returncode} "

@@ -210,18 +210,19 @@ class SglangBench:
         self.started = None
 
     def measure(self) -> dict[str, Measured]:
-        """Every wave (plan_waves): wait for its servers, measure them one after another (a
-        wave of the curve's snapshot servers all at once: their tau does not depend on time),
-        stop them. Returns {server name: Measured}. The servers are stopped whatever happens."""
+        """Every wave (plan_waves): wait for all its servers, then measure them one after another
+        (none is timed while a neighbour still starts; a wave of the curve's snapshot servers
+        all at once: their tau does not depend on time), stop them. Returns {server name: Measured}. The servers are stopped whatever happens."""
         from concurrent.futures import ThreadPoolExecutor
         out = dict(self.done)
         for i, wave in enumerate(self.waves):
             servers = self.started if i == 0 and self.started is not None else self._launch(wave)
             t0, whole = time.monotonic(), False
             try:
-                for pl, srv in zip(wave, servers):
-                    if pl.snapshot is None:
-                        out[pl.name] = self._measure_one(pl, srv)
+                timed = [(pl, srv) for pl, srv in zip(wave, servers) if pl.snapshot is None]
+                self._await(srv for _, srv in timed)
+                for pl, srv in timed:
+                    out[pl.name] = self._measure_one(pl, srv)
                 curve = [(pl, srv) for pl, srv in zip(wave, servers) if pl.snapshot is not None]
                 if curve:
                     with ThreadPoolExecutor(len(curve)) as ex:
@@ -241,6 +242,18 @@ class SglangBench:
                     keep_measured(self.root, out[pl.name])
         self.started = None
         return out
+
+    def _await(self, servers) -> None:
+        """Wait until every one of `servers` is ready or has failed (its _measure_one then says
+        why, at once: wait_ready raises again without waiting). Why: a server still starting
+        (loading, capturing CUDA graphs) beside the one being timed slows it; on the H100 of
+        the fifth window of 2026-12-07 the plain server was timed while its wave's 3/1/4 server
+        was still 23 s from ready."""
+        for srv in servers:
+            try:
+                wait_ready(srv, self.o.startup_timeout_s)
+            except (ServerError, OSError, ValueError):
+                pass
 
     def _measure_one(self, pl: Planned, srv: Server) -> Measured:
         m = Measured(pl)

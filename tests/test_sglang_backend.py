@@ -480,7 +480,7 @@ def test_a_replayed_bench_measures_timed_servers_without_curve_neighbours(tmp_pa
     """The recorded H200 servers replayed (tests/sglang_replay.py), the pays spec's shape with 2
     snapshot drafters, parallel 3 and curve_parallel 2: measure() runs 3 waves (3 timed, the
     fourth alone, though a wave of 3 has room for a curve server, then the curve's 2); while a
-    timed server is measured at most 2 others are up and never a curve one; the two curve
+    timed server is measured at most 2 others are up, all ready, and never a curve one; the two curve
     servers are up together; every server answers every prompt and the curve gets its rows."""
     from eagle3_runner.runner.spec.stage_blocks import BenchStage, SglangOptions
     from eagle3_runner.targets import sglang_bench as B
@@ -498,11 +498,14 @@ def test_a_replayed_bench_measures_timed_servers_without_curve_neighbours(tmp_pa
              for s in (200, 400)]
     up: set = set()
     seen: dict = {}
+    unready: dict = {}  # a timed server's wave neighbours still starting while it is measured
+    servers: dict = {}
     real_launch, real_stop, real_one = B.launch, B.stop_all, B.SglangBench._measure_one
 
     def launch(name, *a, **k):
         up.add(name)
-        return real_launch(name, *a, **k)
+        servers[name] = real_launch(name, *a, **k)
+        return servers[name]
 
     def stop_all(servers):
         up.difference_update(s.name for s in servers)
@@ -510,6 +513,7 @@ def test_a_replayed_bench_measures_timed_servers_without_curve_neighbours(tmp_pa
 
     def measure_one(self, pl, srv):
         seen[pl.name] = set(up)
+        unready[pl.name] = {n for n in up if servers[n].ready_s is None} - {pl.name}
         return real_one(self, pl, srv)
 
     monkeypatch.setattr(B, "launch", launch)
@@ -531,5 +535,6 @@ def test_a_replayed_bench_measures_timed_servers_without_curve_neighbours(tmp_pa
             assert alive == curve
         else:
             assert len(alive) <= 3 and not alive & curve, (name, alive)
+            assert not unready[name], (name, unready[name])  # no neighbour still starting
     rows = B.curve_rows(got, p, sets)
     assert {r["snapshot_step"] for r in rows} == {200, 400} and all(r["tau"] > 1 for r in rows)
