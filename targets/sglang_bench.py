@@ -309,10 +309,12 @@ def keep_measured(root: Path, m: Measured) -> None:
          "accept_lens": m.accept_lens}))
 
 
-def load_measured(root: Path, pl: Planned, sets: dict, max_new: list[int]) -> Measured | None:
+def load_measured(root: Path, pl: Planned, sets: dict, max_new: list[int],
+                  any_machine: bool = False) -> Measured | None:
     """Server pl's measurement from its recording (generate.jsonl + measured.json), when
-    keep_measured marked it complete on this machine and it answered every request of `sets`
-    x max_new; else None (it is measured again)."""
+    keep_measured marked it complete on this machine (any machine with `any_machine`: reading a
+    recording brought back, scripts/bench/sglang_parts.py) and it answered every request of
+    `sets` x max_new; else None (it is measured again)."""
     d = Path(root) / pl.name
     try:
         meta = json.loads((d / MEASURED).read_text())
@@ -320,7 +322,7 @@ def load_measured(root: Path, pl: Planned, sets: dict, max_new: list[int]) -> Me
         recs = [json.loads(x) for x in lines if x.strip()]
     except (OSError, ValueError):
         return None
-    if meta.get("machine") != machine():
+    if not any_machine and meta.get("machine") != machine():
         return None
     m = Measured(pl, info=meta.get("info") or {}, accept_lens=meta.get("accept_lens") or [],
                  ready_s=meta.get("ready_s"))

@@ -1,0 +1,72 @@
+"""scripts/bench/sglang_parts.py on a recorded bench cut short (the H100 recordings of
+tests/data/sglang/h100-0.5.14, three servers marked complete, the tree's left as a cut one): the
+complete configurations get the bench stage's own summaries, the cut one is named, and a folder
+that is no bench's recording ends with one error line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bad_inputs import base_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "bench" / "sglang_parts.py"
+RECORDED = ROOT / "tests" / "data" / "sglang" / "h100-0.5.14"
+CONFIGS = [{"num_steps": 3}, {"num_steps": 5}, {"num_steps": 5, "eagle_topk": 4,
+                                                  "num_draft_tokens": 8}]
+
+
+def parts(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.fixture
+def cut_bench(tmp_path) -> tuple[Path, Path]:
+    """(spec file, sglang folder): the recording with plain, 3/1/4 and 5/1/6 complete (their
+    measured.json, as keep_measured writes it) and 5/4/8's recording left without one."""
+    from eagle3_runner.targets.sglang_bench import Measured, Planned, keep_measured
+    root = tmp_path / "sglang"
+    shutil.copytree(RECORDED, root)
+    for name in ("plain-cg1", "s3-k1-n4-cg1", "s5-k1-n6-cg1"):
+        keep_measured(root, Measured(Planned(name, True)))
+    spec = base_spec(tmp_path)
+    spec["stages"]["bench"].update(configs=CONFIGS, max_new_tokens=[256], temperature=0.0,
+                                   cuda_graph=[True])
+    f = tmp_path / "spec.yaml"
+    f.write_text(yaml.safe_dump(spec))
+    return f, root
+
+
+def test_a_cut_bench_reports_its_complete_servers_as_the_stage_would(cut_bench, tmp_path):
+    from eagle3_runner.targets.sglang import tau_from_meta
+    spec, root = cut_bench
+    out = tmp_path / "parts.json"
+    p = parts("--spec", str(spec), "--sglang", str(root), "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    got = json.loads(out.read_text())
+    assert got["not_complete"] == ["s5-k4-n8-cg1"]
+    rows = {(s["num_steps"], s["eagle_topk"]): s for s in got["summaries"]}
+    assert set(rows) == {(3, 1), (5, 1)}
+    for (K, _k), s in rows.items():
+        metas = [json.loads(x)["response"]["meta_info"] for x in
+                 (root / f"s{K}-k1-n{K + 1}-cg1" / "generate.jsonl").read_text().splitlines()]
+        assert s["tau"] == pytest.approx(tau_from_meta(metas))
+        assert s["n_prompts"] == len(metas) and len(s["accept_per_pos"]) == K
+        assert s["speedup"] == pytest.approx(s["spec_tok_s"] / s["base_tok_s"])
+        assert f"{K}/1/{K + 1} mtbench ({len(metas)} prompts): tau {s['tau']:.3f}" in p.stdout
+    assert "not complete (cut or never started): s5-k4-n8-cg1" in p.stdout
+
+
+def test_a_folder_without_a_plain_recording_is_one_error_line(cut_bench, tmp_path):
+    spec, _root = cut_bench
+    p = parts("--spec", str(spec), "--sglang", str(tmp_path / "nowhere"))
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert "plain-cg1/generate.jsonl not found" in p.stderr.strip()
