@@ -212,7 +212,8 @@ class SglangBench:
     def measure(self) -> dict[str, Measured]:
         """Every wave (plan_waves): wait for all its servers, then measure them one after another
         (none is timed while a neighbour still starts; a wave of the curve's snapshot servers
-        all at once: their tau does not depend on time), stop them. Returns {server name: Measured}. The servers are stopped whatever happens."""
+        all at once: their tau does not depend on time), stop them. Returns {server name:
+        Measured}. The servers are stopped whatever happens."""
         from concurrent.futures import ThreadPoolExecutor
         out = dict(self.done)
         for i, wave in enumerate(self.waves):
