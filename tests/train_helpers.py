@@ -59,8 +59,10 @@ def seal_artifact(root: Path, stage: str) -> None:
         "sizes": {k: p.stat().st_size for k, p in rel.items()}}))
 
 
-def train_spec(vocab=96, hidden=32, layers=4, aux_ids=(0, 1, 2), draft_vocab=40, **train):
-    """A validated Spec for a tiny target (geometry declared; no model file needed)."""
+def train_spec(vocab=96, hidden=32, layers=4, aux_ids=(0, 1, 2), draft_vocab=40, device="cpu",
+               **train):
+    """A validated Spec for a tiny target (geometry declared; no model file needed); device: its
+    target.device, where the train stage runs."""
     from eagle3_runner.runner.spec.load import load_spec
     t = {"ttt_steps": 3, "batch_size": 2, "lr": 3e-3, "warmup_steps": 2, "eval_every": 2,
          "eval_samples": 2, "checkpoint_every": 2, "seed": 0, "epochs": 2.0}
@@ -68,7 +70,7 @@ def train_spec(vocab=96, hidden=32, layers=4, aux_ids=(0, 1, 2), draft_vocab=40,
     data = {"name": "tiny",
             "target": {"path": "/nonexistent/tiny", "num_hidden_layers": layers,
                        "hidden_size": hidden, "vocab_size": vocab, "max_position_embeddings": 512,
-                       "device": "cpu"},
+                       "device": device},
             "drafter": {"draft_vocab_size": draft_vocab, "aux_layer_ids": list(aux_ids)},
             "stages": {"extract": {}, "train": t}}
     return load_spec(data=data, check_target=False)

@@ -1,12 +1,13 @@
 #!/usr/bin/env python
-"""The peer run of issue 36: SpecForge 0.2.0 trains ITS OWN EAGLE-3 drafter with its own training
-code and defaults on exactly the samples and features our train stage uses, exports it to SGLang
-format with its own exporter, and `runner inspect` checks it, so that the bench stage can bench
-it next to ours (a spec variant with stages.bench.drafter = this script's output).
+"""The peer run of issues 36 and 44: SpecForge 0.2.0 trains ITS OWN EAGLE-3 drafter with its own
+training code and defaults on exactly the samples and features our train stage uses, exports it to
+SGLang format with its own exporter, and `runner inspect` checks it, so that the bench stage can
+bench it next to ours (a spec variant with stages.bench.drafter = this script's output).
 
-    python scripts/bench/specforge_peer.py specs/smollm2-recipe-gpu.yaml --variant sf-n5k \\
-        --out runs/peer-n5k
-    runner apply specs/smollm2-recipe-gpu.yaml --variant sf-n5k     # benches it (same prompts)
+    python scripts/bench/specforge_peer.py specs/smollm2-recipe-gpu.yaml --variant specforge \\
+        --out runs/peer --max-minutes 7.5
+    runner apply specs/smollm2-recipe-gpu.yaml --variant specforge  # benches it (same prompts)
+    python scripts/bench/specforge_peer.py --check-imports   # every SpecForge module it uses
 
 What is the same as our train stage (trainer/recipe.py `setup`, called here): the samples (the
 spec variant's stages.train.num_samples / eval_samples split of the same data: the extract
@@ -30,6 +31,8 @@ final RMSNorm before lm_head (the same target logits SpecForge would compute).
 
 Outputs in --out: peer.json (the numbers: SpecForge's steps, samples, tokens, seconds of
 optimizer steps and tokens/s; ours from the train artifact's train_metrics.json and the ratio;
+same_inputs: whether the samples are the ones our train stage of the same train key trained on,
+by its draft-vocab key, which hashes every sample's tokens and loss mask and which samples;
 held-out accuracy per TTT step of both, by our evaluation; the export and inspect results),
 peer.md (the table), peer.log (everything printed); the SGLang draft directory at the variant's
 stages.bench.drafter (or --export-to), with a provenance.json naming SpecForge and the samples
@@ -48,6 +51,23 @@ import time
 import traceback
 from pathlib import Path
 
+# Every SpecForge module this script imports (tests/test_specforge_peer.py keeps the list equal to
+# the imports below): `--check-imports` imports them all, so a device call proves in seconds what
+# the run needs. On the device image (torch 2.11, transformers 5.17, triton 3.6, Python 3.12) they
+# need nothing but the specforge wheel itself: their own imports are torch, transformers, triton,
+# safetensors, huggingface_hub and typing_extensions (flash_attn optional: it falls back to
+# flex_attention with a warning); the wheel's declared pydantic, datasets, sglang, yunchang,
+# wandb and openai-harmony are imported only by its CLI, data, config, sequence-parallel and
+# tracker code, which this script never reaches.
+SPECFORGE_MODULES = (
+    "specforge.algorithms.eagle3.model",    # OnlineEagle3Model (its TTT loop, Triton loss)
+    "specforge.export.to_sglang",           # export_to_sglang
+    "specforge.modeling.auto",              # AutoDraftModel, AutoDraftModelConfig
+    "specforge.modeling.target.target_head",  # TargetHead.preprocess
+    "specforge.optimizer",                  # BF16Optimizer
+    "specforge.runtime.contracts",          # TrainBatch
+    "specforge.training.strategies.base",   # Eagle3TrainStrategy
+)
 PEER_SEED = 42  # SpecForge 0.2.0 TrainingConfig.seed
 PEER_LR, PEER_CLIP, PEER_WARMUP, PEER_DECAY = 1e-4, 0.5, 0.015, 0.8  # its defaults
 LOG_EVERY = 200  # steps between progress lines
@@ -145,6 +165,38 @@ def build_specforge(run, out: Path, device, dtype, backend: str, total_steps: in
     opt = BF16Optimizer(model, lr=PEER_LR, max_grad_norm=PEER_CLIP, total_steps=total_steps,
                         warmup_ratio=PEER_WARMUP, lr_scheduler="cosine")
     return draft, strategy, opt, cfg_path
+
+
+def check_imports(log) -> int:
+    """Import every module of SPECFORGE_MODULES (and flex_attention, SpecForge's default attention
+    backend); log each with its version or error. Returns 0 when all import, else 1."""
+    import importlib
+    bad = 0
+    for name in SPECFORGE_MODULES + ("torch.nn.attention.flex_attention",):
+        t0 = time.perf_counter()
+        try:
+            importlib.import_module(name)
+            log(f"import {name}: ok ({time.perf_counter() - t0:.1f} s)")
+        except Exception as e:  # noqa: BLE001 - every failure is reported
+            bad += 1
+            log(f"import {name}: FAILED ({type(e).__name__}: {e})")
+    log(f"versions: {_versions()}")
+    return 1 if bad else 0
+
+
+def same_inputs(run, ours: dict | None) -> dict:
+    """Whether SpecForge trains on what our train stage trained on: the draft vocab's cache key
+    (trainer/vocab.py cache_key: the identity of every sample's token ids and loss masks, which
+    samples, both vocab sizes), recorded by our stage in train_metrics.json, against this run's;
+    and the sample counts. Missing ours: equal None."""
+    if not ours:
+        return {"equal": None, "why": "no train artifact of ours for this variant's train key"}
+    key, theirs = (ours.get("vocab") or {}).get("key"), run.vstats.get("key")
+    n_ours, n = (ours.get("summary") or {}).get("train_samples"), len(run.train_ids)
+    out = {"vocab_key": theirs, "vocab_key_ours": key, "train_samples": n,
+           "train_samples_ours": n_ours}
+    out["equal"] = key is not None and key == theirs and n_ours == n
+    return out
 
 
 def order(train_ids: list[int], epochs: float, batch: int) -> list[list[int]]:
@@ -291,7 +343,9 @@ def markdown(r: dict) -> str:
     md += [f"| {k} | {f(a)} | {f(b)} |" for k, a, b in rows]
     if r.get("tokens_per_s_ratio"):
         md += ["", f"ours / SpecForge tokens/s: {r['tokens_per_s_ratio']:.2f}x"]
-    md += ["", f"export: {r.get('export')}; inspect errors: {r.get('inspect_errors')}",
+    same = r.get("same_inputs") or {}
+    md += ["", f"same samples as ours (draft-vocab key and count): {same.get('equal')}",
+           f"export: {r.get('export')}; inspect errors: {r.get('inspect_errors')}",
            f"bench: `runner apply {r.get('spec')} --variant {r.get('variant')}` (its "
            f"stages.bench.drafter = {r.get('drafter')})"]
     return "\n".join(md) + "\n"
@@ -300,19 +354,25 @@ def markdown(r: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("spec")
+    ap.add_argument("spec", nargs="?")
     ap.add_argument("--variant", default="base",
                     help="the spec variant whose train inputs and bench drafter path to use")
     ap.add_argument("-o", dest="overrides", action="append", default=[],
                     help="a spec override, as runner apply's -o (repeatable)")
-    ap.add_argument("--out", required=True, help="folder for peer.json, peer.md, peer.log")
+    ap.add_argument("--out", help="folder for peer.json, peer.md, peer.log (required)")
     ap.add_argument("--export-to", help="the SGLang draft directory to write (default: the "
                     "variant's stages.bench.drafter, else OUT/drafter)")
     ap.add_argument("--batch-size", type=int, default=1, help="SpecForge's default: 1")
     ap.add_argument("--attention-backend", default="flex_attention",
                     help="SpecForge's default flex_attention (or sdpa)")
     ap.add_argument("--max-minutes", type=float, help="stop the optimizer steps after this long")
+    ap.add_argument("--check-imports", action="store_true", help="import every SpecForge module "
+                    "the run uses, print versions, exit 0 (all import) or 1")
     a = ap.parse_args(argv)
+    if a.check_imports:
+        return check_imports(lambda m: print(m, flush=True))
+    if not a.spec or not a.out:
+        ap.error("spec and --out are required (or --check-imports)")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     logf = open(out / "peer.log", "a")
@@ -347,7 +407,10 @@ def main(argv=None) -> int:
                 eval_samples=len(run.eval_ids), epochs=p.epochs, ttt_steps=p.ttt_steps,
                 draft_vocab_size=run.cfg.draft_vocab_size, max_length=vspec.data.max_length,
                 features=p.features, ours=ours and ours["summary"], drafter=str(dest),
-                held_out_ours=ours and ours["last_eval"])
+                held_out_ours=ours and ours["last_eval"], same_inputs=same_inputs(run, ours))
+        if rep.data["same_inputs"]["equal"] is False:
+            log(f"specforge_peer: NOT the samples our train stage trained on: "
+                f"{rep.data['same_inputs']}")
         device = run.learner.device
         dtype = torch.bfloat16
         steps = order(run.train_ids, p.epochs, a.batch_size)
@@ -397,7 +460,7 @@ def _ours(train_dir: Path | None) -> dict | None:
     except (OSError, json.JSONDecodeError):
         return None
     last = next((h for h in reversed(m.get("history", [])) if h.get("split") == "eval"), None)
-    return {"summary": m.get("summary", {}), "last_eval": last}
+    return {"summary": m.get("summary", {}), "last_eval": last, "vocab": m.get("vocab", {})}
 
 
 def _versions() -> dict:

@@ -7,11 +7,18 @@
 #   bash scripts/gpu/sglang_wheels.sh            # MAX_MB=58 N_CONV=4000 PY=.venv/bin/python
 #   FIRST=1: also every ShareGPT conversation up to its first answer (sharegpt-first.jsonl.gz,
 #   the prompts of specs/smollm2-pays-gpu.yaml's regenerate stage)
+#   PEER_ONLY=1: only the batch .stage/peer (below), leaving .stage/sgl as it is
+# It also writes .stage/peer: the [peer] pins (SpecForge 0.2.0, 0.4 MB, for
+# scripts/bench/specforge_peer.py: issue 44's peer run) with their sha256 in peer.sha256. Carried
+# beside .stage/sgl/4 (34 MB together) and staged with `stage.sh peer`, its wheel lands at the top
+# of ~/stage, so setup.sh installs it into /tmp/site with the runner's wheels (the image's
+# transformers 5.17 and torch 2.11: its code path needs nothing else, scripts/bench/specforge_peer.py
+# SPECFORGE_MODULES); scripts/gpu/recipe.sh checks peer.sha256.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 PINS=scripts/gpu/sglang_pins.txt
-W=.whl/sglang R=.whl/runner D=.whl/data
+W=.whl/sglang R=.whl/runner D=.whl/data P=.whl/peer
 MAX_MB=${MAX_MB:-58} N_CONV=${N_CONV:-4000}
 section() {  # the pins under "# [$1]"
   awk -v s="# [$1]" 'index($0, "# [") == 1 {on = index($0, s) == 1; next}
@@ -23,6 +30,20 @@ download() {  # download DIR REQ...: cp312 manylinux or pure-Python wheels, no d
     --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$@"  # pip matches N exactly
 }
+peer_batch() {  # .stage/peer: the [peer] wheels and their sha256 (peer.sha256)
+  mkdir -p "$P"
+  download "$P" $(section peer)
+  rm -rf .stage/peer && mkdir -p .stage/peer
+  for pin in $(section peer); do  # name==version -> its wheel (pip writes _ for - in names)
+    n=${pin%%==*}; v=${pin##*==}
+    f=$(ls "$P"/"${n//-/_}"-"$v"-*.whl 2>/dev/null | head -1)
+    [ -n "$f" ] || { echo "sglang_wheels.sh: no wheel for $pin in $P" >&2; exit 1; }
+    cp "$f" .stage/peer/
+  done
+  (cd .stage/peer && sha256sum *.whl > peer.sha256)
+  du -sh .stage/peer
+}
+if [ "${PEER_ONLY:-0}" = 1 ]; then peer_batch; exit 0; fi
 mkdir -p "$W/repacked" "$R" "$D"
 download "$W" $(section sgl)
 download "$R" $(section runner)
@@ -59,3 +80,4 @@ if [ "$got_sgl" != "$n_sgl" ] || [ "$got_run" != "$n_run" ]; then
 fi
 cp .stage/sgl/MANIFEST.txt ".stage/sgl/$(ls -d .stage/sgl/[0-9]* | wc -l)/"
 du -sh .stage/sgl/[0-9]*
+peer_batch
