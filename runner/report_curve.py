@@ -189,10 +189,19 @@ def _n(x) -> str:
     return "?" if x is None else f"{x:,.0f}" if x < 1e9 else f"{x:.1e}"
 
 
+def _break_even(gap: float, options: list[tuple[float, object, str]], more: str = "") -> str:
+    """The sentence on what closes `gap`: "Break-even takes A, or B." over the options (slope
+    per doubling, the count now, 'data' or 'steps') whose slope is positive (`more` follows the
+    last), then "more WHAT alone does not reach it (...)" for each whose slope is not."""
+    up = [_reach(gap, sl, now, what) for sl, now, what in options if ok(sl) and sl > 1e-9]
+    flat = [f"more {what} alone does not reach it (the fit's slope is {sl:+.3f} <= 0)"
+            for sl, _, what in options if not (ok(sl) and sl > 1e-9)]
+    head = f"Break-even takes {', or '.join(up)}{more}" if up else "Break-even is out of reach"
+    return head + ("; " + "; ".join(flat) if flat else "") + "."
+
+
 def _reach(gap: float, slope: float, now, what: str) -> str:
-    """"N doublings of WHAT alone (~X WHAT)" to close `gap` at `slope` per doubling."""
-    if not (ok(slope) and slope > 1e-9):
-        return f"more {what} alone does not reach it (the fit's slope is {slope:+.3f} <= 0)"
+    """"N doublings of WHAT alone (~X WHAT)" to close `gap` at `slope` (> 0) per doubling."""
     k = gap / slope
     if k > MAX_DOUBLINGS:
         return (f"more than {MAX_DOUBLINGS} doublings of {what} alone (a billion times as "
@@ -225,8 +234,7 @@ def _line_advice(label: str, rs: list[dict], be: float | None) -> str:
                    f"{f['b']:+.3f} log2(steps); doubling the data (to {_n(2 * S)} samples) buys "
                    f"{f['a']:+.3f} tau, doubling the steps (to {_n(2 * T)}) buys {f['b']:+.3f}.")
         if gap is not None:
-            out.append(f"Break-even takes {_reach(gap, f['a'], S, 'data')}, or "
-                       f"{_reach(gap, f['b'], T, 'steps')}.")
+            out.append(_break_even(gap, [(f["a"], S, "data"), (f["b"], T, "steps")]))
         return " ".join(out)
     if not ok(f["s"]):
         out.append(f"Data and steps were not separable ({f['why']}) and no slope can be fitted: "
@@ -242,7 +250,7 @@ def _line_advice(label: str, rs: list[dict], be: float | None) -> str:
         if first_epoch and f["s"] > 0:
             more = (f", which at {S / T:.0f} samples a step needs "
                     f"~{_n(S * 2 ** (gap / f['s']))} distinct samples")
-        out.append(f"Break-even takes {_reach(gap, f['s'], T, 'steps')}{more}.")
+        out.append(_break_even(gap, [(f["s"], T, "steps")], more))
     return " ".join(out)
 
 

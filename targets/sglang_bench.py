@@ -319,19 +319,47 @@ def load_measured(root: Path, pl: Planned, sets: dict, max_new: list[int],
     d = Path(root) / pl.name
     try:
         meta = json.loads((d / MEASURED).read_text())
-        lines = (d / "generate.jsonl").read_text().splitlines()
-        recs = [json.loads(x) for x in lines if x.strip()]
-    except (OSError, ValueError):
+        recs = read_recording(d)
+        if not any_machine and meta.get("machine") != machine():
+            return None
+        m = Measured(pl, info=meta.get("info") or {}, accept_lens=meta.get("accept_lens") or [],
+                     ready_s=meta.get("ready_s"))
+    except (OSError, ValueError, AttributeError):  # AttributeError: measured.json not an object
         return None
-    if not any_machine and meta.get("machine") != machine():
-        return None
-    m = Measured(pl, info=meta.get("info") or {}, accept_lens=meta.get("accept_lens") or [],
-                 ready_s=meta.get("ready_s"))
     for r in recs:
         m.responses[r["prompt_set"], r["max_new_tokens"], r["prompt_id"]] = (r["response"],
                                                                             r["client_s"])
     want = {(s, mx, pid) for s, prompts in sets.items() for mx in max_new for pid, _ in prompts}
     return m if want <= set(m.responses) else None
+
+
+RECORD_KEYS = ("prompt_set", "prompt_id", "max_new_tokens", "request", "response", "client_s")
+
+
+def read_recording(folder: Path) -> list[dict]:
+    """The requests a recorded server answered: its generate.jsonl, one `record` per line (blank
+    lines skipped). Raises OSError when the file is missing or unreadable, ValueError naming the
+    file and line when a line is not a recorded request (not UTF-8 text, not JSON, or without a
+    field of `record`'s)."""
+    f = Path(folder) / "generate.jsonl"
+    try:
+        lines = f.read_text().splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{f} is not text ({e.reason})") from None
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"{f} line {n} is not a recorded request (not JSON: {e})") from None
+        missing = [k for k in RECORD_KEYS if not isinstance(r, dict) or k not in r]
+        if missing or not isinstance(r["request"], dict) or not isinstance(r["response"], dict):
+            raise ValueError(f"{f} line {n} is not a recorded request (no "
+                             f"{', '.join(missing) or 'request/response object'})")
+        out.append(r)
+    return out
 
 
 def _forget(root: Path, pl: Planned) -> None:

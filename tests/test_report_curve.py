@@ -120,9 +120,11 @@ def test_a_flat_or_falling_fit_does_not_reach_break_even():
                 for s in STEPS for r in [curve_row("a", "sglang", s)]]
     text = advice(rows(0.12, -0.02), {"sglang": 3.0})[0]
     assert "more steps alone does not reach it (the fit's slope is -0.020 <= 0)" in text
-    assert re.search(r"[\d.]+ doublings of data alone \(~[\d,]+ samples\)", text)
+    assert re.search(r"Break-even takes [\d.]+ doublings of data alone \(~[\d,]+ samples\); "
+                     r"more steps alone does not reach it", text), text
     text = advice(rows(0.0, -0.01), {"sglang": 3.0})[0]
-    assert "more data alone does not reach it" in text and "more steps alone does not" in text
+    assert "Break-even is out of reach; more data alone does not reach it" in text
+    assert "more steps alone does not" in text and "Break-even takes" not in text
     text = advice(rows(1e-4, 0.0), {"sglang": 3.0})[0]
     assert "more than 30 doublings of data alone (a billion times as many samples): out of " \
         "reach" in text

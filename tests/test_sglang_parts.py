@@ -65,8 +65,42 @@ def test_a_cut_bench_reports_its_complete_servers_as_the_stage_would(cut_bench, 
     assert "not complete (cut or never started): s5-k4-n8-cg1" in p.stdout
 
 
-def test_a_folder_without_a_plain_recording_is_one_error_line(cut_bench, tmp_path):
-    spec, _root = cut_bench
-    p = parts("--spec", str(spec), "--sglang", str(tmp_path / "nowhere"))
-    assert p.returncode == 1 and "Traceback" not in p.stderr
-    assert "plain-cg1/generate.jsonl not found" in p.stderr.strip()
+def one_line(p: subprocess.CompletedProcess, *words: str) -> None:
+    err = p.stderr.strip()
+    assert p.returncode == 1 and "Traceback" not in err and "\n" not in err, err
+    for w in words:
+        assert w in err, (w, err)
+
+
+def test_what_is_not_a_cut_bench_is_one_error_line(cut_bench, tmp_path):
+    """A missing folder, a plain recording that is not text or holds no request, a --json
+    folder that is not there, and a folder where no server finished: one line each, exit 1."""
+    spec, root = cut_bench
+    one_line(parts("--spec", str(spec), "--sglang", str(tmp_path / "nowhere")), "is not a folder")
+    one_line(parts("--spec", str(spec), "--sglang", str(root), "--json",
+                   str(tmp_path / "no" / "x.json")), "--json", "does not exist")
+    plain = root / "plain-cg1" / "generate.jsonl"
+    kept = plain.read_bytes()
+    for content, words in ((b"\xff\xfe\x00garbage", ["is not text"]),
+                           (b"", ["holds no recorded request"]),
+                           (b'{"prompt_set": "mtbench"}\n', ["line 1", "not a recorded request"])):
+        plain.write_bytes(content)
+        one_line(parts("--spec", str(spec), "--sglang", str(root)), "generate.jsonl", *words)
+    plain.write_bytes(kept)
+    for d in root.iterdir():  # no server marked complete
+        (d / "measured.json").unlink(missing_ok=True)
+    one_line(parts("--spec", str(spec), "--sglang", str(root)), "no server's recording")
+
+
+def test_a_spec_server_line_without_a_response_counts_as_cut(cut_bench, tmp_path):
+    """read_recording refuses a line without `response`: load_measured then treats the server
+    as not complete (it would be measured again), not a traceback."""
+    spec, root = cut_bench
+    rec = root / "s5-k1-n6-cg1" / "generate.jsonl"
+    first, *rest = rec.read_text().splitlines()
+    r = json.loads(first)
+    del r["response"]
+    rec.write_text("\n".join([json.dumps(r), *rest]) + "\n")
+    p = parts("--spec", str(spec), "--sglang", str(root))
+    assert p.returncode == 0, p.stderr
+    assert "not complete (cut or never started): s5-k1-n6-cg1, s5-k4-n8-cg1" in p.stdout

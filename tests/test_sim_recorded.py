@@ -76,6 +76,29 @@ def test_a_recording_that_is_not_one(tmp_path, drafter, text, words):
     one_line(p, 1, "generate.jsonl", *words)
 
 
+def test_a_drafter_sglang_would_not_load_is_one_error_line(tmp_path, drafter):
+    """Two files present but not a drafter (config.json {}, empty weights): runner inspect's
+    first error, named before the target loads."""
+    import yaml
+    from bad_inputs import base_spec
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(base_spec(tmp_path)))
+    p = sim("--spec", str(spec), "--drafter", str(drafter), "--sglang", str(RECORDED),
+            "--prompts", "1")
+    one_line(p, 1, "--drafter", "is not a drafter SGLang would load", "runner inspect")
+
+
+def test_a_device_that_is_not_there_is_one_error_line(drafter):
+    import torch
+    p = sim("--spec", "s.yaml", "--drafter", str(drafter), "--sglang", str(RECORDED),
+            "--device", "gpu")
+    assert p.returncode == 2 and "--device" in p.stderr and "Traceback" not in p.stderr
+    if not torch.cuda.is_available():
+        p = sim("--spec", "s.yaml", "--drafter", str(drafter), "--sglang", str(RECORDED),
+                "--device", "cuda")
+        one_line(p, 1, "--device cuda", "no CUDA device")
+
+
 def test_a_missing_spec_is_one_error_line(tmp_path, drafter):
     p = sim("--spec", str(tmp_path / "nothere.yaml"), "--drafter", str(drafter), "--sglang",
             str(RECORDED), "--prompts", "1")

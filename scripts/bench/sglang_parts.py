@@ -32,22 +32,26 @@ KEEP = ("num_steps", "eagle_topk", "num_draft_tokens", "cuda_graph", "prompt_set
 
 def recorded_sets(folder: Path) -> dict[str, list[tuple[str, list[int]]]]:
     """{prompt_set: [(prompt_id, input_ids)]} in the order a recorded plain server was asked
-    (its generate.jsonl). Raises SystemExit naming the file when it is missing or a line is not
-    a recorded request."""
+    (its generate.jsonl, targets/sglang_bench.py read_recording). Raises SystemExit naming the
+    file when it is missing, unreadable, empty or a line is not a recorded request."""
+    from eagle3_runner.targets.sglang_bench import read_recording
     f = folder / "generate.jsonl"
-    if not f.is_file():
-        sys.exit(f"sglang_parts: {f} not found: --sglang must be a bench stage's sglang/ folder "
-                 "whose plain server answered")
+    try:
+        recs = read_recording(folder)
+    except OSError as e:
+        sys.exit(f"sglang_parts: cannot read {f} ({e.strerror or e}): --sglang must be a bench "
+                 "stage's sglang/ folder whose plain server answered")
+    except ValueError as e:
+        sys.exit(f"sglang_parts: {e}: --sglang must be a bench stage's sglang/ folder")
     sets: dict = {}
-    for n, line in enumerate(f.read_text().splitlines(), 1):
-        try:
-            r = json.loads(line)
-            pair = (r["prompt_id"], list(r["request"]["input_ids"]))
-            key = r["prompt_set"]
-        except (ValueError, KeyError, TypeError) as e:
-            sys.exit(f"sglang_parts: {f} line {n} is not a recorded request ({e!r})")
-        if pair[0] not in {pid for pid, _ in sets.get(key, [])}:
-            sets.setdefault(key, []).append(pair)
+    for r in recs:
+        ids = r["request"].get("input_ids")
+        if not isinstance(ids, list):
+            sys.exit(f"sglang_parts: {f}: request {r['prompt_id']!r} has no input_ids list")
+        if r["prompt_id"] not in {pid for pid, _ in sets.get(r["prompt_set"], [])}:
+            sets.setdefault(r["prompt_set"], []).append((r["prompt_id"], ids))
+    if not sets:
+        sys.exit(f"sglang_parts: {f} holds no recorded request (a server that never answered)")
     return sets
 
 
@@ -63,6 +67,11 @@ def main() -> int:
     from eagle3_runner.runner.spec.load import load_spec
     from eagle3_runner.targets.sglang_bench import load_measured, plan_servers, rows_and_summaries
 
+    if not a.sglang.is_dir():
+        sys.exit(f"sglang_parts: --sglang {a.sglang} is not a folder: give a bench stage's "
+                 "sglang/ folder (runs/<spec>/bench/<key>/sglang or .partial-<key>/sglang)")
+    if a.json is not None and not a.json.parent.is_dir():
+        sys.exit(f"sglang_parts: --json {a.json}: its folder {a.json.parent} does not exist")
     p = load_spec(a.spec, a.overrides).stages.bench
     if p is None:
         sys.exit(f"sglang_parts: {a.spec} has no stages.bench")
@@ -74,6 +83,10 @@ def main() -> int:
         if m is not None:
             measured[pl.name] = m
     cut = [pl.name for pl in plan if pl.name not in measured]
+    if not measured:
+        sys.exit(f"sglang_parts: no server's recording in {a.sglang} is complete (a "
+                 "measured.json beside a generate.jsonl that answers every prompt): nothing was "
+                 "measured to report")
     timed = {n: m for n, m in measured.items()
              if f"plain-cg{int(m.planned.cuda_graph)}" in measured}
     _rows, summaries = rows_and_summaries(timed, p, sets, None)

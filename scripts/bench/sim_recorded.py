@@ -25,7 +25,6 @@ spec_accept_histogram), and the difference.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -36,19 +35,21 @@ def load_recorded(folder: Path, prompts: int) -> list[tuple[list[int], int]]:
     response.output_ids). Raises SystemExit naming the file when it is missing, holds no request,
     a line that is not a recorded request, or one without output_ids (a server that never became
     ready)."""
+    from eagle3_runner.targets.sglang_bench import read_recording
     f = folder / "generate.jsonl"
     if not f.is_file():
         sys.exit(f"sim_recorded: {f} not found: --sglang must be a bench stage's sglang/ folder")
+    try:
+        recs = read_recording(folder)[:prompts]
+    except (OSError, ValueError) as e:
+        sys.exit(f"sim_recorded: {e}: --sglang must be a bench stage's sglang/ folder as the "
+                 "stage wrote it")
     out = []
-    for n, line in enumerate(f.read_text().splitlines()[:prompts], 1):
-        try:
-            r = json.loads(line)
-            ids, gen = r["request"]["input_ids"], r["response"].get("output_ids")
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            sys.exit(f"sim_recorded: {f} line {n} is not a recorded request ({e!r}): --sglang "
-                     "must be a bench stage's sglang/ folder as the stage wrote it")
-        if not gen:
-            sys.exit(f"sim_recorded: {f}: request {r.get('prompt_id')} has no output_ids")
+    for r in recs:
+        ids, gen = r["request"].get("input_ids"), r["response"].get("output_ids")
+        if not isinstance(ids, list) or not gen:
+            sys.exit(f"sim_recorded: {f}: request {r.get('prompt_id')} has no input_ids or no "
+                     "output_ids")
         out.append((list(ids) + list(gen), len(ids)))
     if not out:
         sys.exit(f"sim_recorded: {f} holds no recorded request (a server that never answered)")
@@ -64,6 +65,17 @@ def drafter_problem(folder: Path) -> str | None:
         return (f"--drafter {folder} has no {' or '.join(missing)}: give an exported drafter "
                 "(runs/<spec>/export/<key>/, or one `runner convert` wrote)")
     return None
+
+
+def drafter_errors(folder: Path) -> str | None:
+    """The first error `runner inspect` finds in the drafter at `folder` (its config.json and
+    weights as SGLang would read them: runner/inspect.py inspect_draft), or None."""
+    from eagle3_runner.runner.inspect import inspect_draft
+    bad = [f for f in inspect_draft(folder) if f.severity == "error"]
+    if not bad:
+        return None
+    return (f"--drafter {folder} is not a drafter SGLang would load ({bad[0].code}: "
+            f"{bad[0].message}); `runner inspect {folder}` lists every finding")
 
 
 def positive(text: str) -> int:
@@ -89,14 +101,14 @@ def sglang_accept(folder: Path, prompts: int, num_steps: int) -> tuple[float, li
     folder is missing; SystemExit naming the file when its requests are not a speculative
     server's."""
     from eagle3_runner.targets.sglang import accept_per_pos_from_meta, tau_from_meta
+    from eagle3_runner.targets.sglang_bench import read_recording
     f = folder / "generate.jsonl"
     if not f.is_file():
         return None
     try:
-        metas = [json.loads(line)["response"]["meta_info"]
-                 for line in f.read_text().splitlines()[:prompts]]
+        metas = [r["response"]["meta_info"] for r in read_recording(folder)[:prompts]]
         return tau_from_meta(metas), accept_per_pos_from_meta(metas, num_steps)
-    except (ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:
         sys.exit(f"sim_recorded: {f}: not a speculative server's recorded requests ({e})")
 
 
@@ -108,11 +120,13 @@ def main() -> int:
     ap.add_argument("--steps", default="3,5", type=chain_lengths,
                     help="chain lengths (num_steps), comma-separated")
     ap.add_argument("--prompts", type=positive, default=80)
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     a = ap.parse_args()
     if (why := drafter_problem(a.drafter)) is not None:
         sys.exit(f"sim_recorded: {why}")
     import torch
+    if a.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("sim_recorded: --device cuda: torch sees no CUDA device here; use --device cpu")
     from eagle3_runner.models.draft_model import load_exported
     from eagle3_runner.runner.spec.load import load_spec
     from eagle3_runner.targets.load import load_target
@@ -120,6 +134,8 @@ def main() -> int:
     steps = a.steps
     texts = load_recorded(a.sglang / "plain-cg1", a.prompts)
     spec = load_spec(a.spec)
+    if (why := drafter_errors(a.drafter)) is not None:
+        sys.exit(f"sim_recorded: {why}")
     hf, _tok, _cfg = load_target(spec, device=a.device)
     dtype = next(hf.parameters()).dtype
     embed = hf.get_input_embeddings().weight
