@@ -7,8 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from eagle3_runner.runner.errors import StoreError
-from eagle3_runner.runner.store import Store
+from eagle3_runner.runner.store import Store, no_results
 
 
 def _table(cols, rows) -> str:
@@ -25,7 +24,7 @@ def _table(cols, rows) -> str:
 def run_query(db: Path, sql: str, fmt: str = "table") -> int:
     """Read-only SQL. fmt: table | csv | json."""
     if not Path(db).exists():
-        raise StoreError(f"no results at {db}; run `runner apply SPEC` first or pass --results")
+        raise no_results(db)
     cols, rows = Store(db).query(sql)
     if fmt == "json":
         print(json.dumps([dict(zip(cols, r)) for r in rows], default=str, indent=1))
@@ -108,7 +107,7 @@ def print_results(db: Path, run_id: str | None = None, as_json: bool = False,
     newest run of that spec that stored some, said on stderr. skip_empty: print nothing when there
     is nothing to show (a failed apply: no bare header)."""
     if not Path(db).exists():
-        raise StoreError(f"no results at {db}; run `runner apply SPEC` first or pass --results")
+        raise no_results(db)
     store = Store(db)
     newest = latest_run_with_results(store, spec_name) if run_id and spec_name else None
     if newest not in (run_id, None):

@@ -16,9 +16,8 @@ import json
 import os
 from pathlib import Path
 
-from eagle3_runner.runner.errors import StoreError
 from eagle3_runner.runner.results import _table
-from eagle3_runner.runner.store import Store, host
+from eagle3_runner.runner.store import Store, host, no_results
 
 SLURM_LIVE = {"RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED",
               "RESIZING", "REQUEUE_HOLD", "REQUEUE_FED", "STAGE_OUT", "SIGNALING"}
@@ -99,7 +98,7 @@ def status(db: Path, as_json: bool = False, spec_name: str | None = None) -> int
     """Print the stages of the latest run (of `spec_name` when given) as they are now."""
     store = Store(db)
     if not Path(db).exists() and not store.spool.exists():
-        raise StoreError(f"no results at {db}; run `runner apply SPEC` first or pass --results")
+        raise no_results(db)
     where = f"WHERE spec_name = '{spec_name}'" if spec_name else ""
     cols, runs = store.query("SELECT * FROM runs " + where + " ORDER BY started_at DESC LIMIT 20")
     if not runs:

@@ -181,6 +181,15 @@ def not_duckdb(path: Path) -> str | None:
     return "it is empty" if not head else "its header is not DuckDB's"
 
 
+def no_results(db: Path) -> StoreError:
+    """The error of a reading verb (query, results, status) whose results file is not there; a
+    relative path names the folder it was looked for in (the default runs/results.duckdb is
+    relative to the current folder, a spec's results.path to the spec's)."""
+    where = "" if Path(db).is_absolute() else f" (in {Path.cwd()})"
+    return StoreError(f"no results at {db}{where}; run `runner apply SPEC` first, or pass "
+                      "--results with the spec's results.path")
+
+
 def _foreign(db: Path) -> str:
     return (f"{db} is not a results file of this runner (no `runs` table): point --results (or "
             "results.path) at the runner's results file (runs/results.duckdb by default). "

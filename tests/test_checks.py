@@ -164,6 +164,18 @@ def test_missing_inputs_fail_the_plan_naming_the_field(tmp_path):
     assert any("none.gguf" in w for w in plan.warnings)
 
 
+def test_a_missing_target_names_the_path_it_looked_at(tmp_path, monkeypatch):
+    """A target.path through ${EAGLE3_CACHE} that is not there: the error shows the path as
+    written and as expanded (an empty or wrong EAGLE3_CACHE is then plain to see)."""
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(SpecError) as ei:
+        load_spec(data={"name": "x", "target": {"path": "${EAGLE3_CACHE}/none.gguf"},
+                        "drafter": {"aux_layer_ids": [1, 14, 26], "draft_vocab_size": 4096},
+                        "data": {"source": "jsonl", "path": str(tmp_path / "d.jsonl")}})
+    assert f"'${{EAGLE3_CACHE}}/none.gguf' (= {tmp_path / 'cache' / 'none.gguf'}): no such " \
+        "file or folder" in str(ei.value)
+
+
 def test_a_results_file_that_is_not_duckdb_fails_the_plan(tmp_path):
     (tmp_path / "r.duckdb").write_text("not a database\n" * 10)
     with pytest.raises(PlanError, match="results.path: .* not a DuckDB file"):

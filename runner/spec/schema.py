@@ -144,9 +144,9 @@ class Spec(Strict):
         missing = [f for f in ("num_hidden_layers", "hidden_size", "vocab_size") if getattr(t, f) is None]
         if missing and not _exists(t.path):
             problems.append(
-                f"target.path = {t.path!r}: no such file or folder, so the target's geometry "
-                f"({', '.join(missing)}) is unknown. Fix the path (`runner fetch all` fetches the "
-                "demo assets), or declare those fields in the spec.")
+                f"target.path = {t.path!r}{_expanded(t.path)}: no such file or folder, so the "
+                f"target's geometry ({', '.join(missing)}) is unknown. Fix the path (`runner "
+                "fetch all` fetches the demo assets), or declare those fields in the spec.")
             raise ValueError("\n".join(problems))
         if missing:
             problems.append(
@@ -250,6 +250,15 @@ class Spec(Strict):
         if problems:
             raise ValueError("\n".join(dict.fromkeys(problems)))
         return self
+
+
+def _expanded(path: str) -> str:
+    """" (= /the/path/looked/at)" when expanding ~ or ${VAR} changed `path`, else ""."""
+    try:
+        full = str(expand_path(path))
+    except (EnvVarError, OSError, ValueError):
+        return ""
+    return "" if full == path else f" (= {full})"
 
 
 def _exists(path: str) -> bool:
