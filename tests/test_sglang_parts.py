@@ -104,3 +104,17 @@ def test_a_spec_server_line_without_a_response_counts_as_cut(cut_bench, tmp_path
     p = parts("--spec", str(spec), "--sglang", str(root))
     assert p.returncode == 0, p.stderr
     assert "not complete (cut or never started): s5-k1-n6-cg1, s5-k4-n8-cg1" in p.stdout
+
+
+def test_a_complete_server_without_spec_counts_is_a_failed_row_not_a_traceback(cut_bench,
+                                                                                 tmp_path):
+    """A recording marked complete whose responses lack spec_verify_ct (a plain server's
+    answers under a speculative server's name): the stage's failed row, said on stdout."""
+    spec, root = cut_bench
+    shutil.copy(root / "plain-cg1" / "generate.jsonl", root / "s3-k1-n4-cg1" / "generate.jsonl")
+    out = tmp_path / "parts.json"
+    p = parts("--spec", str(spec), "--sglang", str(root), "--json", str(out))
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    assert "3/1/4 mtbench: sglang server failed" in p.stdout and "spec_verify_ct" in p.stdout
+    rows = json.loads(out.read_text())["summaries"]
+    assert [r["tau"] for r in rows if r["num_steps"] == 3] == [None]

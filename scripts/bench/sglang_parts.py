@@ -90,8 +90,12 @@ def main() -> int:
     timed = {n: m for n, m in measured.items()
              if f"plain-cg{int(m.planned.cuda_graph)}" in measured}
     _rows, summaries = rows_and_summaries(timed, p, sets, None)
-    out = [{k: s.get(k) for k in KEEP} for s in summaries]
+    out = [{k: s.get(k) for k in KEEP + ("flags", "explanation")} for s in summaries]
     for s in out:
+        if s["tau"] is None:  # bench_rows.failed_summary_row: a recording without spec counts
+            print(f"{s['num_steps']}/{s['eagle_topk']}/{s['num_draft_tokens']} "
+                  f"{s['prompt_set']}: {s['flags']}: {s['explanation']}")
+            continue
         pos = ", ".join(f"{x:.3f}" for x in s["accept_per_pos"] or [])
         print(f"{s['num_steps']}/{s['eagle_topk']}/{s['num_draft_tokens']} {s['prompt_set']} "
               f"({s['n_prompts']} prompts): tau {s['tau']:.3f} (SGLang's accept length "
