@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from test_plan import fake_stages, make_spec  # noqa: F401 - fixture
 
 from eagle3_runner.runner.apply import apply
@@ -120,6 +122,17 @@ def test_no_results_yet_is_a_clean_error(tmp_path, capsys):
     args = ["status", "--results", str(tmp_path / "none.duckdb")]
     assert main(args) == 1
     assert capsys.readouterr().err.startswith("error: no results at")
+
+
+@pytest.mark.parametrize("verb", [["status"], ["results"], ["query", "SELECT 1"]])
+def test_no_results_at_a_relative_path_names_the_folder_looked_in(tmp_path, capsys,
+                                                                  monkeypatch, verb):
+    """The default --results is relative to the current folder: the error says which."""
+    monkeypatch.chdir(tmp_path)
+    assert main(verb + ["--results", "runs/results.duckdb"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: no results at runs/results.duckdb (in {tmp_path}); ")
+    assert "--results with the spec's results.path" in err
 
 
 def test_a_slurm_stage_whose_job_ended_is_dead(tmp_path, capsys, monkeypatch):
