@@ -14,7 +14,9 @@
 #   bash scripts/gpu/recipe.sh regen SECONDS  # no carried set: the pays spec's regenerate stage
 #                                             # (its sharegpt-first prompts, 4.5 minutes), kept
 #                                             # as this spec's data; its set comes back
-#   bash scripts/gpu/recipe.sh base SECONDS   # base: train, export, bench (resumes when cut)
+#   bash scripts/gpu/recipe.sh base SECONDS [ARGS]  # base: train, export, bench (resumes when cut);
+#                                             # ARGS go to runner apply (--only train --only
+#                                             # export: the drafter only, benched later)
 #   bash scripts/gpu/recipe.sh peer SECONDS [MIN]  # SpecForge 0.2.0 trains on base's samples
 #                                             # (scripts/bench/specforge_peer.py, at most MIN
 #                                             # minutes of steps, default 7.5), exports, and the
@@ -148,7 +150,7 @@ case $phase in
         && split -b 15M -d "$REGEN" "$OUT/r/regen-smollm2-pays-gpu.jsonl.gz." \
         && echo "recipe.sh: $(zcat "$REGEN" | wc -l) records in $REGEN" | tee -a "$TXT"
     fi ;;
-  base) apply --variant base ;;
+  base) apply --variant base "$@" ;;  # e.g. --only train --only export: no bench this call
   peer)
     MIN=${1:-7.5}
     python3 -c "import specforge" 2>/dev/null \
