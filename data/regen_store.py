@@ -25,8 +25,9 @@ import os
 import sys
 import zlib
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from eagle3_runner.data.conversations import ROLE_MAP
 from eagle3_runner.runner.errors import StageError
@@ -308,14 +309,17 @@ def _text(turn: dict) -> str:
 
 @dataclass(frozen=True)
 class Carried:
-    """A carried set written as a growing stage's first shards (carry_into). ids: the records
-    written (every record of the set but those its run never started, dropped for the time
-    budget: those conversations are generated again); prompts: the carried synthetic user turns
-    (the first turn of each answered synthetic record), which no new prompt may repeat;
-    next_synthetic: the first synthetic index free (the set's highest + 1, dropped records'
-    included: their prompts are lost, their indices used); kept: the training conversations
-    among ids (not dropped); unstarted: the never-started records left out; info: report.json's
-    `extended` {file, sha256, records, kept, unstarted}."""
+    """A carried set written as a growing stage's first shards (carry_into). ids: the carried
+    records (every record of the set but those its run never started, dropped for the time
+    budget: those conversations are generated again), held ones included; prompts: the carried
+    synthetic user turns (the first turn of each answered synthetic record), which no new
+    prompt may repeat; next_synthetic: the first synthetic index free (the set's highest + 1,
+    dropped records' included: their prompts are lost, their indices used); kept: the training
+    conversations among ids (not dropped); unstarted: the never-started records left out; held:
+    the records held back to be continued with the data's later turns (carry_into `later`), not
+    written: the run writes each, continued or as it was; not_continued: {reason: records} of
+    the others (`later`'s reasons; empty without it); info: report.json's `extended` {file,
+    sha256, records, kept, unstarted, held, not_continued}."""
 
     ids: frozenset
     prompts: tuple
@@ -323,31 +327,52 @@ class Carried:
     kept: int
     unstarted: int
     info: dict
+    held: tuple = ()
+    not_continued: dict = field(default_factory=dict)
 
 
-def carry_into(path: Path, out: Path, shard_conversations: int) -> Carried:
+def carry_into(path: Path, out: Path, shard_conversations: int,
+               later: Callable[[dict], str | None] | None = None) -> Carried:
     """The carried set at `path` (stages.regenerate.reuse with extend; its checksum already
     checked) as the first shards of a regenerate stage that then regenerates on top of them
     (jobs/regenerate.py regenerate `carried`: ShardWriter.done makes the carried conversations
     done, as a resumed run's). Writes every record but the never-started ones (dropped
-    time_budget) in the file's order, shard_conversations per shard; a resumed run keeps what it
-    wrote (a record already in `out`, carried or generated, is not written again). Raises
-    StageError when the set is not a regenerated one, or when `out` holds records of another set
-    (a carried id missing after the write)."""
+    time_budget) and those held back, in the file's order, shard_conversations per shard; a
+    resumed run keeps what it wrote (a record already in `out`, carried or generated, is not
+    written again). later: why a record is not continued with later turns of its conversation
+    (jobs/regen_turns.py carried_later), None when it is: such a record is held back
+    (Carried.held) for the run to continue and write (jobs/regen_turns.py continue_carried; one
+    the time budget never starts is written as it was carried), so the union holds it once.
+    Raises StageError when the set is not a regenerated one, or when `out` holds records of
+    another set (a carried id, not held, missing after the write)."""
     digest, records = _load_set(path)
     carried = [r for r in records if r["dropped"] != BUDGET]
-    _, written = _write_missing(out, shard_conversations, carried)
+    held, why = [], Counter()
+    for r in carried if later is not None else ():
+        if (reason := later(r)) is None:
+            held.append(r)
+        else:
+            why[reason] += 1
+    held_ids = {r["id"] for r in held}
+    _, written = _write_missing(out, shard_conversations,
+                                [r for r in carried if r["id"] not in held_ids])
     ids = frozenset(r["id"] for r in carried)
-    if missing := ids - {r["id"] for r in written}:
+    if missing := ids - held_ids - {r["id"] for r in written}:
         raise StageError(f"regenerate: {out} lacks {len(missing)} records of {path} (records of "
                          "another set); remove the partial directory and run again")
     syn = [r for r in records if r["source"] == "synthetic"]
     kept = sum(not r["dropped"] for r in carried)
     info = {"file": str(path), "sha256": digest, "records": len(records), "kept": kept,
-            "unstarted": len(records) - len(carried)}
-    print(f"regenerate: extends {path} (sha256 {digest[:12]}...): {kept} conversations carried, "
-          f"{info['unstarted']} never started there generated again", file=sys.stderr,
-          flush=True)
+            "unstarted": len(records) - len(carried), "held": len(held),
+            "not_continued": dict(sorted(why.items()))}
+    later_line = "" if later is None else (
+        f"; {len(held)} of them to continue with the data's later turns"
+        + (f" ({why['unlike_data']} real ones unlike the data's turns, kept as they are: not "
+           "the set's data?)" if why["unlike_data"] else ""))
+    print(f"regenerate: extends {path} (sha256 {digest[:12]}...): {kept} conversations carried"
+          f"{later_line}, {info['unstarted']} never started there generated again",
+          file=sys.stderr, flush=True)
     return Carried(ids, tuple(_text(r["messages"][0]) for r in syn
                               if not r["dropped"] and r["messages"]),
-                   max((r["index"] for r in syn), default=-1) + 1, kept, info["unstarted"], info)
+                   max((r["index"] for r in syn), default=-1) + 1, kept, info["unstarted"], info,
+                   tuple(held), dict(why))

@@ -3,7 +3,9 @@ Generator, whichever engine runs it (engine/generate.py Generator.run, or engine
 SglangGenerator behind the same contract).
 
 - `Conv`: one conversation in flight (its answered turns, what is left to answer, its record);
-  `context_steps` and `real_conversations` make them from the training conversations.
+  `context_steps`, `turn_steps` and `real_conversations` make them from the training
+  conversations; `later_turns`, `carried_later` and `continue_carried` make them from the
+  records of a carried set that the data has later turns for (stages.regenerate.extend).
 - `Budget`: the stage's time budget (stages.regenerate.max_minutes) and the share of it
   synthesis gets.
 - `warm_up`: the decode step compiled before any budget starts.
@@ -25,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional
 
-from eagle3_runner.data.regen_store import ShardWriter
+from eagle3_runner.data.regen_store import BUDGET, ShardWriter
 from eagle3_runner.data.synthetic import KEEP_RATE
 
 if TYPE_CHECKING:
@@ -49,6 +51,7 @@ class Conv:
     messages: list  # the finished steps, each with the target's answer
     finish: list = field(default_factory=list)
     answer_tokens: list = field(default_factory=list)
+    carried: Optional[dict] = None  # the carried record it continues (continue_carried)
 
     def prompt(self) -> list:
         """The messages of the next turn's prompt: the finished steps (with the target's
@@ -62,8 +65,14 @@ class Conv:
 
     def stopped(self, reason: str) -> dict:
         """The record of a conversation ended early: cut after its answered turns, or dropped
-        when it has none."""
+        when it has none. A continued carried record always has answered turns: it keeps them,
+        cut."""
         return self.record(cut=reason) if self.finish else self.record(dropped=reason)
+
+    def unstarted(self) -> dict:
+        """The record of a conversation the time budget never started: dropped (time_budget),
+        or, continuing a carried record, that record as it was carried (its answers kept)."""
+        return self.carried if self.carried is not None else self.record(dropped=BUDGET)
 
 
 class Budget:
@@ -182,21 +191,115 @@ def context_steps(conv: list[dict]) -> list[list[dict]]:
     return steps
 
 
+def real_id(index: int) -> str:
+    """The id of the real conversation at `index` of the training split (data order:
+    data/conversations.py load_conversations), in records and shards."""
+    return f"real-{index:06d}"
+
+
+def turn_steps(conv: list[dict], max_turns: Optional[int]) -> tuple[list, int]:
+    """context_steps of `conv`, the first max_turns of them (None = all). Returns (steps, the
+    answers cut by max_turns)."""
+    steps = context_steps(conv)
+    if max_turns is not None and len(steps) > max_turns:
+        return steps[:max_turns], len(steps) - max_turns
+    return steps, 0
+
+
 def real_conversations(convs, params, guard) -> tuple[list, Counter]:
-    """Conv jobs of the real training conversations (ids real-NNNNNN by data order), without the
+    """Conv jobs of the real training conversations (ids real_id: data order), without the
     contaminated ones. Returns (jobs, {"contaminated": n, "cut_max_turns": answers cut})."""
     jobs, rep = [], Counter()
     for i, c in enumerate(convs):
         if guard is not None and guard.conversation(c):
             rep["contaminated"] += 1
             continue
-        steps = context_steps(c)
-        if params.max_turns is not None and len(steps) > params.max_turns:
-            rep["cut_max_turns"] += len(steps) - params.max_turns
-            steps = steps[:params.max_turns]
+        steps, cut = turn_steps(c, params.max_turns)
+        if cut:
+            rep["cut_max_turns"] += cut
         if steps:
-            jobs.append(Conv(f"real-{i:06d}", "real", i, steps, []))
+            jobs.append(Conv(real_id(i), "real", i, steps, []))
     return jobs, rep
+
+
+# ----------------------------------------------------------------------------------------------
+# a carried set's conversations continued with the data's later turns (stages.regenerate.extend)
+
+
+def _turn(t: dict) -> tuple:
+    """What of a turn must agree between a carried record and the data: role, text, tool calls
+    (a record's turns may be ShareGPT's {"from", "value"}: data/regen_store.py)."""
+    return t.get("role", t.get("from")), t.get("content", t.get("value")), t.get("tool_calls")
+
+
+def _answers_fit(messages: list, steps: list, answered: int) -> bool:
+    """Whether `messages` are steps[0], an answer, steps[1], an answer, ... for `answered`
+    answers: the carried record's context turns are the data's (the target's answers between
+    them are the record's own)."""
+    at = 0
+    for s in steps[:answered]:
+        if [_turn(t) for t in messages[at:at + len(s)]] != [_turn(t) for t in s]:
+            return False
+        at += len(s)
+        if at >= len(messages) or _turn(messages[at])[0] != "assistant":
+            return False
+        at += 1
+    return at == len(messages)
+
+
+def later_turns(record: dict, steps: Optional[list]) -> Optional[str]:
+    """Why the carried `record` (a regenerate record: data/regen_store.py) is not continued with
+    later turns of its conversation in this run's data, or None when it is.
+
+    The conversation is the one the record's id names, real_id of its index in this run's
+    training split: the key a grown set already tells its started conversations by
+    (jobs/regenerate.py: a real conversation with a record is done), not the prompt text.
+    steps: turn_steps of that conversation (max_turns applied), None when the data has no
+    such index. Reasons: "synthetic" (a self-written prompt: no later turns), "ended" (dropped,
+    or cut for another reason than the time budget: the turn it stopped at, a prompt over
+    data.max_length, an empty answer, a template the tokenizer refuses, would stop it again),
+    "not_in_data", "all_answered" (as many answers as the steps: max_turns reached, or the
+    conversation has no more), "unlike_data" (its context turns are not the data's: the data
+    is not the one the set was made from, or not in the same order: runner/carry.py warnings).
+    A record cut by the time budget (cut_time_budget) is continued like an answered one; an
+    answer that ended at max_new_tokens without EOS (finish "length") is kept and followed by
+    the next turn, as in a fresh run (answer)."""
+    if record["source"] != "real":
+        return "synthetic"
+    if record["dropped"] or record["cut"] not in (None, BUDGET) or not record["finish"]:
+        return "ended"
+    if steps is None or record["id"] != real_id(record["index"]):
+        return "not_in_data"
+    if len(steps) <= len(record["finish"]):
+        return "all_answered"
+    if not _answers_fit(record["messages"], steps, len(record["finish"])):
+        return "unlike_data"
+    return None
+
+
+def carried_later(convs: list, params) -> Callable[[dict], Optional[str]]:
+    """later_turns of a carried record against `convs` (the training conversations, data
+    order) under params.max_turns: data/regen_store.py carry_into's `later`, which holds back
+    the records it is None for (continue_carried continues them)."""
+    steps = {real_id(i): turn_steps(c, params.max_turns)[0] for i, c in enumerate(convs)}
+    return lambda r: later_turns(r, steps.get(r["id"]))
+
+
+def continue_carried(jobs: list, held: tuple) -> tuple[list, list]:
+    """`jobs` (real_conversations) with the job of every `held` carried record (later_turns
+    None: data/regen_store.py Carried.held) replaced by a Conv that continues it: its finished
+    steps are the record's messages, finish and answer tokens (the target's earlier answers,
+    the context of the next), its steps its job's, so the next turn asked is steps[len(finish)],
+    seeded as in a fresh run (seed_of(seed, id, turn)). Returns (jobs, the held records with no
+    job: a conversation the bench guard now drops; written as they were carried)."""
+    by_id = {r["id"]: r for r in held}
+    out = []
+    for j in jobs:
+        r = by_id.pop(j.id, None)
+        out.append(j if r is None else
+                   Conv(j.id, j.source, j.index, j.steps, list(r["messages"]), list(r["finish"]),
+                        list(r["answer_tokens"]), carried=r))
+    return out, list(by_id.values())
 
 
 def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: ShardWriter,
@@ -271,7 +374,7 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
             bar.set_postfix(conversations=finished[0], refresh=False)
             return False
         if budget.over():
-            writer.add(job.record(cut="time_budget"))
+            writer.add(job.record(cut=BUDGET))
             return False
         return True
 
@@ -286,7 +389,7 @@ def answer(gen: Generator, tok, jobs: list, params, max_length: int, writer: Sha
 
     st = gen.run(first_turns(), done, params.temperature, params.top_p, stop_ids, bar)
     for j in jobs[started:]:  # never started (the budget was over): each ends in a record
-        writer.add(j.record(dropped="time_budget"))
+        writer.add(j.unstarted())
     writer.flush()
     bar.close()
     return {**st, "by_source": dict(by_source)}

@@ -49,7 +49,17 @@ regenerates. Grown (stages.regenerate.extend): the set's records are written as 
 shards (data/regen_store.py carry_into; its never-started conversations left out) and the run
 goes on as a resumed one on top of them: the real conversations without a record are
 generated, and synthetic_prompts new prompts numbered after the set's highest synthetic index
-(new seeds; none equal to a carried prompt). The output is the union.
+(new seeds; none equal to a carried prompt). The output is the union. A carried real
+conversation whose conversation in the data has more answers to write than the record holds (up
+to max_turns) is continued: it is held back from the first shards (carry_into `later`,
+jobs/regen_turns.py later_turns: the record and the conversation are matched by id, real-NNNNNN,
+the index in the training split, and its context turns must be the data's) and answered turn by
+turn from its next one, the record's messages (the target's own earlier answers) as the context,
+like any conversation in flight: a turn stopped early keeps the carried answers (cut), one the
+time budget never starts is written as it was carried. The metrics say how many carried
+conversations got later turns (`carried_continued`, of `carried_to_continue`) and how many
+answers that added (`carried_answers_added`); `carried_unlike_data` counts real records whose
+turns are not the data's (kept as they are).
 
 This module is the stage: `run` (a carried set, or the stage's engine), `regenerate` (the turns in
 order, the resume check, the report) and `generate_batch`, the HF generate baseline. The turns
@@ -60,6 +70,7 @@ answering): jobs/regen_turns.py.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -68,8 +79,8 @@ from eagle3_runner.data.regen_store import (SYNTHETIC, Carried, ShardWriter, car
                                             read_gz_jsonl, read_records, reuse_set, summarize,
                                             write_gz_jsonl)
 from eagle3_runner.data.synthetic import synthesis_share
-from eagle3_runner.jobs.regen_turns import (Budget, Conv, answer, real_conversations, synthesize,
-                                            warm_up)
+from eagle3_runner.jobs.regen_turns import (Budget, Conv, answer, carried_later, continue_carried,
+                                            real_conversations, synthesize, warm_up)
 from eagle3_runner.runner.errors import StageError
 from eagle3_runner.runner.files import atomic_write
 from eagle3_runner.runner.stage import StageContext
@@ -155,10 +166,13 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
     target's end-of-turn ids (targets/load.py end_of_turn_ids), where every answer and synthetic
     prompt ends (the SGLang engine sends them as stop_token_ids). carried: a carried set already
     written into out_dir's shards (data/regen_store.py carry_into; stages.regenerate.extend):
-    its conversations are done, as a resumed run's, and the synthetic prompts are new ones
-    (numbered from carried.next_synthetic, none equal to a carried one).
+    its conversations are done, as a resumed run's, but for carried.held (jobs/regen_turns.py
+    continue_carried: continued with their later turns in `convs`), and the synthetic prompts
+    are new ones (numbered from carried.next_synthetic, none equal to a carried one).
     Returns the report: metrics (see summarize; with `carried`, over the union, plus
-    carried_conversations and new_conversations), generation tokens/s and sizes."""
+    carried_conversations, carried_unstarted, new_conversations, carried_to_continue,
+    carried_continued, carried_answers_added and carried_unlike_data), generation tokens/s and
+    sizes."""
     if not getattr(tok, "chat_template", None):
         raise StageError("target.chat_template: the target tokenizer has no chat template; "
                          "regenerate needs one")
@@ -171,6 +185,11 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
     writer = ShardWriter(out_dir, params.shard_conversations)
     done_ids = {r["id"] for r in writer.done}
     carried_ids = carried.ids if carried is not None else frozenset()
+    jobs, orphans = continue_carried(jobs, carried.held) if carried is not None else (jobs, [])
+    for r in orphans:  # held, but the bench guard now drops its conversation: as it was carried
+        if r["id"] not in done_ids:
+            writer.add(r)
+    writer.flush()
     syn, kept, syn_path = None, [], out_dir / SYNTHETIC
     if params.synthetic_prompts:
         if syn_path.is_file():  # a resumed run: the prompts were written before answering
@@ -180,7 +199,8 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
             kept = [(r["index"], r["content"]) for r in recs[1:]]
         else:
             share = synthesis_share(params.synthetic_prompts,
-                                    sum(len(j.steps) for j in jobs if j.id not in done_ids),
+                                    sum(len(j.steps) - len(j.finish) for j in jobs
+                                        if j.id not in done_ids),
                                     params)
             kept, syn = synthesize(gen, tok, params, guard, stop_ids, progress,
                                    budget.share(share),
@@ -231,6 +251,7 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
         m["carried_conversations"] = carried.kept
         m["carried_unstarted"] = carried.unstarted  # generated again here (or dropped again)
         m["new_conversations"] = m["conversations"] - carried.kept
+        m.update(_later_metrics(records, carried))
     m["prefill_tokens"] = (st["prefill_tokens"], "tok")
     m["reused_prefix_tokens"] = (st["reused_tokens"], "tok")
     m["output_bytes"] = (writer.bytes, "B")
@@ -238,6 +259,24 @@ def regenerate(target, tok, convs: list, params, max_length: int, out_dir: Path,
         m["synthetic_candidates"] = syn["candidates"]
         m["synthetic_budget_share"] = syn.get("budget_share", 0.5)
         m["synthetic_prompt_tokens"] = (syn.get("tokens", 0), "tok")
+    return m
+
+
+def _later_metrics(records: list, carried: Carried) -> dict:
+    """What the data's later turns added to the carried records held back for them (out of the
+    union `records`): carried_to_continue (held), carried_continued (those with more answers
+    now), carried_answers_added (the answers they gained), carried_unlike_data (real records
+    whose turns are not the data's, kept as they are: jobs/regen_turns.py later_turns). Said on
+    stderr too."""
+    before = {r["id"]: len(r["finish"]) for r in carried.held}
+    added = [len(r["finish"]) - before[r["id"]] for r in records
+             if r["id"] in before and len(r["finish"]) > before[r["id"]]]
+    m = {"carried_to_continue": len(before), "carried_continued": len(added),
+         "carried_answers_added": sum(added),
+         "carried_unlike_data": carried.not_continued.get("unlike_data", 0)}
+    print(f"regenerate: later turns: {m['carried_continued']} of {len(before)} carried "
+          f"conversations continued, {m['carried_answers_added']} answers added",
+          file=sys.stderr, flush=True)
     return m
 
 
@@ -263,7 +302,8 @@ def run(ctx: StageContext) -> dict:
     show_data_report(ctx, data_report)  # what the data lost, before any compute
     guard = bench_guard(spec)
     grown = carry.extends(spec)  # written before the target loads: a bad set fails fast
-    carried = carry_into(grown, out, ctx.params.shard_conversations) if grown else None
+    carried = carry_into(grown, out, ctx.params.shard_conversations,
+                         later=carried_later(train, ctx.params)) if grown else None
     if engine.engine == SGLANG:
         m, info = _regenerate_sglang(ctx, train, guard, carried)
     else:

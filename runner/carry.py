@@ -23,9 +23,11 @@ and staged again with its sidecar.
   max_new_tokens, ...) and a set without the sidecar are warned about (`warnings`).
 - Grown (`stages.regenerate.extend: true`, `EXTEND`): with the file there, the stage writes the
   set's records as its shards and then regenerates what the set does not hold (jobs/regenerate.py
-  run, data/regen_store.py carry_into); it runs the target, its key is the file's sha256 with the
-  generation's inputs, and its state record names the target: the union it outputs is carried
-  into the next window like a regenerated set (`extends`; `reuses` is the plain reuse).
+  run, data/regen_store.py carry_into): new conversations, and the later turns (up to max_turns)
+  of carried conversations the data has more turns of (jobs/regen_turns.py later_turns); it runs
+  the target, its key is the file's sha256 with the generation's inputs, and its state record
+  names the target: the union it outputs is carried into the next window like a regenerated set
+  (`extends`; `reuses` is the plain reuse).
 `note` is the plan's line about it. Torch-free.
 """
 
@@ -194,12 +196,17 @@ def warnings(spec) -> list[str]:
             if k in made and made[k] != ours.get(k)]
     out = [] if not diff else [
         f"{head}: the set was made with other stages.regenerate settings: "
-        f"{', '.join(diff)}; it is reused as it was made (they shape only new sets)."]
+        f"{', '.join(diff)}; it is reused as it was made (they shape only new sets"
+        + (", and the answers extend adds to it" if spec.stages.regenerate.extend else "")
+        + ")."]
     if spec.stages.regenerate.extend and (why := _data_differs(spec, rec)):
         out.append(f"{EXTEND}: the set was made from other data ({why}): its real conversations "
                    "are named by data order (real-NNNNNN), so growing it may skip conversations "
                    "of this data or answer one it holds again (the train stage drops exact "
-                   "duplicates). Point data at the set's data, or remove stages.regenerate.extend.")
+                   "duplicates); a carried one gets later turns only where its turns are this "
+                   "data's (the others count as carried_unlike_data). Point data at the set's "
+                   "data or at the same conversations with more turns (scripts/gpu/"
+                   "sharegpt_subset.py --keep-as), or remove stages.regenerate.extend.")
     return out
 
 
@@ -269,8 +276,8 @@ def note(spec) -> str | None:
     if p is None:
         return None
     if p.is_file() and spec.stages.regenerate.extend:
-        return (f"extends {p} (sha256 {file_sha256(p)[:12]}...: its records, then new "
-                "conversations regenerated on top)")
+        return (f"extends {p} (sha256 {file_sha256(p)[:12]}...: its records, continued with "
+                "the data's later turns, then new conversations regenerated on top)")
     if p.is_file():
         return f"reuses {p} (sha256 {file_sha256(p)[:12]}..., no target run)"
     return f"regenerates: {p} not found ({FIELD})"

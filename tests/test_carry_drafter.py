@@ -134,3 +134,24 @@ def test_no_export_brings_nothing_back(tmp_path, run_folder):
     (work / "state/base.export.json").unlink()
     carry_drafter(work, tmp_path / "out")
     assert not list((tmp_path / "out/r").glob("drafter-*"))
+
+
+def test_a_staged_data_file_is_checked_against_its_sidecar(tmp_path):
+    """`stage.sh turns` (scripts/gpu/sglang_wheels.sh TURNS_ONLY=1: sharegpt-turns4.jsonl.gz and
+    its sha256sum sidecar): staged when its sha256 holds; removed from ~/stage, naming it, when
+    the carried copy differs."""
+    import gzip
+    import hashlib
+    repo, name = tmp_path / "repo", "sharegpt-turns4.jsonl.gz"
+    (repo / ".stage/turns").mkdir(parents=True)
+    data = gzip.compress(b'{"messages": []}\n' * 100)
+    (repo / ".stage/turns" / name).write_bytes(data)
+    (repo / ".stage/turns" / (name + ".sha256")).write_text(
+        f"{hashlib.sha256(data).hexdigest()}  {name}\n")
+    r = stage(repo, tmp_path / "home", "turns")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "home/stage" / name).read_bytes() == data
+    (repo / ".stage/turns" / name).write_bytes(data[:-10])  # cut in the carry
+    r = stage(repo, tmp_path / "home2", "turns")
+    assert r.returncode == 1 and f"{name} differs from its {name}.sha256" in r.stderr
+    assert not (tmp_path / "home2/stage" / name).exists()

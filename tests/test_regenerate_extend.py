@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_runner.data.contamination import normalize
+from eagle3_runner.data.conversations import load_conversations
 from eagle3_runner.data.regen_store import read_records
 from eagle3_runner.runner import carry
 from eagle3_runner.runner.errors import SpecError
@@ -189,3 +190,185 @@ def test_a_new_synthetic_prompt_equal_to_a_carried_one_is_a_duplicate():
     cands = [(7, "Tell me how rivers bend, please.", True), (8, "Write a poem about stone.", True)]
     kept, drops = select(cands, None, 5, {normalize("tell me how rivers bend please")})
     assert kept == [(8, "Write a poem about stone.")] and drops == {"duplicate": 1}
+
+
+# ----------------------------------------------------------------------------------------------
+# later turns: carried conversations continued with the data's next human turns
+
+
+def turns_data(path: Path, cut: int | None = None, unlike: int | None = None) -> list[list]:
+    """Conversation i of 6 has 1 + i % 3 human turns (the old answers "old"), written to `path`
+    as JSONL, each cut after its `cut`-th answer (None: whole; scripts/gpu/sharegpt_subset.py
+    --turns); conversation `unlike`'s first question reworded (not the set's data). Returns the
+    conversations written."""
+    convs = []
+    for i in range(6):
+        conv = [m for t in range(1 + i % 3) for m in (
+            {"role": "user", "content": f"how do rivers {i} bend, part {t}?"},
+            {"role": "assistant", "content": "old"})]
+        if i == unlike:
+            conv[0] = {"role": "user", "content": "a question the set never saw?"}
+        convs.append(conv[:2 * cut] if cut else conv)
+    path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in convs))
+    return convs
+
+
+class Spy:
+    """The stage's real Generator, watched: every request it is given is noted as (conversation
+    id, turn, prompt ids) when its key is a conversation (jobs/regen_turns.py Conv)."""
+
+    def __init__(self, gen):
+        self.gen, self.asked = gen, []
+
+    def __getattr__(self, name):
+        return getattr(self.gen, name)
+
+    def run(self, first, done, *args, **kw):
+        def note(r):
+            if r is not None and hasattr(r.key, "finish"):
+                self.asked.append((r.key.id, len(r.key.finish), list(r.ids)))
+            return r
+
+        def then(results):  # the next requests (None: none, as in the warm-up)
+            nxt = done(results)
+            return nxt if nxt is None else [note(r) for r in nxt]
+        return self.gen.run((note(r) for r in first), then, *args, **kw)
+
+
+def test_extend_answers_the_later_turns_of_carried_conversations(tmp_path, stage, monkeypatch):
+    """Window 1 answers the first turns (data cut after the first answer, max_turns 1: the
+    carried set of issue 43); window 2 extends it with the whole conversations, max_turns 3 and
+    no new synthetic prompts (specs/smollm2-pays-gpu.yaml's later-turns window):
+    a carried record whose conversation has 3 human turns gets turns 2 and 3, each asked with
+    the carried first answer (and the new second one) in its prompt; one whose conversation has
+    no more turns, a synthetic one and one whose turns are not the data's stay as they were; every
+    carried record survives; the counts say so; a resumed run and a third window at max_turns
+    3 change nothing."""
+    from eagle3_runner.data.prompts import render
+    from eagle3_runner.targets.load import load_tokenizer
+    from eagle3_runner.runner.assets import asset_path
+    path = write_spec(tmp_path, extend=True, synthetic_prompts=2, synthetic_max_tokens=8,
+                      max_turns=1)
+    data = path.parent / "data.jsonl"
+    turns_data(data, cut=1)
+    stage.run(ctx_of(load_spec(path), "regenerate", tmp_path / "w1"))
+    old = {r["id"]: r for r in read_records(tmp_path / "w1")}
+    assert all(len(r["finish"]) == 1 for r in old.values()) and len(old) == 8
+    carry_set(tmp_path / "w1", path.parent / "carried" / NAME)
+
+    reworded = turns_data(data, unlike=5)[5]  # conversation 5 (3 turns) reworded
+    make = stage.make_generator
+    spies = []
+    monkeypatch.setattr(stage, "make_generator", lambda *a, **k: spies.append(
+        Spy(make(*a, **k))) or spies[-1])
+    grown = load_spec(path, overrides=["stages.regenerate.max_turns=3",
+                                       "stages.regenerate.synthetic_prompts=0"])
+    m = stage.run(ctx_of(grown, "regenerate", tmp_path / "w2"))
+    union = {r["id"]: r for r in read_records(tmp_path / "w2")}
+    assert set(union) == set(old)  # every carried record, once; no conversation new
+    train = load_conversations(grown.data)[0]  # real-NNNNNN: the index in the training split
+    users = [[t for t in conv if t["role"] == "user"] for conv in train]
+    later = {f"real-{i:06d}" for i, u in enumerate(users)
+             if len(u) > 1 and u[0] != reworded[0]}  # 2, 3 and 2 human turns
+    assert len(later) == 3
+    for i, conv in enumerate(train):
+        rid, r, c = f"real-{i:06d}", union[f"real-{i:06d}"], old[f"real-{i:06d}"]
+        if rid not in later:  # 1 human turn, or not the data's turns: as carried
+            assert r == c
+            continue
+        n = len(users[i])
+        assert len(r["finish"]) == len(r["answer_tokens"]) == n and r["cut"] is None
+        assert r["messages"][:2] == c["messages"]  # the carried first answer, kept
+        assert [t for t in r["messages"] if t["role"] == "user"] == conv[::2]
+        assert r["finish"][:1] == c["finish"] and r["answer_tokens"][:1] == c["answer_tokens"]
+        # each later turn was asked on the record so far: the carried answer in its prompt
+        asked = {turn: ids for cid, turn, ids in spies[0].asked if cid == rid}
+        assert sorted(asked) == list(range(1, n))
+        tok = load_tokenizer(asset_path("smollm2"))
+        for turn, ids in asked.items():
+            assert ids == render(tok, r["messages"][:2 * turn + 1])
+    assert not any(cid not in later for cid, _, _ in spies[0].asked)
+    assert all(union[k] == old[k] for k in old if k.startswith("syn-"))
+    assert m["carried_to_continue"] == 3 and m["carried_continued"] == 3
+    assert m["carried_answers_added"] == 1 + 2 + 1 and m["carried_unlike_data"] == 1
+    assert m["new_conversations"] == 0 and m["carried_conversations"] == 8
+    assert m["turns"] == 8 + 4
+    rep = json.loads((tmp_path / "w2" / "report.json").read_text())
+    assert rep["extended"]["held"] == 3
+    assert rep["extended"]["not_continued"] == {"all_answered": 2, "synthetic": 2,
+                                                "unlike_data": 1}
+    assert rep["regenerate"]["carried_answers_added"] == 4
+    # resumed after the end: nothing asked again, nothing lost, the same counts
+    again = stage.run(ctx_of(grown, "regenerate", tmp_path / "w2"))
+    assert {r["id"]: r for r in read_records(tmp_path / "w2")} == union
+    assert not spies[-1].asked and again["carried_answers_added"] == 4
+    # the union carried into a third window at max_turns 3: every record at its last turn
+    carry_set(tmp_path / "w2", path.parent / "carried" / NAME)
+    third = stage.run(ctx_of(grown, "regenerate", tmp_path / "w3"))
+    assert {r["id"]: r for r in read_records(tmp_path / "w3")} == union
+    assert third["carried_to_continue"] == third["carried_continued"] == 0
+    assert not spies[-1].asked
+
+
+def test_a_continued_conversation_the_budget_never_starts_keeps_its_carried_record(
+        tmp_path, stage):
+    """A time budget over before anything starts: the carried records held for their later
+    turns are written as they were carried (not dropped), so the union still holds their
+    answers; nothing is counted as continued."""
+    path = write_spec(tmp_path, extend=True, max_turns=1)
+    data = path.parent / "data.jsonl"
+    turns_data(data, cut=1)
+    stage.run(ctx_of(load_spec(path), "regenerate", tmp_path / "w1"))
+    old = read_records(tmp_path / "w1")
+    carry_set(tmp_path / "w1", path.parent / "carried" / NAME)
+    turns_data(data)
+    grown = load_spec(path, overrides=["stages.regenerate.max_turns=3",
+                                       "stages.regenerate.max_minutes=0.001"])
+    m = stage.run(ctx_of(grown, "regenerate", tmp_path / "w2"))
+    assert read_records(tmp_path / "w2") == old
+    assert m["carried_to_continue"] == 4 and m["carried_continued"] == 0
+    assert m["conversations"] == 6 and "dropped_time_budget" not in m
+
+
+def test_a_carried_conversation_whose_later_turn_is_a_bench_prompt_stays_as_carried(
+        tmp_path, stage, monkeypatch):
+    """A conversation whose later human turn is a bench prompt is dropped by the bench guard
+    (data/contamination.py) before generation; its carried record, held for the later turns,
+    is written as it was carried (the ShareGPT 4-turn file has one such conversation)."""
+    import eagle3_runner.data.contamination as contamination
+    path = write_spec(tmp_path, extend=True, max_turns=1)
+    data = path.parent / "data.jsonl"
+    turns_data(data, cut=1)
+    stage.run(ctx_of(load_spec(path), "regenerate", tmp_path / "w1"))
+    old = read_records(tmp_path / "w1")
+    carry_set(tmp_path / "w1", path.parent / "carried" / NAME)
+    bench = "how do rivers 2 bend, part 2?"  # conversation 2's third question
+    monkeypatch.setattr(contamination, "bench_guard",
+                        lambda spec: contamination.BenchGuard([bench]))
+    turns_data(data)
+    m = stage.run(ctx_of(load_spec(path, overrides=["stages.regenerate.max_turns=3"]),
+                         "regenerate", tmp_path / "w2"))
+    union = {r["id"]: r for r in read_records(tmp_path / "w2")}
+    guarded = [r for r in old if r["messages"][0]["content"] == "how do rivers 2 bend, part 0?"]
+    assert len(guarded) == 1 and union[guarded[0]["id"]] == guarded[0]
+    assert set(union) == {r["id"] for r in old}
+    assert m["carried_to_continue"] == 4 and m["carried_continued"] == 3
+
+
+def test_later_turns_reasons():
+    """jobs/regen_turns.py later_turns on hand-made records: what is continued and why not."""
+    from eagle3_runner.jobs.regen_turns import later_turns
+    q = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q1"}]
+    steps = [q, [{"role": "user", "content": "q2"}], [{"role": "user", "content": "q3"}]]
+    rec = {"id": "real-000007", "source": "real", "index": 7, "finish": ["length"],
+           "answer_tokens": [4], "cut": None, "dropped": None,
+           "messages": q + [{"role": "assistant", "content": "a1"}]}
+    assert later_turns(rec, steps) is None  # an answer without EOS: the next turn follows
+    assert later_turns({**rec, "cut": "time_budget"}, steps) is None
+    assert later_turns(rec, steps[:1]) == "all_answered"
+    assert later_turns(rec, None) == "not_in_data"
+    assert later_turns({**rec, "cut": "prompt_too_long"}, steps) == "ended"
+    assert later_turns({**rec, "source": "synthetic", "id": "syn-000007"}, steps) == "synthetic"
+    assert later_turns({**rec, "messages": [q[1], rec["messages"][-1]]}, steps) == "unlike_data"
+    assert later_turns({**rec, "messages": q + [{"role": "user", "content": "a1"}]},
+                       steps) == "unlike_data"

@@ -73,9 +73,14 @@ class RegenerateStage(Strict):
         "max_minutes, what the set does not hold: the real conversations it has no record of "
         "(and those its own run never started, dropped_time_budget) and synthetic_prompts NEW "
         "self-written prompts (numbered after the set's highest synthetic index, seeded by that "
-        "index, none equal to a carried prompt). The output is the union; it runs the target, and "
-        "its key is the set's sha256 with the generation settings. When the file is not there, "
-        "the stage regenerates as without it (the same key). Needs reuse."))
+        "index, none equal to a carried prompt), and the later turns of carried conversations: "
+        "a carried real conversation whose conversation in the data has more answers to write "
+        "(up to max_turns) is continued turn by turn, its record's messages (the target's own "
+        "earlier answers) as the context; it is matched by id (real-NNNNNN, the index in the "
+        "training split) and continued only where its turns are the data's (carried_continued, "
+        "carried_answers_added, carried_unlike_data). The output is the union; it runs the "
+        "target, and its key is the set's sha256 with the generation settings. When the file is "
+        "not there, the stage regenerates as without it (the same key). Needs reuse."))
 
     @model_validator(mode="after")
     def _extend_needs_reuse(self):

@@ -8,6 +8,11 @@
 #   FIRST=1: also every ShareGPT conversation up to its first answer (sharegpt-first.jsonl.gz,
 #   the prompts of specs/smollm2-pays-gpu.yaml's regenerate stage)
 #   PEER_ONLY=1: only the batch .stage/peer (below), leaving .stage/sgl as it is
+#   TURNS_ONLY=1: only the batch .stage/turns, leaving .stage/sgl as it is: every ShareGPT
+#   conversation up to its fourth answer, the conversations of sharegpt-first.jsonl.gz in its
+#   order (sharegpt_subset.py --keep-as 1: the same real-NNNNNN ids), with its sha256sum sidecar
+#   (21.3 MB; `stage.sh turns` in a call of its own checks it, sglang_setup.sh puts it in
+#   $EAGLE3_CACHE/sharegpt/): the later turns a grown carried set answers (DEVELOPERS.md item 20)
 # It also writes .stage/peer: the [peer] pins (SpecForge 0.2.0, 0.4 MB, for
 # scripts/bench/specforge_peer.py: issue 44's peer run) with their sha256 in peer.sha256. Carried
 # beside .stage/sgl/4 (34 MB together) and staged with `stage.sh peer`, its wheel lands at the top
@@ -43,7 +48,16 @@ peer_batch() {  # .stage/peer: the [peer] wheels and their sha256 (peer.sha256)
   (cd .stage/peer && sha256sum *.whl > peer.sha256)
   du -sh .stage/peer
 }
+turns_batch() {  # .stage/turns: sharegpt-turns4.jsonl.gz and its sha256
+  local f=.stage/turns/sharegpt-turns4.jsonl.gz
+  mkdir -p .stage/turns
+  [ -f "$f" ] || { "$PY" scripts/gpu/sharegpt_subset.py "$f.tmp" --n 1000000 --turns 4 \
+                     --keep-as 1 && mv "$f.tmp" "$f"; }
+  (cd .stage/turns && sha256sum "$(basename "$f")" > "$(basename "$f").sha256")
+  du -sh .stage/turns
+}
 if [ "${PEER_ONLY:-0}" = 1 ]; then peer_batch; exit 0; fi
+if [ "${TURNS_ONLY:-0}" = 1 ]; then turns_batch; exit 0; fi
 mkdir -p "$W/repacked" "$R" "$D"
 download "$W" $(section sgl)
 download "$R" $(section runner)

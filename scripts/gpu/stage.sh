@@ -4,7 +4,8 @@
 # A drafter carried from an earlier window (`stage.sh drafter`: drafter-<spec>.tgz.NN, the parts
 # pays.sh's train phase brought back) is joined, tested (gzip's CRC, then tar's listing) and
 # unpacked into ~/stage/drafter-<spec>/, where pays.sh's bench phase finds it; a join that fails
-# leaves nothing of it in ~/stage.
+# leaves nothing of it in ~/stage. A staged gzip JSONL with a sha256sum sidecar (`stage.sh turns`:
+# sharegpt-turns4.jsonl.gz; `stage.sh regen`) is checked against it; one that differs is removed.
 set -euo pipefail
 [ $# -eq 1 ] || { echo "usage: stage.sh NAME   (copies .stage/NAME/* into ~/stage)" >&2; exit 2; }
 src=".stage/$1"
@@ -15,6 +16,11 @@ cp -rf "$src"/* ~/stage/
 fail() {  # a join that cannot be used: said, and nothing of it left in ~/stage
   echo "stage.sh: $1" >&2; rm -rf "$2" "$2".??; exit 1
 }
+for sum in "$src"/*.jsonl.gz.sha256; do
+  [ -e "$sum" ] || continue
+  f=$(basename "$sum" .sha256)
+  (cd ~/stage && sha256sum -c --quiet "$f.sha256") || fail "$f differs from its $f.sha256: carry .stage/$1 again" ~/stage/"$f"
+done
 for part in ~/stage/drafter-*.tgz.[0-9][0-9]; do
   [ -e "$part" ] || continue
   base=${part%.??}
