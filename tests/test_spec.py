@@ -252,6 +252,12 @@ def test_unknown_keys_did_you_mean(data, field, suggest):
     assert f"Did you mean '{suggest}'" in msg, msg
 
 
+def test_a_section_that_is_not_a_mapping_names_its_fields():
+    msg = one("stages", problems(spec_dict(stages=[1, 2])))
+    assert "should be a mapping of its fields: " in msg and "train" in msg and "(got [1, 2])" in msg
+    assert "instance of" not in msg, msg
+
+
 def test_slurm_extra_sbatch_allowlist():
     d = spec_dict(executor={"kind": "slurm", "extra_sbatch": {"uid": "0"}})
     assert "allowed" in one("executor.extra_sbatch", problems(d))

@@ -85,6 +85,13 @@ def format_errors(err: ValidationError, data: dict) -> list[tuple[str, str]]:
             continue
         value = e.get("input")
         shown = "" if isinstance(value, dict) else f" (got {_short_repr(value)})"
+        if e["type"] == "model_type":  # pydantic's "valid dictionary or instance of Stages"
+            owner = _model_at(raw)
+            info = owner.model_fields.get(str(raw[-1])) if owner is not None else None
+            inner = _models_in(info.annotation) if info is not None else []
+            keys = f": {', '.join(inner[0].model_fields)}" if len(inner) == 1 else ""
+            problems.append((path, f"should be a mapping of its fields{keys}{shown}"))
+            continue
         if e["type"] == "literal_error" and isinstance(value, str):  # a misspelt name
             close = difflib.get_close_matches(value, re.findall(r"'([^']*)'", msg), n=1,
                                               cutoff=0.5)
