@@ -140,3 +140,43 @@ def test_unpicklable_tokenizer_tokenises_in_this_process(smollm2_tokenizer, data
     got, _ = C.tokenize_dataset(tok, convs, "auto", MAX_LENGTH, workers=2)
     assert got == reference(smollm2_tokenizer, convs, MAX_LENGTH)[0] and len(got) >= 30
     assert "tokenising in this process: 2 worker processes could not" in capsys.readouterr().err
+
+
+def test_bench_setup_script(smollm2_path, tmp_path, capsys):
+    """scripts/bench/bench_setup.py runs `setup` of this tree and of a baseline (here the same
+    tree) on N records spread over a carried set (multi-turn ones included) and finds the same
+    draft-vocab key in every run."""
+    import gzip
+    import importlib.util
+    import json
+    from pathlib import Path
+    words = "the cat sat on a mat while dogs ran far away from home at night".split()
+    with gzip.open(tmp_path / "set.jsonl.gz", "wt") as f:
+        for i in range(60):
+            msgs = []
+            for t in range(1 + i % 3):
+                msgs += [{"role": "user", "content": " ".join(words[(i + t) % 7:][:5])},
+                         {"role": "assistant", "content": " ".join(words[t:][:4 + i % 9])}]
+            f.write(json.dumps({"id": f"real-{i:06d}", "source": "real", "index": i,
+                                "messages": msgs, "finish": ["stop"] * (len(msgs) // 2),
+                                "answer_tokens": [4] * (len(msgs) // 2), "cut": None,
+                                "dropped": None}) + "\n")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(json.dumps({
+        "name": "bench-setup", "target": {"path": str(smollm2_path), "dtype": "float32",
+                                          "device": "cpu", "chat_template": "chatml"},
+        "drafter": {"aux_layer_ids": [1, 14, 26], "draft_vocab_size": 64},
+        "data": {"source": "jsonl", "path": str(tmp_path / "set.jsonl.gz"), "max_length": 64,
+                 "holdout": 0},
+        "stages": {"regenerate": {"reuse": str(tmp_path / "set.jsonl.gz")},
+                   "train": {"features": "online", "eval_samples": 4, "batch_size": 4}}}))
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "bench_setup.py"
+    sp = importlib.util.spec_from_file_location("bench_setup", path)
+    m = importlib.util.module_from_spec(sp)
+    sp.loader.exec_module(m)
+    assert m.main([str(spec), "--conversations", "30", "--baseline", str(path.parents[2]),
+                   "--json", "--out", str(tmp_path / "o")]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["data"]["records"] == 30 and res["data"]["answers"] == 60 and res["same_vocab"]
+    assert res["samples"] == 30 and set(res["ratio"]) == set(m.PHASES)
+    assert (tmp_path / "o" / "bench_setup.json").exists()
