@@ -18,8 +18,9 @@ multi-turn conversations at its end are in), a fresh out_dir (no cached vocab). 
 shards read and cleaned; target = targets/load.py load_target; tokenise = tokenize_dataset; the
 rest: the online source's sample hash and reports), vocab = trainer/vocab.py build_or_load, setup
 = the whole `setup`; cpu_self / cpu_children = CPU seconds of the process and of its worker
-processes (what a machine with more cores spreads), rss_mb / rss_children_mb their peak resident
-MB (children: the largest worker). Trees run alternately, --repeats times each;
+processes (what a machine with more cores spreads), rss_mb the process's peak resident MB (not
+the workers': a spawned child's peak starts at its parent's, which Linux keeps across exec; one
+worker peaked at ~0.4 GB on the full pays set). Trees run alternately, --repeats times each;
 medians and ratios (baseline / this tree) are printed, and written to --out/bench_setup.json.
 """
 
@@ -108,7 +109,7 @@ def child(a) -> int:
     d2t = run.learner.model.d2t.detach().cpu().numpy().tobytes()
     print(json.dumps({"times": times, "cpu_self": me.ru_utime + me.ru_stime,
                       "cpu_children": kids.ru_utime + kids.ru_stime,
-                      "rss_mb": me.ru_maxrss / 1024, "rss_children_mb": kids.ru_maxrss / 1024,
+                      "rss_mb": me.ru_maxrss / 1024,
                       "vocab_key": run.vstats["key"], "d2t_sha256": hashlib.sha256(d2t).hexdigest(),
                       "samples": len(run.source), "supervised": run.vstats["supervised_tokens"],
                       "package": str(Path(recipe.__file__).resolve().parents[1])}))
@@ -184,7 +185,7 @@ def main(argv=None) -> int:
         load1 = os.getloadavg()[0]
     med = {k: {p: statistics.median(r["times"].get(p, 0.0) for r in rs) for p in PHASES}
            | {c: statistics.median(r[c] for r in rs)
-              for c in ("cpu_self", "cpu_children", "rss_mb", "rss_children_mb")}
+              for c in ("cpu_self", "cpu_children", "rss_mb")}
            for k, rs in runs.items()}
     same = len({(r["vocab_key"], r["d2t_sha256"], r["samples"]) for rs in runs.values()
                 for r in rs}) == 1
