@@ -6,7 +6,9 @@ the target generates in an assistant turn).
                                                          "custom")
     tokenize_conversation(tokenizer, conv, template, max_length) -> (input_ids, loss_mask)
     token_mask(offsets, spans) -> loss_mask   (token_mask_reference: the same, one token at a time)
-    tokenize_dataset(tokenizer, convs, template, max_length) -> (samples, report)
+    token_masks([offsets], [spans]) -> [loss_mask]   (many texts, one vectorised pass)
+    tokenize_dataset(tokenizer, convs, template, max_length, workers=1) -> (samples, report)
+    tokenize_workers(n_convs) -> the worker processes the stages tokenise n_convs with
 
 One mechanism for every template: the text is `tokenizer.apply_chat_template(conv)`; an assistant
 span starts after the assistant HEADER and ends after the END-OF-TURN marker (the target
@@ -29,7 +31,14 @@ derived header and marker, so a wrong tokenizer fails before any compute. No tor
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import pickle
+import sys
+from collections import deque
 from dataclasses import dataclass
+from itertools import chain
+from typing import Any, NamedTuple
 
 from eagle3_runner.runner.chat import KNOWN, THINK_OPEN
 from eagle3_runner.runner.errors import StageError
@@ -169,17 +178,47 @@ def assistant_char_spans(text: str, conv: Convention) -> list[tuple[int, int]]:
 def token_mask(offsets, spans: list[tuple[int, int]]) -> list[int]:
     """Loss mask [T] from token character offsets [T x (start, end)] and sorted, disjoint
     assistant spans [(start, end)] (assistant_char_spans): 1 when token t starts inside a span
-    and is not empty. Vectorised (numpy searchsorted over the span ends)."""
+    and is not empty. Vectorised: one text of token_masks."""
+    return token_masks([offsets], [spans])[0]
+
+
+def token_masks(offsets: list, spans: list[list[tuple[int, int]]]) -> list[list[int]]:
+    """token_mask of many texts: offsets[k] = text k's token offsets [T_k x (start, end)],
+    spans[k] = its spans. Returns [loss_mask [T_k] of 0/1 ints] per text (_masks_flat)."""
+    flat, lens = _masks_flat(offsets, spans)
+    flat, ends = flat.tolist(), _ends(lens)
+    return [flat[e - t:e] for e, t in zip(ends, lens)]
+
+
+def _ends(lens: list[int]) -> list[int]:
+    """Where each of texts of `lens` tokens ends when they are laid end to end."""
+    out, e = [], 0
+    for t in lens:
+        e += t
+        out.append(e)
+    return out
+
+
+def _masks_flat(offsets: list, spans: list[list[tuple[int, int]]]):
+    """The loss masks of many texts in one vectorised pass, end to end: (int8 [sum T_k], [T_k]).
+    offsets[k]: text k's token offsets [T_k x (start, end)] (characters, < 2**32); spans[k]: its
+    sorted, disjoint assistant spans. A position is keyed (k << 32) + character, so one numpy
+    searchsorted over every span end serves every token and a token only meets its own text's
+    spans (one call per chunk of texts: per text, numpy's overhead cost more than the work)."""
     import numpy as np
-    if not len(offsets) or not spans:
-        return [0] * len(offsets)
-    off = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
-    sp = np.asarray(spans, dtype=np.int64)
-    a, b = off[:, 0], off[:, 1]
+    lens = [len(o) for o in offsets]
+    n = sum(lens)
+    off = np.fromiter(chain.from_iterable(chain.from_iterable(offsets)), dtype=np.int64,
+                      count=2 * n).reshape(n, 2)  # [n, 2]
+    text = np.repeat(np.arange(len(lens), dtype=np.int64) << 32, lens)  # [n]
+    a, b = off[:, 0] + text, off[:, 1] + text
+    sp = np.array([((k << 32) + s, (k << 32) + e) for k, text_spans in enumerate(spans)
+                   for s, e in text_spans], dtype=np.int64).reshape(-1, 2)  # [S, 2]
+    if not len(sp):
+        return np.zeros(n, dtype=np.int8), lens
     j = np.searchsorted(sp[:, 1], a, side="right")  # the first span ending after a
-    inside = j < len(sp)
     jj = np.minimum(j, len(sp) - 1)
-    return (inside & (sp[jj, 0] <= a) & (b > a)).astype(np.int8).tolist()
+    return ((j < len(sp)) & (sp[jj, 0] <= a) & (b > a)).astype(np.int8), lens
 
 
 def token_mask_reference(offsets, spans: list[tuple[int, int]]) -> list[int]:
@@ -204,67 +243,171 @@ def tokenize_conversation(tokenizer, conv: list[dict], template,
     unsupervised. Raises StageError when the tokenizer has no chat template; the template's own
     errors (a conversation it refuses) propagate (tokenize_dataset counts them)."""
     cv = template if isinstance(template, Convention) else chat_convention(tokenizer, template)
-    ((_, ids, mask),) = _encode(tokenizer, [(0, render(tokenizer, conv))], cv)
-    return ids[:max_length], mask[:max_length]
+    _, ids, mask = _encode_texts(tokenizer, [render(tokenizer, conv)], cv)
+    return ids[:max_length].tolist(), mask[:max_length].tolist()
 
 
-ENCODE_BATCH = 512  # texts per tokenizer call (a fast tokenizer encodes a batch on all cores)
+ENCODE_BATCH = 512  # conversations per tokenizer call (and per task of a worker process)
+PARALLEL_MIN = 16 * ENCODE_BATCH  # conversations from which worker processes pay (their start)
+MAX_WORKERS = 32
 
 
-def _rendered(tokenizer, convs: list[list[dict]], refused: list[tuple[int, str]]):
-    """Yield (index, chat text) of each conversation the template renders; the indices of those
-    it refuses (template_errors) are appended to `refused` with the error."""
+class Encoded(NamedTuple):
+    """A chunk of conversations tokenised (_encode_chunk), its texts end to end: index [n] (the
+    conversations the template rendered), lengths [n] (their token counts), ids int64 [sum of
+    lengths], mask int8 [sum of lengths], refused [(index, message)] (the template's errors)."""
+    index: list[int]
+    lengths: list[int]
+    ids: Any
+    mask: Any
+    refused: list[tuple[int, str]]
+
+
+def _encode_texts(tokenizer, texts: list[str], cv: Convention):
+    """One tokenizer call over `texts` (a fast tokenizer encodes them on all its threads) and
+    their loss masks: (lengths [n], ids int64 [sum], mask int8 [sum]), the texts end to end."""
+    import numpy as np
+    enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    mask, lens = _masks_flat(enc["offset_mapping"], [assistant_char_spans(t, cv) for t in texts])
+    ids = np.fromiter(chain.from_iterable(enc["input_ids"]), dtype=np.int64, count=len(mask))
+    return lens, ids, mask
+
+
+def _encode_chunk(tokenizer, cv: Convention, chunk: list[tuple[int, list[dict]]]) -> Encoded:
+    """Render (the template's errors counted, not raised) and tokenise the chunk's (index,
+    conversation) pairs: what one worker process does per task, or this process per chunk."""
+    import numpy as np
     errors = template_errors()
-    for i, conv in enumerate(convs):
+    index, texts, refused = [], [], []
+    for i, conv in chunk:
         try:
-            yield i, render(tokenizer, conv)
+            texts.append(render(tokenizer, conv))
+            index.append(i)
         except errors as e:
             refused.append((i, f"{type(e).__name__}: {str(e)[:200]}"))
+    if not texts:
+        return Encoded([], [], np.zeros(0, np.int64), np.zeros(0, np.int8), refused)
+    return Encoded(index, *_encode_texts(tokenizer, texts, cv), refused)
 
 
-def _encode_batches(tokenizer, texts, cv: Convention):
-    """Yield (conversation index, input_ids [T], loss_mask [T]) for an iterable of (index, chat
-    text), ENCODE_BATCH texts per tokenizer call: the ids and masks of one text at a time
-    (tests/test_data.py), several times faster where a fast tokenizer has many cores."""
-    chunk = []
-    for item in texts:
-        chunk.append(item)
-        if len(chunk) == ENCODE_BATCH:
-            yield from _encode(tokenizer, chunk, cv)
-            chunk = []
-    yield from _encode(tokenizer, chunk, cv)
+_WORKER: tuple | None = None  # (tokenizer, Convention) of a worker process (_start_worker)
 
 
-def _encode(tokenizer, chunk: list[tuple[int, str]], cv: Convention):
-    """One tokenizer call over the chunk's texts: (index, input_ids, loss_mask) per text."""
-    if not chunk:
+def _start_worker(tokenizer_file: str, cv: Convention) -> None:
+    """A worker process's set-up: its tokenizer (the parent's, pickled into a file), one thread
+    each (the processes are the parallelism; a fast tokenizer starts a thread per core)."""
+    global _WORKER
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    with open(tokenizer_file, "rb") as f:
+        _WORKER = (pickle.load(f), cv)
+
+
+def _work(chunk: list[tuple[int, list[dict]]]) -> Encoded:
+    return _encode_chunk(*_WORKER, chunk)
+
+
+def tokenize_workers(n_convs: int) -> int:
+    """Worker processes to tokenise n_convs conversations with: the logical CPUs this process
+    gets (runner/cpu.py cores: affinity, cgroup quota, shared by the node's ranks); 1 (this
+    process alone) below PARALLEL_MIN conversations, on one CPU, or in a daemon process (which
+    may not start children); at most MAX_WORKERS (each holds a tokenizer and a chunk's
+    encodings: a few hundred MB)."""
+    from eagle3_runner.runner.cpu import cores
+    if n_convs < PARALLEL_MIN or multiprocessing.current_process().daemon:
+        return 1
+    return min(cores(physical=False), MAX_WORKERS)
+
+
+def _encoded(tokenizer, cv: Convention, convs: list[list[dict]], pool_args: tuple | None):
+    """Yield Encoded per ENCODE_BATCH conversations, in order: in this process (pool_args None),
+    or spread over (workers, the tokenizer pickled) spawned processes, at most 2 tasks each in
+    flight, whose samples are this process's (the same code on the same tokenizer)."""
+    chunks = (list(enumerate(convs[a:a + ENCODE_BATCH], a))
+              for a in range(0, len(convs), ENCODE_BATCH))
+    if pool_args is None:
+        yield from (_encode_chunk(tokenizer, cv, c) for c in chunks)
         return
-    enc = tokenizer([t for _, t in chunk], add_special_tokens=False, return_offsets_mapping=True)
-    for (i, text), ids, off in zip(chunk, enc["input_ids"], enc["offset_mapping"]):
-        yield i, ids, token_mask(off, assistant_char_spans(text, cv))
+    import tempfile
+    from concurrent.futures import ProcessPoolExecutor
+    workers, tokenizer_pickle = pool_args
+    # the tokenizer goes by file: a spawned process that dies before reading its start-up
+    # arguments (a main module without its __main__ guard) hangs a parent writing more than a
+    # pipe's buffer to it (CPython's spawn holds the pipe's read end until the write is done)
+    fd, path = tempfile.mkstemp(prefix="eagle3-tokenizer-", suffix=".pkl")
+    with os.fdopen(fd, "wb") as f:
+        f.write(tokenizer_pickle)
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_start_worker, initargs=(path, cv))
+    try:
+        pending: deque = deque()
+        for c in chunks:
+            pending.append(pool.submit(_work, c))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(cancel_futures=True)
+        os.unlink(path)
 
 
-def tokenize_dataset(tokenizer, convs: list[list[dict]], template: str,
-                     max_length: int) -> tuple[list[tuple[list[int], list[int]]], dict]:
+def _tokenize(tokenizer, cv: Convention, convs: list[list[dict]], max_length: int,
+              pool_args: tuple | None) -> tuple[list, dict]:
+    """tokenize_dataset's samples and counts: (samples, {"truncated", "zero" [indices],
+    "refused" [(index, message)], "tokens", "supervised_tokens"})."""
+    import numpy as np
+    samples, zero, refused = [], [], []
+    truncated = tokens = supervised = 0
+    for e in _encoded(tokenizer, cv, convs, pool_args):
+        refused += e.refused
+        ids, mask, ends = e.ids.tolist(), e.mask.tolist(), _ends(e.lengths)
+        lengths = np.asarray(e.lengths, dtype=np.int64)  # [n]
+        kept, start = np.minimum(lengths, max_length), np.asarray(ends, dtype=np.int64) - lengths
+        cum = np.concatenate([[0], np.cumsum(e.mask, dtype=np.int64)])  # [sum + 1]
+        sup = (cum[start + kept] - cum[start]).tolist()  # supervised tokens kept, per text
+        for i, n, k, end, s in zip(e.index, e.lengths, kept.tolist(), ends, sup):
+            truncated += n > max_length
+            if not s:
+                zero.append(i)
+                continue
+            samples.append((ids[end - n:end - n + k], mask[end - n:end - n + k]))
+            tokens, supervised = tokens + k, supervised + s
+    return samples, {"truncated": int(truncated), "zero": zero, "refused": refused,
+                     "tokens": tokens, "supervised_tokens": supervised}
+
+
+def _in_process(workers: int, e: Exception) -> None:
+    print(f"data: tokenising in this process: {workers} worker processes could not "
+          f"({type(e).__name__}: {str(e)[:200]})", file=sys.stderr, flush=True)
+
+
+def tokenize_dataset(tokenizer, convs: list[list[dict]], template: str, max_length: int,
+                     workers: int = 1) -> tuple[list[tuple[list[int], list[int]]], dict]:
     """Tokenise every conversation; drop (and count) samples whose mask is all zero and
-    conversations the template refuses.
+    conversations the template refuses. workers: 1 = this process only, more = spawned worker
+    processes that tokenise the chunks (the stages pass tokenize_workers); the samples are the
+    same either way. A caller run as a script must then guard its main (`if __name__ ==
+    "__main__"`: spawned processes import the main module). Where the workers cannot start (a
+    tokenizer that does not pickle, a broken pool) it says so on stderr and tokenises here.
 
-    Returns (samples [(input_ids, loss_mask)], report {"template", "tokenized", "truncated",
-    "mask_all_zero", "mask_all_zero_examples", "template_error", "template_error_examples",
-    "tokens", "supervised_tokens"}). Raises StageError naming the template when no sample is
-    left."""
+    Returns (samples [(input_ids, loss_mask)] in conversation order, lists of ints, report
+    {"template", "tokenized", "truncated", "mask_all_zero", "mask_all_zero_examples",
+    "template_error", "template_error_examples", "tokens", "supervised_tokens"}). Raises
+    StageError naming the template when no sample is left."""
+    from concurrent.futures.process import BrokenProcessPool
     cv = chat_convention(tokenizer, template)
-    samples, truncated, zero, zero_idx, refused = [], 0, 0, [], []
-    for i, ids, mask in _encode_batches(tokenizer, _rendered(tokenizer, convs, refused), cv):
-        if len(ids) > max_length:
-            truncated += 1
-            ids, mask = ids[:max_length], mask[:max_length]
-        if not any(mask):
-            zero += 1
-            zero_idx.append(i)
-            continue
-        samples.append((ids, mask))
-    bad, bad_msgs = len(refused), [f"conversation {i}: {m}" for i, m in refused[:3]]
+    pool_args = None
+    if workers > 1:
+        try:
+            pool_args = (workers, pickle.dumps(tokenizer))
+        except Exception as e:  # noqa: BLE001 - whatever does not pickle is tokenised here
+            _in_process(workers, e)
+    try:
+        samples, c = _tokenize(tokenizer, cv, convs, max_length, pool_args)
+    except BrokenProcessPool as e:  # a worker died or could not load the tokenizer
+        _in_process(workers, e)
+        samples, c = _tokenize(tokenizer, cv, convs, max_length, None)
+    bad, bad_msgs = len(c["refused"]), [f"conversation {i}: {m}" for i, m in c["refused"][:3]]
     if convs and not samples:
         if bad == len(convs):
             raise StageError(f"the chat template refused all {bad} conversations ({bad_msgs[0]}). "
@@ -274,9 +417,8 @@ def tokenize_dataset(tokenizer, convs: list[list[dict]], template: str,
                          f"(data.max_length = {max_length}): no assistant tokens were found. Set "
                          "target.chat_template to the target's template, or raise "
                          "data.max_length.")
-    report = {"template": cv.name, "tokenized": len(convs), "truncated": truncated,
-              "mask_all_zero": zero, "mask_all_zero_examples": zero_idx[:10],
+    report = {"template": cv.name, "tokenized": len(convs), "truncated": c["truncated"],
+              "mask_all_zero": len(c["zero"]), "mask_all_zero_examples": c["zero"][:10],
               "template_error": bad, "template_error_examples": bad_msgs,
-              "tokens": sum(len(s[0]) for s in samples),
-              "supervised_tokens": sum(sum(s[1]) for s in samples)}
+              "tokens": c["tokens"], "supervised_tokens": c["supervised_tokens"]}
     return samples, report

@@ -32,6 +32,7 @@ from typing import Any, Iterator, NamedTuple
 import torch
 
 from eagle3_runner.runner import dist as D
+from eagle3_runner.runner.cpu import gc_paused
 from eagle3_runner.targets.split import decoder_parts, input_device, text_config, weight
 from eagle3_runner.runner.drafts.checks import model_aux_problem
 from eagle3_runner.runner.drafts.families import target_family
@@ -286,7 +287,14 @@ def load_target_data(ctx: StageContext, server=None) -> TargetData:
     bad_fraction) before any capture. server: the stage's SGLang capture server
     (targets/sglang_target.py stage_server; default: the one of the enclosing capture_engine
     block) when the engine is sglang: then only the tokenizer and config are loaded here. Raises StageError for bad data, a tokenizer without chat template,
-    aux ids out of range or a hidden-size mismatch."""
+    aux ids out of range or a hidden-size mismatch. Runs without the cyclic garbage collector
+    (runner/cpu.py gc_paused: the conversations, ids and masks are millions of objects)."""
+    with gc_paused():
+        return _load_target_data(ctx, server)
+
+
+def _load_target_data(ctx: StageContext, server) -> TargetData:
+    from eagle3_runner.data.chat import tokenize_workers
     from eagle3_runner.data.conversations import show_data_report, tokenize_dataset
     from eagle3_runner.targets.load import hf_config, hf_folder, load_target, load_tokenizer
     spec = ctx.spec
@@ -307,7 +315,7 @@ def load_target_data(ctx: StageContext, server=None) -> TargetData:
             raise StageError(problem)
         H = int(cfg["hidden_size"])
     samples, tok_report = tokenize_dataset(tok, convs, spec.target.chat_template,
-                                           spec.data.max_length)
+                                           spec.data.max_length, tokenize_workers(len(convs)))
     if spec.target.hidden_size and spec.target.hidden_size != H:
         raise StageError(f"target.hidden_size = {spec.target.hidden_size}, but the loaded model "
                          f"has hidden_size {H}")

@@ -310,17 +310,24 @@ def test_extend_answers_the_later_turns_of_carried_conversations(tmp_path, stage
     assert not spies[-1].asked
 
 
-def test_a_continued_conversation_the_budget_never_starts_keeps_its_carried_record(
-        tmp_path, stage):
-    """A time budget over before anything starts: the carried records held for their later
-    turns are written as they were carried (not dropped), so the union still holds their
-    answers; nothing is counted as continued."""
+def first_turns_carried(tmp_path: Path, stage) -> tuple[Path, Path, list[dict]]:
+    """A first window: the spec (extend, max_turns 1) answers turns_data's first turns, and its
+    records are carried. Returns (spec path, data path, the carried records)."""
     path = write_spec(tmp_path, extend=True, max_turns=1)
     data = path.parent / "data.jsonl"
     turns_data(data, cut=1)
     stage.run(ctx_of(load_spec(path), "regenerate", tmp_path / "w1"))
     old = read_records(tmp_path / "w1")
     carry_set(tmp_path / "w1", path.parent / "carried" / NAME)
+    return path, data, old
+
+
+def test_a_continued_conversation_the_budget_never_starts_keeps_its_carried_record(
+        tmp_path, stage):
+    """A time budget over before anything starts: the carried records held for their later
+    turns are written as they were carried (not dropped), so the union still holds their
+    answers; nothing is counted as continued."""
+    path, data, old = first_turns_carried(tmp_path, stage)
     turns_data(data)
     grown = load_spec(path, overrides=["stages.regenerate.max_turns=3",
                                        "stages.regenerate.max_minutes=0.001"])
@@ -336,12 +343,7 @@ def test_a_carried_conversation_whose_later_turn_is_a_bench_prompt_stays_as_carr
     (data/contamination.py) before generation; its carried record, held for the later turns,
     is written as it was carried (the ShareGPT 4-turn file has one such conversation)."""
     import eagle3_runner.data.contamination as contamination
-    path = write_spec(tmp_path, extend=True, max_turns=1)
-    data = path.parent / "data.jsonl"
-    turns_data(data, cut=1)
-    stage.run(ctx_of(load_spec(path), "regenerate", tmp_path / "w1"))
-    old = read_records(tmp_path / "w1")
-    carry_set(tmp_path / "w1", path.parent / "carried" / NAME)
+    path, data, old = first_turns_carried(tmp_path, stage)
     bench = "how do rivers 2 bend, part 2?"  # conversation 2's third question
     monkeypatch.setattr(contamination, "bench_guard",
                         lambda spec: contamination.BenchGuard([bench]))

@@ -31,8 +31,9 @@ def test_vocab_counts_only_supervised_tokens():
 
 def test_vocab_counts_in_chunks_equal_the_per_sample_counts(monkeypatch):
     """count_tokens bincounts COUNT_CHUNK tokens at a time: across chunk boundaries (a chunk of
-    7 tokens over samples of 1-9) the counts are the per-sample sum; an id out of range in any
-    chunk, negative or too large, is refused."""
+    7 tokens over samples of 1-9) the counts are the per-sample sum, for tensors, lists of ints
+    (the online source's) or both; an id out of range in any chunk, negative or too large, is
+    refused."""
     monkeypatch.setattr(V, "COUNT_CHUNK", 7)
     g = torch.Generator().manual_seed(0)
     samples = [(torch.randint(0, 50, (t,), generator=g),
@@ -40,10 +41,16 @@ def test_vocab_counts_in_chunks_equal_the_per_sample_counts(monkeypatch):
                for t in [1, 9, 3, 0, 7, 2, 8, 5]]
     want = sum(torch.bincount(i[m.bool()], minlength=50) for i, m in samples)
     assert torch.equal(V.count_tokens(samples, 50), want)
+    lists = [(i.tolist(), m.tolist()) for i, m in samples]  # the online source's samples
+    assert torch.equal(V.count_tokens(lists, 50), want)
+    assert torch.equal(V.count_tokens([x for pair in zip(samples, lists) for x in pair], 50),
+                       2 * want)
     for bad in (50, -1):
         ids = torch.tensor([1, 2, bad])
         with pytest.raises(ValueError, match=f"token id {bad} outside the target vocab"):
             V.count_tokens(samples + [(ids, torch.ones(3, dtype=torch.uint8))], 50)
+        with pytest.raises(ValueError, match=f"token id {bad} outside the target vocab"):
+            V.count_tokens(lists + [([1, 2, bad], [0, 1, 1])], 50)
 
 
 def test_vocab_top_k_sorted_ascending_ties_by_lower_id():

@@ -18,8 +18,9 @@ the losses, up to float summation order (tests/test_train_online.py).
 A source: len(src) samples; src.batch(ids) -> [{input_ids [T] int64, loss_mask [T] uint8,
 aux_hidden [T, 3*Ht], last_hidden [T, Ht]}] (online: the hidden states on the target's
 device, in its dtype); src.token_masks(ids) -> (input_ids, loss_mask) per sample (the draft
-vocab counts them; online no target runs); src.identity (names the vocab cache); src.head()
-{embed_tokens, norm, lm_head}; src.target_config (HF config dict); src.where (for messages).
+vocab counts them; online no target runs: lists of ints, offline tensors); src.identity (names
+the vocab cache); src.head() {embed_tokens, norm, lm_head}; src.target_config (HF config
+dict); src.where (for messages).
 """
 
 from __future__ import annotations
@@ -108,8 +109,7 @@ class Online:
                 for j, i in enumerate(ids)]
 
     def token_masks(self, ids):
-        return ((torch.tensor(self.td.samples[i][0], dtype=torch.int64),
-                 torch.tensor(self.td.samples[i][1], dtype=torch.uint8)) for i in ids)
+        return (self.td.samples[i] for i in ids)  # lists of ints, counted as they are
 
     def head(self) -> dict:
         return self.td.head()
