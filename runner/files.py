@@ -90,6 +90,16 @@ def atomic_write(path: str | Path, data: str | bytes) -> None:
             tmp.write_bytes(data)
 
 
+def emit_result(res: dict, out_dir: Path | None, name: str, as_json: bool, text) -> None:
+    """A bench script's result: written as out_dir/name (indented JSON, atomic_write; out_dir
+    made) when out_dir is given, then printed as one JSON line (as_json) or as text(res), a
+    callable that prints the human form."""
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        atomic_write(Path(out_dir) / name, json.dumps(res, indent=1))
+    print(json.dumps(res)) if as_json else text(res)
+
+
 def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
     """sha256 hex digest of a file, read in `chunk`-byte pieces."""
     h = hashlib.sha256()

@@ -143,6 +143,22 @@ def commit(tree: Path) -> str | None:
     return head + ("-dirty" if dirty else "")
 
 
+def show(res: dict) -> None:
+    """The human form of main's result: the data, then the seconds per phase per tree."""
+    data, med, same = res["data"], res["seconds"], res["same_vocab"]
+    load0, load1 = res["load_1m"]
+    print(f"{data['records']:,} records ({data['answers']:,} answers) of {data['set']} -> "
+          f"{res['samples']:,} samples; {res['cpus']} CPUs, 1-min load {load0:.2f} -> "
+          f"{load1:.2f}; draft-vocab key {res['vocab_key']} "
+          f"{'equal in every run' if same else 'DIFFERS'}")
+    print(f"{'seconds':10s}" + "".join(f"{p:>10s}" for p in PHASES + ("cpu_self", "cpu_kids")))
+    for k, m in med.items():
+        print(f"{k:10s}" + "".join(f"{m[p]:10.2f}" for p in PHASES + ("cpu_self",
+                                                                      "cpu_children")))
+    if res["ratio"]:
+        print(f"{'ratio':10s}" + "".join(f"{res['ratio'].get(p, 0):9.2f}x" for p in PHASES))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -195,23 +211,8 @@ def main(argv=None) -> int:
            "trees": {k: {"path": str(v), "commit": commit(v)} for k, v in trees.items()},
            "ratio": ({p: med["baseline"][p] / med["this"][p] for p in PHASES if med["this"][p]}
                      if "baseline" in med else None)}
-    if a.out:
-        from eagle3_runner.runner.files import atomic_write
-        a.out.mkdir(parents=True, exist_ok=True)
-        atomic_write(a.out / "bench_setup.json", json.dumps(res, indent=1))
-    if a.json:
-        print(json.dumps(res))
-    else:
-        print(f"{data['records']:,} records ({data['answers']:,} answers) of {data['set']} -> "
-              f"{res['samples']:,} samples; {res['cpus']} CPUs, 1-min load {load0:.2f} -> "
-              f"{load1:.2f}; draft-vocab key {res['vocab_key']} "
-              f"{'equal in every run' if same else 'DIFFERS'}")
-        print(f"{'seconds':10s}" + "".join(f"{p:>10s}" for p in PHASES + ("cpu_self", "cpu_kids")))
-        for k, m in med.items():
-            print(f"{k:10s}" + "".join(f"{m[p]:10.2f}" for p in PHASES + ("cpu_self",
-                                                                          "cpu_children")))
-        if res["ratio"]:
-            print(f"{'ratio':10s}" + "".join(f"{res['ratio'].get(p, 0):9.2f}x" for p in PHASES))
+    from eagle3_runner.runner.files import emit_result
+    emit_result(res, a.out, "bench_setup.json", a.json, show)
     return 0 if same else 1
 
 

@@ -39,6 +39,14 @@ def one_at_a_time(tok, convs, cv, max_length):
     return out
 
 
+def show(res: dict) -> None:
+    """The human form of main's result."""
+    ms = res["ms_per_conversation"]
+    print(f"{res['conversations']} conversations, {res['tokens']:,} tokens, {res['cpus']} CPUs: "
+          f"one at a time {ms['one_at_a_time']:.2f} ms/conv, batched {ms['batched']:.2f} "
+          f"ms/conv: {res['ratio']:.2f}x")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -92,15 +100,8 @@ def main(argv=None) -> int:
     res = {"conversations": len(convs), "tokens": rep["tokens"], "cpus": os.cpu_count(),
            "ms_per_conversation": ms, "ratio": ms["one_at_a_time"] / ms["batched"],
            "repeats": a.repeats}
-    if a.out:
-        from eagle3_runner.runner.files import atomic_write
-        atomic_write(a.out / "bench_tokenize.json", json.dumps(res, indent=1))
-    if a.json:
-        print(json.dumps(res))
-    else:
-        print(f"{len(convs)} conversations, {rep['tokens']:,} tokens, {os.cpu_count()} CPUs: "
-              f"one at a time {ms['one_at_a_time']:.2f} ms/conv, batched {ms['batched']:.2f} "
-              f"ms/conv: {res['ratio']:.2f}x")
+    from eagle3_runner.runner.files import emit_result
+    emit_result(res, a.out, "bench_tokenize.json", a.json, show)
     return 0
 
 
