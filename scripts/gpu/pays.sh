@@ -11,6 +11,7 @@
 #   bash scripts/gpu/pays.sh train SECONDS  # train + export (checkpoints every 2 minutes: a call
 #                                           # cut short resumes in the next); the exported
 #                                           # drafter comes back (drafter-<name>.tgz.NN)
+# Every phase writes results.json (`runner results --json`) where $OUT's 8 files have room.
 #   bash scripts/gpu/pays.sh bench SECONDS  # the bench (both engines, the curve; it resumes what
 #                                           # an earlier call measured); results.json =
 #                                           # `runner results --json` of the run. With no export
@@ -87,6 +88,10 @@ bring_back() {
   # (8 files come back a call: log, state, up to 4 parts, .sha256, .json); the machine keeps the
   # results file and the next phase brings it back, the log above has the regen tables
   ls "$OUT/r"/regen-*.jsonl.gz.[0-9][0-9] >/dev/null 2>&1 || cp "$RES" "$OUT/r/" 2>/dev/null
+  # every phase's `runner results --json` (small: the rows to commit as benchmarks/*.json), where
+  # the 8 files have room (a regen phase's log, state, parts, .sha256 and .json come first)
+  [ "$phase" != bench ] && [ "$(ls "$OUT/r" | wc -l)" -lt 8 ] \
+    && python3 -m eagle3_runner.runner results --json --results "$RES" > "$OUT/r/results.json" 2>/dev/null
   [ "$phase" = train ] && carry_drafter
   tail -45 "$TXT"
 }
