@@ -97,7 +97,10 @@ def emit_result(res: dict, out_dir: Path | None, name: str, as_json: bool, text)
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         atomic_write(Path(out_dir) / name, json.dumps(res, indent=1))
-    print(json.dumps(res)) if as_json else text(res)
+    if as_json:
+        print(json.dumps(res))
+    else:
+        text(res)
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
